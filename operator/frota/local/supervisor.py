@@ -1,0 +1,294 @@
+"""Run process groups the way Kubernetes runs pods: start, probe, restart, stop.
+
+A *group* is the unit of restart: the ranks of one tensor/pipeline-parallel
+replica cannot outlive a peer (their collectives would hang), so when any
+member dies the whole group is stopped and started again after an exponential
+backoff, like a LeaderWorkerSet with `RecreateGroupOnPodRestart`.
+
+Children run in their own session (so a terminal's Ctrl-C reaches only
+`frota up`, which then stops them in order) and ask the kernel to kill them if
+`frota up` itself dies (`PR_SET_PDEATHSIG`), so even a SIGKILLed supervisor
+leaves no orphans. Stopping is SIGTERM to the child's process group, then
+SIGKILL after a grace period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import ctypes
+import os
+import signal
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import aiohttp
+
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """One local process: what to run and how to tell that it is ready."""
+
+    name: str
+    argv: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+    # GET this URL until it answers 200. None: ready as soon as it runs
+    # (follower ranks, which serve no HTTP; their leader's probe covers them).
+    ready_url: str | None = None
+    port: int | None = None
+    role: str = "worker"
+    replica: int | None = None
+    rank: int = 0
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """Processes that start, fail and restart together (the ranks of one replica)."""
+
+    name: str
+    processes: tuple[ProcessSpec, ...]
+
+
+class StartupError(RuntimeError):
+    """The fleet did not come up; `log_tail` holds the failing process's last lines."""
+
+    def __init__(self, message: str, log_tail: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.log_tail = log_tail or []
+
+
+# Events reported to the caller (progress display, state file).
+EventSink = Callable[[str, "ManagedProcess", str], None]
+LogSink = Callable[["ManagedProcess", str], None]
+
+
+@dataclass
+class ManagedProcess:
+    """A process and what the supervisor knows about it."""
+
+    spec: ProcessSpec
+    proc: asyncio.subprocess.Process | None = None
+    is_ready: bool = False
+    num_restarts: int = 0
+    started_at: float = 0.0
+    ready_at: float = 0.0
+    log_tail: deque[str] = field(default_factory=lambda: deque(maxlen=40))
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    @property
+    def is_running(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+
+def _die_with_parent(parent_pid: int) -> Callable[[], None]:
+    """A `preexec_fn`: the kernel sends SIGKILL to the child when its parent dies."""
+
+    def preexec() -> None:
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent_pid:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return preexec
+
+
+def _killpg(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+class Supervisor:
+    """Starts groups of processes, waits until they are ready, restarts and stops them."""
+
+    def __init__(
+        self,
+        groups: list[GroupSpec],
+        *,
+        on_event: EventSink | None = None,
+        on_log: LogSink | None = None,
+        probe_interval: float = 0.25,
+        backoff_initial: float = 1.0,
+        backoff_max: float = 30.0,
+        backoff_reset_after: float = 60.0,
+        grace_period: float = 10.0,
+    ) -> None:
+        self.groups = groups
+        self.members: dict[str, list[ManagedProcess]] = {
+            g.name: [ManagedProcess(spec) for spec in g.processes] for g in groups
+        }
+        self._on_event = on_event or (lambda *_: None)
+        self._on_log = on_log or (lambda *_: None)
+        self.probe_interval = probe_interval
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self.backoff_reset_after = backoff_reset_after
+        self.grace_period = grace_period
+        self._is_stopping = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._session: aiohttp.ClientSession | None = None
+        atexit.register(self.kill_all_now)
+
+    @property
+    def processes(self) -> list[ManagedProcess]:
+        return [m for members in self.members.values() for m in members]
+
+    # -- start and readiness ------------------------------------------------
+
+    async def start(self, timeout: float) -> None:
+        """Start every group and wait until all are ready.
+
+        A process that exits before it is ready, or a fleet not ready within
+        `timeout` seconds, raises StartupError (nothing is restarted yet: a
+        worker that cannot start once will not start the next time either).
+        The caller stops what is running.
+        """
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2))
+        for group in self.groups:
+            await self._start_group(group.name)
+        waits = [self._wait_ready(m) for m in self.processes]
+        try:
+            await asyncio.wait_for(asyncio.gather(*waits), timeout)
+        except TimeoutError:
+            slow = next((m for m in self.processes if not m.is_ready), None)
+            name = slow.spec.name if slow else "fleet"
+            raise StartupError(
+                f"{name} was not ready after {timeout:.0f} s (raise --ready-timeout?)",
+                list(slow.log_tail) if slow else [],
+            ) from None
+
+    async def _start_group(self, group: str) -> None:
+        for member in self.members[group]:
+            await self._spawn(member)
+
+    async def _spawn(self, member: ManagedProcess) -> None:
+        spec = member.spec
+        env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1"}
+        member.proc = await asyncio.create_subprocess_exec(
+            *spec.argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent(os.getpid()),
+        )
+        member.is_ready = False
+        member.started_at = time.monotonic()
+        self._tasks.append(asyncio.create_task(self._pump_logs(member, member.proc)))
+        self._on_event("started", member, f"pid {member.pid}")
+
+    async def _pump_logs(self, member: ManagedProcess, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
+        while line := await proc.stdout.readline():
+            text = line.decode(errors="replace").rstrip()
+            member.log_tail.append(text)
+            self._on_log(member, text)
+
+    async def _wait_ready(self, member: ManagedProcess) -> None:
+        proc = member.proc
+        assert proc is not None
+        while True:
+            if proc.returncode is not None:
+                await asyncio.sleep(0.1)  # let the log pump drain the last lines
+                raise StartupError(
+                    f"{member.spec.name} exited with code {proc.returncode} before it was ready",
+                    list(member.log_tail),
+                )
+            if await self._probe(member):
+                member.is_ready = True
+                member.ready_at = time.monotonic()
+                self._on_event("ready", member, f"{member.ready_at - member.started_at:.1f} s")
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(proc.wait()), self.probe_interval)
+
+    async def _probe(self, member: ManagedProcess) -> bool:
+        url = member.spec.ready_url
+        if url is None:
+            return member.is_running
+        assert self._session is not None
+        try:
+            async with self._session.get(url) as resp:
+                return resp.status == 200
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return False
+
+    # -- supervision --------------------------------------------------------
+
+    async def supervise(self) -> None:
+        """Watch every group; restart a group (with backoff) when a member exits."""
+        await asyncio.gather(*(self._supervise_group(g.name) for g in self.groups))
+
+    async def _supervise_group(self, group: str) -> None:
+        members = self.members[group]
+        num_failures = 0
+        while not self._is_stopping:
+            waits = [asyncio.ensure_future(m.proc.wait()) for m in members if m.proc]
+            _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for fut in pending:
+                fut.cancel()
+            if self._is_stopping:
+                return
+            dead = next(m for m in members if not m.is_running)
+            uptime = time.monotonic() - dead.started_at
+            num_failures = 1 if uptime >= self.backoff_reset_after else num_failures + 1
+            delay = min(self.backoff_initial * 2 ** (num_failures - 1), self.backoff_max)
+            code = dead.proc.returncode if dead.proc else None
+            self._on_event("exited", dead, f"code {code}; restarting group in {delay:.3g} s")
+            await asyncio.gather(*(self._stop_one(m) for m in members))
+            await asyncio.sleep(delay)
+            if self._is_stopping:
+                return
+            for m in members:
+                m.num_restarts += 1
+            await self._start_group(group)
+            # A restarted group is probed like a new one, but never fails the fleet.
+            await asyncio.gather(*(self._wait_ready_or_exit(m) for m in members))
+
+    async def _wait_ready_or_exit(self, member: ManagedProcess) -> None:
+        with contextlib.suppress(StartupError):
+            await self._wait_ready(member)
+
+    # -- stop ---------------------------------------------------------------
+
+    async def stop(self) -> None:
+        """SIGTERM every process group, SIGKILL what is left after the grace period."""
+        self._is_stopping = True
+        await asyncio.gather(*(self._stop_one(m) for m in self.processes))
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        if self._session is not None:
+            await self._session.close()
+        atexit.unregister(self.kill_all_now)
+
+    async def _stop_one(self, member: ManagedProcess) -> None:
+        proc = member.proc
+        if proc is None:
+            return
+        member.is_ready = False
+        if proc.returncode is None:
+            _killpg(proc.pid, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), self.grace_period)
+            except TimeoutError:
+                self._on_event("killed", member, f"no exit {self.grace_period:.0f} s after SIGTERM")
+        # The leader may be gone while something it started lives on in its group.
+        _killpg(proc.pid, signal.SIGKILL)
+        await proc.wait()
+
+    def kill_all_now(self) -> None:
+        """Last resort (atexit, second Ctrl-C): SIGKILL every child's process group."""
+        for member in self.processes:
+            if member.proc is not None:
+                _killpg(member.proc.pid, signal.SIGKILL)
