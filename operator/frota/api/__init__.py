@@ -1,0 +1,68 @@
+"""The InferenceService API (`frota.dev/v1alpha1`): pydantic models, the source of truth of the CRD."""
+
+from frota.api.engine import (
+    Engine,
+    EnvVar,
+    KVCache,
+    ModelSource,
+    Quantization,
+    SchedulerLimits,
+    SecretKeyRef,
+)
+from frota.api.fleet import (
+    Accelerator,
+    Admission,
+    Autoscaling,
+    Disaggregation,
+    Parallelism,
+    Placement,
+    Resources,
+    RoleSpec,
+    Rollout,
+    Router,
+    Toleration,
+)
+from frota.api.resource import (
+    API_VERSION,
+    GROUP,
+    KIND,
+    PLURAL,
+    VERSION,
+    InferenceService,
+    ObjectMeta,
+)
+from frota.api.spec import InferenceServiceSpec
+from frota.api.status import Capacity, Condition, InferenceServiceStatus, RoleStatus
+
+__all__ = [
+    "API_VERSION",
+    "GROUP",
+    "KIND",
+    "PLURAL",
+    "VERSION",
+    "Accelerator",
+    "Admission",
+    "Autoscaling",
+    "Capacity",
+    "Condition",
+    "Disaggregation",
+    "Engine",
+    "EnvVar",
+    "InferenceService",
+    "InferenceServiceSpec",
+    "InferenceServiceStatus",
+    "KVCache",
+    "ModelSource",
+    "ObjectMeta",
+    "Parallelism",
+    "Placement",
+    "Quantization",
+    "Resources",
+    "RoleSpec",
+    "RoleStatus",
+    "Rollout",
+    "Router",
+    "SchedulerLimits",
+    "SecretKeyRef",
+    "Toleration",
+]

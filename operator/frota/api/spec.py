@@ -1,0 +1,87 @@
+"""`InferenceServiceSpec`: the whole desired state a user writes."""
+
+from __future__ import annotations
+
+from frota.api.engine import Engine, ModelSource
+from frota.api.fleet import (
+    Autoscaling,
+    Disaggregation,
+    Parallelism,
+    Placement,
+    Resources,
+    Rollout,
+    Router,
+)
+from frota.api.types import CelRule, FrotaModel, nested_default
+from pydantic import Field, model_validator
+
+_TENSOR = "(has(self.disaggregation.{role}.parallelism) ? self.disaggregation.{role}.parallelism.tensor : self.parallelism.tensor)"
+
+
+class InferenceServiceSpec(FrotaModel):
+    """Desired state of an InferenceService: one model served by a fleet of sharded replicas."""
+
+    model: ModelSource = Field(description="The model to serve.")
+    engine: Engine = Field(
+        default_factory=Engine, json_schema_extra=nested_default(), description="Engine settings shared by all ranks."
+    )
+    parallelism: Parallelism = Field(
+        default_factory=Parallelism, json_schema_extra=nested_default(),
+        description="Sharding of each replica (of each role, unless the role overrides it).",
+    )
+    resources: Resources = Field(
+        default_factory=Resources, json_schema_extra=nested_default(),
+        description="Resources of each rank (of each role, unless the role overrides it).",
+    )
+    replicas: int = Field(
+        default=1, ge=0, le=1000,
+        description=(
+            "Replicas: colocated replica groups, or, with disaggregation, units of "
+            "prefill.replicas prefill groups plus decode.replicas decode groups. "
+            "The scale subresource (kubectl scale, HorizontalPodAutoscaler) sets this field."
+        ),
+    )
+    disaggregation: Disaggregation | None = Field(
+        default=None, description="Serve prefill and decode from separate groups; unset: colocated."
+    )
+    router: Router = Field(
+        default_factory=Router, json_schema_extra=nested_default(), description="The router in front of the workers."
+    )
+    autoscaling: Autoscaling | None = Field(default=None, description="Scale replicas on a serving metric.")
+    rollout: Rollout = Field(
+        default_factory=Rollout, json_schema_extra=nested_default(), description="Rolling update limits."
+    )
+    placement: Placement = Field(
+        default_factory=Placement, json_schema_extra=nested_default(), description="Scheduling of worker pods."
+    )
+
+    cel_rules = (
+        CelRule(
+            "!(self.engine.quantization.weights == 'fp8' || self.engine.quantization.kvCache == 'fp8')"
+            " || has(self.resources.accelerator)",
+            "fp8 quantization needs an accelerator: set spec.resources.accelerator or use int8",
+            ".engine.quantization",
+        ),
+        CelRule(
+            "!has(self.disaggregation) || "
+            + _TENSOR.format(role="prefill") + " == " + _TENSOR.format(role="decode"),
+            "prefill and decode must use the same tensor-parallel size (KV blocks move rank to rank)",
+            ".disaggregation",
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> InferenceServiceSpec:
+        quant = self.engine.quantization
+        if "fp8" in (quant.weights, quant.kvCache) and self.resources.accelerator is None:
+            raise ValueError(self.cel_rules[0].message)
+        if self.disaggregation is not None:
+            prefill = self.disaggregation.prefill.parallelism or self.parallelism
+            decode = self.disaggregation.decode.parallelism or self.parallelism
+            if prefill.tensor != decode.tensor:
+                raise ValueError(self.cel_rules[1].message)
+        return self
+
+    @property
+    def mode(self) -> str:
+        return "Disaggregated" if self.disaggregation is not None else "Colocated"

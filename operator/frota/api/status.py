@@ -1,0 +1,85 @@
+"""`InferenceServiceStatus`: what the operator observed and planned."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from frota.api.types import FrotaModel
+from pydantic import Field
+
+ConditionType = Literal["Ready", "Progressing", "Degraded", "SpecValid"]
+CONDITION_TYPES: tuple[str, ...] = ("Ready", "Progressing", "Degraded", "SpecValid")
+
+
+class Condition(FrotaModel):
+    """One aspect of the InferenceService's state (metav1.Condition)."""
+
+    type: ConditionType = Field(
+        description=(
+            "Ready: every replica of the current revision serves and the router has them; "
+            "Progressing: a rollout or scale is under way; Degraded: fewer replicas serve than wanted; "
+            "SpecValid: the spec passed semantic validation."
+        )
+    )
+    status: Literal["True", "False", "Unknown"] = Field(description="Whether the condition holds.")
+    reason: str = Field(
+        pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$", max_length=1024,
+        description="CamelCase reason for the last transition.",
+    )
+    message: str = Field(default="", max_length=32768, description="Human-readable details.")
+    observedGeneration: int | None = Field(
+        default=None, ge=0, description="metadata.generation the condition was computed from."
+    )
+    lastTransitionTime: str | None = Field(
+        default=None, json_schema_extra={"format": "date-time"},
+        description="When the status last changed (RFC 3339).",
+    )
+
+
+class RoleStatus(FrotaModel):
+    """Replica groups of one role."""
+
+    role: Literal["worker", "prefill", "decode"] = Field(description="The role.")
+    replicas: int = Field(default=0, ge=0, description="Replica groups that exist.")
+    readyReplicas: int = Field(default=0, ge=0, description="Replica groups whose every rank is ready.")
+    updatedReplicas: int = Field(default=0, ge=0, description="Replica groups at the current revision.")
+
+
+class Capacity(FrotaModel):
+    """What one replica can hold, from the planner (the decode role when disaggregated)."""
+
+    weightBytesPerRank: int | None = Field(default=None, ge=0, description="Weight memory of the largest rank.")
+    kvCacheTokensPerReplica: int | None = Field(
+        default=None, ge=0, description="Tokens of KV cache one replica holds."
+    )
+    maxModelLen: int | None = Field(default=None, ge=0, description="Longest sequence in tokens.")
+    sequencesAtMaxModelLen: int | None = Field(
+        default=None, ge=0, description="Sequences of maxModelLen tokens that fit one replica's KV cache."
+    )
+
+
+class InferenceServiceStatus(FrotaModel):
+    """Observed state of an InferenceService."""
+
+    observedGeneration: int | None = Field(default=None, ge=0, description="Last metadata.generation acted on.")
+    conditions: list[Condition] = Field(
+        default_factory=list, max_length=16,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+        description="Ready, Progressing, Degraded and SpecValid.",
+    )
+    replicas: int = Field(
+        default=0, ge=0, description="Replicas (units when disaggregated) that exist; the scale subresource's status."
+    )
+    readyReplicas: int = Field(default=0, ge=0, description="Replicas (units) whose every group serves.")
+    roles: list[RoleStatus] = Field(
+        default_factory=list, max_length=3,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["role"]},
+        description="Replica groups per role.",
+    )
+    selector: str | None = Field(
+        default=None, description="Label selector of the serving pods (for the scale subresource and HPAs)."
+    )
+    url: str | None = Field(default=None, description="OpenAI-compatible base URL of the router.")
+    mode: Literal["Colocated", "Disaggregated"] | None = Field(default=None, description="Serving mode.")
+    revision: str | None = Field(default=None, description="Revision of the pod spec the Ready replicas run.")
+    capacity: Capacity | None = Field(default=None, description="Planned memory budget per replica.")

@@ -1,0 +1,34 @@
+"""YAML in and out: multi-document, block style, key order kept."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import yaml
+
+
+class _Dumper(yaml.SafeDumper):
+    """Indents lists under their key, the way kubectl prints them."""
+
+    def increase_indent(self, flow: bool = False, indentless: bool = False) -> Any:
+        return super().increase_indent(flow, False)
+
+
+def _str_presenter(dumper: yaml.SafeDumper, data: str) -> yaml.Node:
+    style = "|" if "\n" in data else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+
+_Dumper.add_representer(str, _str_presenter)
+
+
+def dump_all(objects: Iterable[dict[str, Any]]) -> str:
+    """Objects as one multi-document YAML stream (`---` between documents)."""
+    return yaml.dump_all(list(objects), Dumper=_Dumper, sort_keys=False, default_flow_style=False,
+                         explicit_start=True, width=100)
+
+
+def load_all(text: str) -> list[dict[str, Any]]:
+    """Every non-empty document of a YAML stream."""
+    return [doc for doc in yaml.safe_load_all(text) if doc]
