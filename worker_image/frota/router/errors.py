@@ -1,0 +1,27 @@
+"""OpenAI-shaped error bodies, the same shape the workers answer with."""
+
+from __future__ import annotations
+
+import json
+
+from aiohttp import web
+
+
+def error_body(message: str, type_: str, code: str | int | None = None,
+               param: str | None = None) -> dict[str, object]:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def error_response(status: int, message: str, type_: str, code: str | int | None = None,
+                   *, param: str | None = None,
+                   headers: dict[str, str] | None = None) -> web.Response:
+    """A JSON error response in the OpenAI shape."""
+    return web.json_response(error_body(message, type_, code, param), status=status,
+                             headers=headers)
+
+
+def sse_error_event(message: str, type_: str = "upstream_error", code: str | int = 502) -> bytes:
+    """An SSE event carrying an OpenAI error (the `openai` client raises on it), then
+    `[DONE]` so plain SSE readers stop too."""
+    payload = json.dumps(error_body(message, type_, code))
+    return f"data: {payload}\n\ndata: [DONE]\n\n".encode()

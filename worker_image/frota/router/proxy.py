@@ -1,0 +1,253 @@
+"""Forwarding a request to workers: route plans, retries, streaming passthrough.
+
+A `RoutePlan` is how one admitted request travels through the fleet. Today there
+is one, `DirectPlan`: the policy picks a worker, the request is forwarded, and a
+failure before the first byte reaches the client is retried on another worker.
+A disaggregated plan (prefill worker, then decode worker with a KV handle) is
+another `RoutePlan` built from the same `Proxy` primitives (`attempt` to open an
+upstream response, `relay_stream` to pass it on), without touching the app.
+
+Streams are relayed as raw bytes, chunk by chunk as they arrive: the router
+never parses or re-serializes SSE events. Non-streaming bodies are read whole
+before the client sees anything, which makes them retryable as a whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+from frota.router.errors import error_response, sse_error_event
+from frota.router.health import Worker, WorkerPool
+from frota.router.metrics import RouterMetrics
+from frota.router.policies import RouteRequest, RoutingPolicy
+
+log = logging.getLogger(__name__)
+
+# Hop-by-hop and router-only headers: never forwarded in either direction.
+DROP_REQUEST_HEADERS = frozenset({
+    "host", "content-length", "transfer-encoding", "connection", "keep-alive",
+    "authorization", "accept-encoding", "te", "upgrade", "proxy-authorization",
+})
+DROP_RESPONSE_HEADERS = frozenset({
+    "content-length", "transfer-encoding", "connection", "keep-alive", "date", "server",
+})
+# Worker answers that mean "try another replica" (nothing was generated).
+RETRY_STATUSES = frozenset({429, 502, 503, 504})
+WORKER_HEADER = "x-frota-worker"
+
+
+@dataclass
+class ProxyConfig:
+    """Retry and timeout settings of the proxy."""
+
+    max_retries: int = 2            # attempts beyond the first, each on another worker
+    retry_backoff: float = 0.02     # seconds before the first retry; doubles each time
+    connect_timeout: float = 3.0
+    read_timeout: float | None = 600.0  # longest silence from a worker mid-response
+
+
+class RetryableFailure(Exception):
+    """An attempt failed before its first byte reached the client."""
+
+    def __init__(self, reason: str, response: web.Response | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.response = response  # the worker's own answer, passed on if retries run out
+
+
+@dataclass
+class RequestContext:
+    """One client request on its way through the router."""
+
+    request: web.Request
+    route: RouteRequest
+    started: float  # time.perf_counter() when the router received it
+
+
+class Proxy:
+    """The primitives route plans are made of; one per app, sharing one ClientSession."""
+
+    def __init__(self, session: aiohttp.ClientSession, pool: WorkerPool, policy: RoutingPolicy,
+                 metrics: RouterMetrics, config: ProxyConfig) -> None:
+        self.session = session
+        self.pool = pool
+        self.policy = policy
+        self.metrics = metrics
+        self.config = config
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, connect=config.connect_timeout, sock_read=config.read_timeout)
+
+    def plan_for(self, ctx: RequestContext) -> RoutePlan:
+        return DirectPlan(self)
+
+    def pick(self, ctx: RequestContext, exclude: set[str]) -> Worker | None:
+        """Ask the policy for a healthy worker this request has not failed on."""
+        candidates = [w for w in self.pool.healthy() if w.url not in exclude]
+        if not candidates:
+            return None
+        decision = self.policy.choose(ctx.route, candidates)
+        self.metrics.decisions.labels(self.policy.name.value, decision.reason,
+                                      decision.worker.url).inc()
+        return decision.worker
+
+    async def attempt(self, worker: Worker, ctx: RequestContext) -> aiohttp.ClientResponse:
+        """Send the request to `worker`; return its response once the headers say it
+        is going ahead. Raise `RetryableFailure` when another worker should try."""
+        request = ctx.request
+        headers = {k: v for k, v in request.headers.items()
+                   if k.lower() not in DROP_REQUEST_HEADERS}
+        sent = time.perf_counter()
+        try:
+            upstream = await self.session.request(
+                request.method, worker.url + request.path_qs, data=ctx.route.body or None,
+                headers=headers, timeout=self._timeout)
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            self.pool.record_failure(worker, f"request: {type(exc).__name__}")
+            raise RetryableFailure("connect_error") from exc
+        self.metrics.upstream_latency.labels(worker.url).observe(time.perf_counter() - sent)
+        if upstream.status in RETRY_STATUSES:
+            try:
+                body = await upstream.read()
+            except (aiohttp.ClientError, TimeoutError, OSError):
+                body = b""
+            finally:
+                upstream.release()
+            if upstream.status != 429:  # 429 is a full queue, not a sick worker
+                self.pool.record_failure(worker, f"answered {upstream.status}",
+                                         eject_now=upstream.status == 503)
+            response = web.Response(body=body, status=upstream.status,
+                                    headers=_response_headers(upstream, worker))
+            raise RetryableFailure(f"status_{upstream.status}", response)
+        return upstream
+
+    async def read_whole(self, upstream: aiohttp.ClientResponse, worker: Worker) -> web.Response:
+        """Read a non-streaming answer whole; a failure is still retryable."""
+        try:
+            body = await upstream.read()
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            upstream.close()
+            self.pool.record_failure(worker, f"body: {type(exc).__name__}")
+            raise RetryableFailure("disconnected") from exc
+        self.pool.record_success(worker)
+        return web.Response(body=body, status=upstream.status,
+                            headers=_response_headers(upstream, worker))
+
+    async def relay_stream(self, upstream: aiohttp.ClientResponse, worker: Worker,
+                           ctx: RequestContext) -> web.StreamResponse:
+        """Pass a streaming answer through chunk by chunk.
+
+        The first chunk is awaited before the client's response starts, so a worker
+        that dies before producing anything is retryable. After that a worker
+        failure ends the stream with an OpenAI error event.
+        """
+        content = upstream.content
+        try:
+            first = await content.readany()
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            upstream.close()
+            self.pool.record_failure(worker, f"stream: {type(exc).__name__}")
+            raise RetryableFailure("disconnected") from exc
+        if not first:
+            upstream.close()
+            self.pool.record_failure(worker, "empty stream")
+            raise RetryableFailure("empty_stream")
+        self.pool.record_success(worker)
+        response = web.StreamResponse(status=upstream.status,
+                                      headers=_response_headers(upstream, worker))
+        await response.prepare(ctx.request)
+        await response.write(first)
+        last = time.perf_counter()
+        self.metrics.ttft.observe(last - ctx.started)
+        itl = self.metrics.itl
+        while True:
+            try:
+                chunk = await content.readany()
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                upstream.close()
+                self.metrics.stream_errors.inc()
+                self.pool.record_failure(worker, f"mid-stream: {type(exc).__name__}")
+                log.warning("stream from %s broke after its first byte: %r", worker.url, exc)
+                await response.write(sse_error_event(
+                    f"the worker serving this stream failed ({type(exc).__name__}); "
+                    "the response is incomplete, retry the request"))
+                break
+            if not chunk:
+                break
+            await response.write(chunk)  # a client that left raises here; upstream closes below
+            now = time.perf_counter()
+            itl.observe(now - last)
+            last = now
+        await response.write_eof()
+        return response
+
+
+class RoutePlan(ABC):
+    """How one request travels through the fleet (direct today; prefill/decode later)."""
+
+    @abstractmethod
+    async def execute(self, ctx: RequestContext) -> web.StreamResponse:
+        """Serve `ctx` and return the response (already written when streamed)."""
+
+
+class DirectPlan(RoutePlan):
+    """One worker serves the whole request; failures before the first byte move it to
+    another worker, at most `max_retries` times, with jittered exponential backoff."""
+
+    def __init__(self, proxy: Proxy) -> None:
+        self.proxy = proxy
+
+    async def execute(self, ctx: RequestContext) -> web.StreamResponse:
+        proxy, config = self.proxy, self.proxy.config
+        tried: set[str] = set()
+        failure: RetryableFailure | None = None
+        for attempt in range(config.max_retries + 1):
+            worker = proxy.pick(ctx, tried)
+            if worker is None:
+                break
+            if failure is not None:
+                proxy.metrics.retries.labels(failure.reason).inc()
+                delay = config.retry_backoff * (2 ** (attempt - 1))
+                await asyncio.sleep(delay * random.uniform(0.5, 1.5))
+            tried.add(worker.url)
+            worker.num_outstanding += 1
+            outstanding = proxy.metrics.worker_outstanding.labels(worker.url)
+            outstanding.inc()
+            try:
+                upstream = await proxy.attempt(worker, ctx)
+                try:
+                    if upstream.content_type == "text/event-stream":
+                        return await proxy.relay_stream(upstream, worker, ctx)
+                    return await proxy.read_whole(upstream, worker)
+                finally:
+                    upstream.close()  # no-op when fully read; cuts the worker off otherwise
+            except RetryableFailure as exc:
+                failure = exc
+                log.info("attempt %d on %s failed before the first byte: %s",
+                         attempt + 1, worker.url, exc.reason)
+            finally:
+                worker.num_outstanding -= 1
+                outstanding.dec()
+        if failure is not None and failure.response is not None:
+            return failure.response  # every worker said 429/503: pass the last answer on
+        if failure is not None:
+            return error_response(
+                502, f"no worker could serve the request ({failure.reason} on "
+                f"{len(tried)} worker(s)); retry later", "upstream_error", "upstream_unavailable",
+                headers={"Retry-After": "1"})
+        return error_response(
+            503, "no healthy worker is available; the fleet may be starting or scaling",
+            "service_unavailable", "no_healthy_workers", headers={"Retry-After": "1"})
+
+
+def _response_headers(upstream: aiohttp.ClientResponse, worker: Worker) -> dict[str, str]:
+    headers = {k: v for k, v in upstream.headers.items()
+               if k.lower() not in DROP_RESPONSE_HEADERS}
+    headers[WORKER_HEADER] = worker.url
+    return headers
