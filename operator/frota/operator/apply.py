@@ -1,0 +1,166 @@
+"""Talking to the Kubernetes API: server-side apply, list, delete, status.
+
+Requests go through kopf's own API client, so they share its credentials
+(kubeconfig, in-cluster service account, or whatever a login handler put in
+the vault), its connection pool, and its retries of 5xx/429 with backoff.
+Errors that remain are sorted here into transient ones (`kopf.TemporaryError`,
+retried by kopf with backoff) and permanent ones (`kopf.PermanentError`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import urllib.parse
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+# kopf exposes no public raw-request API; this private module is the client
+# kopf itself uses, and it is the one place Frota depends on it.
+from kopf._cogs.clients import api as kopf_api
+from kopf._cogs.clients import errors as kopf_errors
+
+FIELD_MANAGER = "frota-operator"
+APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
+MERGE_CONTENT_TYPE = "application/merge-patch+json"
+
+# kind -> (apiVersion, plural); every kind the operator creates or reads.
+KINDS: dict[str, tuple[str, str]] = {
+    "Pod": ("v1", "pods"),
+    "Service": ("v1", "services"),
+    "ConfigMap": ("v1", "configmaps"),
+    "ServiceAccount": ("v1", "serviceaccounts"),
+    "StatefulSet": ("apps/v1", "statefulsets"),
+    "Deployment": ("apps/v1", "deployments"),
+    "Role": ("rbac.authorization.k8s.io/v1", "roles"),
+    "RoleBinding": ("rbac.authorization.k8s.io/v1", "rolebindings"),
+    "PodDisruptionBudget": ("policy/v1", "poddisruptionbudgets"),
+    "NetworkPolicy": ("networking.k8s.io/v1", "networkpolicies"),
+    "InferenceService": ("frota.dev/v1alpha1", "inferenceservices"),
+}
+
+APIError = kopf_errors.APIError
+NotFound = kopf_errors.APINotFoundError
+
+
+def collection_path(api_version: str, plural: str, namespace: str) -> str:
+    """The URL path of a namespaced collection."""
+    root = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    return f"{root}/namespaces/{namespace}/{plural}"
+
+
+def object_path(obj: Mapping[str, Any], namespace: str | None = None) -> str:
+    """The URL path of one object, from its apiVersion, kind, namespace and name."""
+    api_version, plural = KINDS[obj["kind"]]
+    meta = obj["metadata"]
+    ns = meta.get("namespace") or namespace
+    if not ns:
+        raise ValueError(f"{obj['kind']} {meta.get('name')} has no namespace")
+    return f"{collection_path(api_version, plural, ns)}/{meta['name']}"
+
+
+# Request timeouts and retry backoffs of the operator's own requests: kopf's
+# defaults (the operator-wide settings apply to kopf's watches and patches).
+_SETTINGS = kopf.OperatorSettings()
+
+
+def classify(exc: Exception, what: str) -> Exception:
+    """Turn an API failure into kopf's retry vocabulary."""
+    if isinstance(exc, kopf_errors.APIError):
+        code = exc.status or 0
+        if code in (409, 429) or code >= 500 or code in (401, 403):
+            # 409: someone else moved the object; 401/403: credentials or RBAC
+            # may be rotating. All of these clear up without a spec change.
+            return kopf.TemporaryError(f"{what}: {exc} (HTTP {code}); retrying", delay=5)
+        return kopf.PermanentError(f"{what}: the API server refused it: {exc} (HTTP {code})")
+    if isinstance(exc, TimeoutError | OSError):
+        return kopf.TemporaryError(f"{what}: {exc!r}; retrying", delay=5)
+    return exc
+
+
+async def _request(
+    method: str,
+    path: str,
+    *,
+    logger: logging.Logger | logging.LoggerAdapter,
+    payload: object | None = None,
+    content_type: str | None = None,
+) -> dict[str, Any]:
+    headers = {"Content-Type": content_type} if content_type else None
+    try:
+        response = await kopf_api.request(
+            method, path, payload=payload, headers=headers, settings=_SETTINGS, logger=logger
+        )
+        text = await response.text()
+    except Exception as exc:
+        raise classify(exc, f"{method} {path}") from exc
+    return json.loads(text) if text else {}
+
+
+async def apply(obj: Mapping[str, Any], *, logger: Any) -> dict[str, Any]:
+    """Server-side apply one object under the operator's field manager (force: we own it)."""
+    query = urllib.parse.urlencode({"fieldManager": FIELD_MANAGER, "force": "true"})
+    return await _request(
+        "PATCH", f"{object_path(obj)}?{query}",
+        payload=obj, content_type=APPLY_CONTENT_TYPE, logger=logger,
+    )
+
+
+async def list_objects(
+    kind: str, namespace: str, selector: Mapping[str, str], *, logger: Any
+) -> list[dict[str, Any]]:
+    """List objects of a kind in a namespace by label selector."""
+    api_version, plural = KINDS[kind]
+    query = urllib.parse.urlencode(
+        {"labelSelector": ",".join(f"{k}={v}" for k, v in selector.items())}
+    )
+    data = await _request("GET", f"{collection_path(api_version, plural, namespace)}?{query}",
+                          logger=logger)
+    items = data.get("items") or []
+    wanted = dict(selector)
+    # Filter again: a selector is a request, and test API servers may ignore it.
+    return [
+        {"kind": kind, "apiVersion": api_version, **item}
+        for item in items
+        if all(((item.get("metadata") or {}).get("labels") or {}).get(k) == v
+               for k, v in wanted.items())
+    ]
+
+
+async def get(kind: str, namespace: str, name: str, *, logger: Any) -> dict[str, Any] | None:
+    """Read one object, or None when it does not exist."""
+    api_version, plural = KINDS[kind]
+    try:
+        return await _request(
+            "GET", f"{collection_path(api_version, plural, namespace)}/{name}", logger=logger
+        )
+    except kopf.PermanentError as exc:
+        if isinstance(exc.__cause__, NotFound):
+            return None
+        raise
+
+
+async def delete(obj: Mapping[str, Any], *, logger: Any, namespace: str | None = None) -> None:
+    """Delete one object (gone already is fine); dependents go in the background."""
+    try:
+        await _request(
+            "DELETE", object_path(obj, namespace),
+            payload={"kind": "DeleteOptions", "apiVersion": "v1",
+                     "propagationPolicy": "Background"},
+            logger=logger,
+        )
+    except kopf.PermanentError as exc:
+        if not isinstance(exc.__cause__, NotFound):
+            raise
+
+
+async def patch_status(
+    kind: str, namespace: str, name: str, status: Mapping[str, Any], *, logger: Any
+) -> None:
+    """Replace the status block through the status subresource (merge patch)."""
+    api_version, plural = KINDS[kind]
+    path = f"{collection_path(api_version, plural, namespace)}/{name}/status"
+    await _request("PATCH", path, payload={"status": dict(status)},
+                   content_type=MERGE_CONTENT_TYPE, logger=logger)

@@ -1,0 +1,107 @@
+"""Known model shapes and what each model URI scheme means for a worker.
+
+A small table, not a hub client: shapes of the aliases baked into the worker
+image and of the synthetic presets, enough to check parallel sizes and plan
+memory. Models fetched from `hf://`, `https://` or a PVC have unknown shapes
+until a worker loads them; the planner then skips the shape checks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Delivery = Literal["image", "pvc", "download", "synthetic"]
+
+MODELS_DIR = "/models"
+CACHE_DIR = "/models/cache"
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The dimensions that decide sharding and memory."""
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    max_position_embeddings: int
+    tie_word_embeddings: bool = True
+    num_experts: int = 0  # 0: dense MLP
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+
+SMOLLM2_135M = ModelShape(
+    name="smollm2", num_layers=30, hidden_size=576, num_heads=9, num_kv_heads=3, head_dim=64,
+    intermediate_size=1536, vocab_size=49152, max_position_embeddings=8192,
+)
+
+# alias -> shape of the model baked into the worker image.
+ALIASES: dict[str, ModelShape] = {"smollm2": SMOLLM2_135M}
+
+# synthetic:PRESET -> shape of the seeded random model the engine builds.
+SYNTHETIC_PRESETS: dict[str, ModelShape] = {
+    "tiny": ModelShape(
+        name="synthetic:tiny", num_layers=4, hidden_size=128, num_heads=4, num_kv_heads=2,
+        head_dim=32, intermediate_size=256, vocab_size=1024, max_position_embeddings=2048,
+    ),
+    "tiny-moe": ModelShape(
+        name="synthetic:tiny-moe", num_layers=4, hidden_size=128, num_heads=4, num_kv_heads=2,
+        head_dim=32, intermediate_size=256, vocab_size=1024, max_position_embeddings=2048,
+        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=128,
+    ),
+    "smollm2": ModelShape(**{**SMOLLM2_135M.__dict__, "name": "synthetic:smollm2"}),
+}
+
+
+@dataclass(frozen=True)
+class ModelLocation:
+    """How a URI reaches a worker: the `--model` argument and how the files get there."""
+
+    uri: str
+    model_arg: str
+    delivery: Delivery
+    shape: ModelShape | None
+    pvc_claim: str | None = None
+
+
+class UnknownModelError(ValueError):
+    """The URI names a scheme or alias Frota does not know."""
+
+
+def locate(uri: str) -> ModelLocation:
+    """Map a model URI to the worker's `--model` and its delivery (docs/internals.md)."""
+    scheme, sep, rest = uri.partition(":")
+    if not sep:
+        raise UnknownModelError(f"{uri!r} has no scheme; use alias:, pvc://, hf://, https:// or synthetic:")
+    if scheme == "alias":
+        if rest not in ALIASES:
+            raise UnknownModelError(
+                f"unknown alias {rest!r}; the worker image bakes in: {', '.join(sorted(ALIASES))}"
+            )
+        return ModelLocation(uri, rest, "image", ALIASES[rest])
+    if scheme == "synthetic":
+        return ModelLocation(uri, uri, "synthetic", SYNTHETIC_PRESETS.get(rest))
+    if scheme == "pvc":
+        claim, _, path = rest.removeprefix("//").partition("/")
+        if not claim:
+            raise UnknownModelError(f"{uri!r} names no claim; use pvc://CLAIM/PATH")
+        return ModelLocation(uri, f"{MODELS_DIR}/{path}".rstrip("/"), "pvc", None, pvc_claim=claim)
+    if scheme == "hf":
+        repo = rest.removeprefix("//")
+        return ModelLocation(uri, f"{CACHE_DIR}/{repo}", "download", None)
+    if scheme == "https":
+        filename = rest.rstrip("/").rsplit("/", 1)[-1].split("?", 1)[0] or "model"
+        return ModelLocation(uri, f"{CACHE_DIR}/{filename}", "download", None)
+    raise UnknownModelError(
+        f"unknown scheme {scheme!r}; use alias:, pvc://, hf://, https:// or synthetic:"
+    )

@@ -1,0 +1,253 @@
+"""Plan an InferenceService: roles, replica groups, ranks, memory budget, semantic checks.
+
+Pure: no Kubernetes client, no torch. The builders render the Topology into
+child objects; `frota up` runs it as local processes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+from frota.api import InferenceService, InferenceServiceSpec, Parallelism, Resources
+from frota.operator.memory import MemoryBudget, Sharding, plan_memory
+from frota.operator.model_shapes import ModelLocation, ModelShape, UnknownModelError, locate
+from frota.operator.quantity import format_bytes, parse_quantity
+from frota.operator.topology import (
+    Addressing,
+    KubernetesAddressing,
+    Rank,
+    ReplicaGroup,
+    Role,
+    RouterPlan,
+    Topology,
+)
+from frota.operator.validation import FieldError, SpecError
+
+ENGINE_ROLE = {"worker": "both", "prefill": "prefill", "decode": "decode"}
+
+
+@dataclass(frozen=True)
+class RoleShape:
+    """Sharding and resources of one role, with the field paths they came from."""
+
+    role: Role
+    groups: int
+    parallelism: Parallelism
+    resources: Resources
+    parallelism_field: str
+    resources_field: str
+
+
+def resolve_dtype(spec: InferenceServiceSpec, resources: Resources) -> str:
+    """`auto` is bfloat16 on an accelerator and float32 on CPU."""
+    if spec.engine.dtype != "auto":
+        return spec.engine.dtype
+    return "bfloat16" if resources.accelerator is not None else "float32"
+
+
+def role_shapes(spec: InferenceServiceSpec) -> list[RoleShape]:
+    """The roles of a spec with their effective parallelism and resources."""
+    if spec.disaggregation is None:
+        return [RoleShape("worker", spec.replicas, spec.parallelism, spec.resources,
+                          "spec.parallelism", "spec.resources")]
+    out = []
+    for role in ("prefill", "decode"):
+        override = getattr(spec.disaggregation, role)
+        base = f"spec.disaggregation.{role}"
+        out.append(RoleShape(
+            role,
+            spec.replicas * override.replicas,
+            override.parallelism or spec.parallelism,
+            override.resources or spec.resources,
+            f"{base}.parallelism" if override.parallelism else "spec.parallelism",
+            f"{base}.resources" if override.resources else "spec.resources",
+        ))
+    return out
+
+
+def revision(spec: InferenceServiceSpec, shape: RoleShape) -> str:
+    """Hash of everything that changes a role's pods; a group never mixes two revisions."""
+    parts = {
+        "role": shape.role,
+        "model": spec.model.to_wire(),
+        "engine": spec.engine.to_wire(),
+        "parallelism": shape.parallelism.to_wire(),
+        "resources": shape.resources.to_wire(),
+        "placement": spec.placement.to_wire(),
+        "minPromptTokens": spec.disaggregation.minPromptTokens if spec.disaggregation else None,
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def _check_shape(shape: ModelShape, rs: RoleShape, model: str) -> list[FieldError]:
+    p, errors = rs.parallelism, []
+    field = rs.parallelism_field
+    if shape.num_heads % p.tensor:
+        errors.append(FieldError(f"{field}.tensor",
+                                 f"{p.tensor} does not divide the {shape.num_heads} attention heads of {model}"))
+    elif shape.num_kv_heads % p.tensor and p.tensor % shape.num_kv_heads:
+        errors.append(FieldError(f"{field}.tensor",
+                                 f"{p.tensor} neither divides nor is a multiple of the "
+                                 f"{shape.num_kv_heads} KV heads of {model}"))
+    mlp = shape.moe_intermediate_size if shape.is_moe else shape.intermediate_size
+    if mlp % p.tensor:
+        errors.append(FieldError(f"{field}.tensor",
+                                 f"{p.tensor} does not divide the MLP size {mlp} of {model}"))
+    if shape.num_layers % p.pipeline:
+        errors.append(FieldError(f"{field}.pipeline",
+                                 f"{p.pipeline} does not divide the {shape.num_layers} layers of {model}"))
+    if p.expert > 1 and not shape.is_moe:
+        errors.append(FieldError(f"{field}.expert",
+                                 f"{p.expert} needs a mixture-of-experts model; {model} is dense"))
+    elif shape.is_moe and shape.num_experts % p.expert:
+        errors.append(FieldError(f"{field}.expert",
+                                 f"{p.expert} does not divide the {shape.num_experts} experts of {model}"))
+    return errors
+
+
+def _rank_memory(resources: Resources) -> int | None:
+    if resources.accelerator is None:
+        return int(parse_quantity(resources.memory))
+    if resources.accelerator.memory is None:
+        return None
+    return int(parse_quantity(resources.accelerator.memory)) * resources.accelerator.count
+
+
+def _budget(
+    spec: InferenceServiceSpec, shape: ModelShape, rs: RoleShape, max_model_len: int
+) -> tuple[MemoryBudget, list[FieldError]]:
+    engine = spec.engine
+    budget = plan_memory(
+        shape,
+        Sharding(rs.parallelism.tensor, rs.parallelism.pipeline, rs.parallelism.expert),
+        dtype=resolve_dtype(spec, rs.resources),
+        weight_quant=engine.quantization.weights,
+        kv_quant=engine.quantization.kvCache,
+        max_model_len=max_model_len,
+        block_size=engine.kvCache.blockSize,
+        memory_fraction=engine.kvCache.memoryFraction,
+        rank_memory_bytes=_rank_memory(rs.resources),
+        on_accelerator=rs.resources.accelerator is not None,
+    )
+    errors = []
+    if budget.sequences_at_max_model_len == 0 and budget.rank_memory_bytes is not None:
+        what = (f"{rs.resources_field}.accelerator.memory" if rs.resources.accelerator
+                else f"{rs.resources_field}.memory")
+        errors.append(FieldError(what, (
+            f"{format_bytes(budget.rank_memory_bytes)} per rank x memoryFraction "
+            f"{engine.kvCache.memoryFraction} leaves {format_bytes(budget.kv_cache_bytes_per_rank or 0)} "
+            f"for KV cache after {format_bytes(budget.weight_bytes_per_rank)} of weights"
+            f"{' and ' + format_bytes(budget.runtime_overhead_bytes) + ' of runtime' if budget.runtime_overhead_bytes else ''}"
+            f": not one sequence of {max_model_len} tokens fits; raise it, shard further, "
+            f"or lower spec.engine.maxModelLen")))
+    return budget, errors
+
+
+def _engine_env(spec: InferenceServiceSpec) -> dict[str, str]:
+    engine = spec.engine
+    env = {
+        "FROTA_SERVED_MODEL_NAME": spec.model.name,
+        "FROTA_MAX_NUM_SEQS": str(engine.scheduler.maxNumSeqs),
+        "FROTA_MAX_NUM_BATCHED_TOKENS": str(engine.scheduler.maxNumBatchedTokens),
+        "FROTA_MAX_QUEUE": str(engine.scheduler.maxQueue),
+        "FROTA_BLOCK_SIZE": str(engine.kvCache.blockSize),
+        "FROTA_ENABLE_PREFIX_CACHING": "true" if engine.kvCache.prefixCaching else "false",
+        "FROTA_QUANTIZATION": engine.quantization.weights,
+        "FROTA_KV_CACHE_DTYPE": engine.quantization.kvCache,
+    }
+    if engine.maxModelLen is not None:
+        env["FROTA_MAX_MODEL_LEN"] = str(engine.maxModelLen)
+    if spec.disaggregation is not None:
+        env["FROTA_MIN_PREFILL_TOKENS"] = str(spec.disaggregation.minPromptTokens)
+    return env
+
+
+def _group(
+    spec: InferenceServiceSpec, name: str, rs: RoleShape, replica: int, ordinal: int,
+    location: ModelLocation, budget: MemoryBudget | None, rev: str, addressing: Addressing,
+) -> ReplicaGroup:
+    p = rs.parallelism
+    group_name = f"{name}-{rs.role}-{replica}"
+    world = p.tensor * p.pipeline
+    group_env = {
+        "FROTA_WORLD_SIZE": str(world),
+        "FROTA_MASTER_ADDR": addressing.master_addr(group_name),
+        "FROTA_MASTER_PORT": str(addressing.master_port(ordinal)),
+        "FROTA_TENSOR_PARALLEL_SIZE": str(p.tensor),
+        "FROTA_PIPELINE_PARALLEL_SIZE": str(p.pipeline),
+        "FROTA_EXPERT_PARALLEL_SIZE": str(p.expert),
+        "FROTA_DTYPE": resolve_dtype(spec, rs.resources),
+        "FROTA_DEVICE": "cuda" if rs.resources.accelerator else "cpu",
+    }
+    if budget is not None and budget.kv_cache_bytes_per_rank:
+        group_env["FROTA_KV_CACHE_MEMORY"] = str(budget.kv_cache_bytes_per_rank)
+    ranks = []
+    for index in range(world):
+        port = addressing.http_port(ordinal, index)
+        args = ("worker", "--model", location.model_arg, "--port", str(port),
+                "--role", ENGINE_ROLE[rs.role], *spec.engine.extraArgs)
+        ranks.append(Rank(index, args, {**group_env, "FROTA_RANK": str(index)}, port))
+    sharding = Sharding(p.tensor, p.pipeline, p.expert)
+    return ReplicaGroup(group_name, rs.role, replica, ordinal, sharding, tuple(ranks), rev, budget)
+
+
+def check(isvc: InferenceService) -> tuple[list[FieldError], list[str]]:
+    """Semantic errors and warnings the schema cannot express."""
+    errors, warnings = [], []
+    spec = isvc.spec
+    try:
+        location = locate(spec.model.uri)
+    except UnknownModelError as exc:
+        return [FieldError("spec.model.uri", str(exc))], warnings
+    shape = location.shape
+    if shape is None:
+        warnings.append(f"spec.model.uri: the shape of {spec.model.uri} is known only once a worker "
+                        "loads it; parallel sizes and memory are checked then")
+        return errors, warnings
+    model = spec.model.uri.split(":", 1)[1]
+    max_len = spec.engine.maxModelLen or shape.max_position_embeddings
+    if max_len > shape.max_position_embeddings:
+        errors.append(FieldError("spec.engine.maxModelLen",
+                                 f"{max_len} exceeds the {shape.max_position_embeddings}-token context of {model}"))
+    for rs in role_shapes(spec):
+        errors += [e for e in _check_shape(shape, rs, model) if e not in errors]
+    if not errors:
+        for rs in role_shapes(spec):
+            errors += _budget(spec, shape, rs, max_len)[1]
+    return errors, warnings
+
+
+def plan(isvc: InferenceService, addressing: Addressing | None = None) -> Topology:
+    """The topology of an InferenceService; raises SpecError naming the fields at fault."""
+    addressing = addressing or KubernetesAddressing()
+    errors, warnings = check(isvc)
+    if errors:
+        raise SpecError(errors)
+    spec, name = isvc.spec, isvc.metadata.name
+    location = locate(spec.model.uri)
+    shape = location.shape
+    max_len = spec.engine.maxModelLen or (shape.max_position_embeddings if shape else 0)
+    groups: list[ReplicaGroup] = []
+    for rs in role_shapes(spec):
+        budget = _budget(spec, shape, rs, max_len)[0] if shape else None
+        rev = revision(spec, rs)
+        for replica in range(rs.groups):
+            groups.append(_group(spec, name, rs, replica, len(groups), location, budget, rev, addressing))
+    router_env = {
+        "FROTA_MAX_INFLIGHT": str(spec.router.admission.maxInflight),
+        "FROTA_MAX_QUEUE": str(spec.router.admission.maxQueue),
+    }
+    if spec.disaggregation is not None:
+        router_env["FROTA_MIN_PREFILL_TOKENS"] = str(spec.disaggregation.minPromptTokens)
+    return Topology(
+        name=name,
+        mode="Disaggregated" if spec.disaggregation else "Colocated",
+        served_model_name=spec.model.name,
+        model=location,
+        engine_env=_engine_env(spec),
+        groups=tuple(groups),
+        router=RouterPlan(spec.router.replicas, spec.router.policy, router_env),
+        warnings=tuple(warnings),
+    )

@@ -1,0 +1,132 @@
+"""The planner's output: what runs, independent of Kubernetes or local processes.
+
+`frota up` starts each rank as a local process; the builders turn each group
+into a StatefulSet. Both read the same Topology.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from frota.operator.memory import MemoryBudget, Sharding
+from frota.operator.model_shapes import ModelLocation
+
+Role = Literal["worker", "prefill", "decode"]
+WORKER_PORT = 8000
+MASTER_PORT = 29500
+
+
+class Addressing(Protocol):
+    """Where ranks find each other and listen: DNS names in a cluster, ports on localhost."""
+
+    def master_addr(self, group_name: str) -> str: ...
+    def master_port(self, group_ordinal: int) -> int: ...
+    def http_port(self, group_ordinal: int, rank: int) -> int: ...
+
+
+@dataclass(frozen=True)
+class KubernetesAddressing:
+    """Rank 0 of group G is pod G-0 behind the headless Service G; every pod uses the same ports."""
+
+    def master_addr(self, group_name: str) -> str:
+        return f"{group_name}-0.{group_name}"
+
+    def master_port(self, group_ordinal: int) -> int:
+        return MASTER_PORT
+
+    def http_port(self, group_ordinal: int, rank: int) -> int:
+        return WORKER_PORT
+
+
+@dataclass(frozen=True)
+class LocalAddressing:
+    """All ranks on one host: each group gets its own master port and a block of HTTP ports."""
+
+    host: str = "127.0.0.1"
+    base_http_port: int = 8100
+    base_master_port: int = 29500
+    ports_per_group: int = 64
+
+    def master_addr(self, group_name: str) -> str:
+        return self.host
+
+    def master_port(self, group_ordinal: int) -> int:
+        return self.base_master_port + group_ordinal
+
+    def http_port(self, group_ordinal: int, rank: int) -> int:
+        return self.base_http_port + group_ordinal * self.ports_per_group + rank
+
+
+@dataclass(frozen=True)
+class Rank:
+    """One `frota worker` process: `frota <args>` with `env` on top of the topology's engine env."""
+
+    index: int
+    args: tuple[str, ...]
+    env: Mapping[str, str]
+    http_port: int
+
+
+@dataclass(frozen=True)
+class ReplicaGroup:
+    """The ranks of one replica of one role; they start, serve and are replaced together."""
+
+    name: str
+    role: Role
+    replica: int  # index within the role
+    ordinal: int  # index within the topology
+    sharding: Sharding
+    ranks: tuple[Rank, ...]
+    revision: str
+    budget: MemoryBudget | None
+
+    @property
+    def leader(self) -> Rank:
+        return self.ranks[0]
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+
+@dataclass(frozen=True)
+class RouterPlan:
+    """The router in front of the groups."""
+
+    replicas: int
+    policy: str
+    env: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Everything that runs for one InferenceService."""
+
+    name: str
+    mode: Literal["Colocated", "Disaggregated"]
+    served_model_name: str
+    model: ModelLocation
+    engine_env: Mapping[str, str]  # shared by every rank of every group
+    groups: tuple[ReplicaGroup, ...]
+    router: RouterPlan
+    warnings: tuple[str, ...] = field(default=())
+
+    def groups_of(self, role: Role) -> tuple[ReplicaGroup, ...]:
+        return tuple(g for g in self.groups if g.role == role)
+
+    @property
+    def roles(self) -> tuple[Role, ...]:
+        return ("prefill", "decode") if self.mode == "Disaggregated" else ("worker",)
+
+    @property
+    def serving_budget(self) -> MemoryBudget | None:
+        """The budget of the role that holds sequences to the end (decode, or the colocated worker)."""
+        role: Role = "decode" if self.mode == "Disaggregated" else "worker"
+        groups = self.groups_of(role)
+        return groups[0].budget if groups else None
+
+    def rank_env(self, group: ReplicaGroup, rank: Rank) -> dict[str, str]:
+        """The full environment of one rank process (engine env, then its own)."""
+        return {**self.engine_env, **rank.env}

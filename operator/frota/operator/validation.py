@@ -1,0 +1,52 @@
+"""Turning an InferenceService manifest into a model, with errors that name the field."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from frota.api import InferenceService
+from pydantic import ValidationError
+
+
+@dataclass(frozen=True)
+class FieldError:
+    """One problem with a spec, at a field path such as `spec.parallelism.tensor`."""
+
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}"
+
+
+class SpecError(ValueError):
+    """The spec is invalid; `errors` says where and why."""
+
+    def __init__(self, errors: Iterable[FieldError]) -> None:
+        self.errors = tuple(errors)
+        super().__init__("\n".join(str(e) for e in self.errors))
+
+
+def _path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif not str(part).startswith(("function-", "tagged-union", "int", "str", "constrained")):
+            out += ("." if out else "") + str(part)
+    return out or "(root)"
+
+
+def load(manifest: dict[str, Any]) -> InferenceService:
+    """Validate a manifest against the API models; raise SpecError with field paths."""
+    if not isinstance(manifest, dict):
+        raise SpecError([FieldError("(root)", "expected a mapping (an InferenceService object)")])
+    try:
+        return InferenceService.from_manifest(manifest)
+    except ValidationError as exc:
+        raise SpecError(
+            FieldError(_path(err["loc"]), err["msg"].removeprefix("Value error, "))
+            for err in exc.errors()
+        ) from None
