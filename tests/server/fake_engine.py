@@ -1,0 +1,189 @@
+"""A small test double of `frota.engine.AsyncEngine` (the contract in docs/internals.md).
+
+Byte-level tokenizer (vocab 256 + EOS 256); "generation" walks the lowercase
+alphabet from the last prompt byte (greedy) or draws letters from a seeded RNG,
+one token per `step_s`, so tests control timing, stop strings and seeds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+EOS = 256
+LETTERS = [ord(c) for c in "abcdefghijklmnopqrstuvwxyz "]
+
+
+class FakeInvalidRequestError(Exception):
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+@dataclass
+class FakeSamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: int | None = None
+
+
+class FakeTokenizer:
+    def __init__(self) -> None:
+        self.eos_token_ids = [EOS]
+        self.vocab_size = 257
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+        for m in messages:
+            if m["role"] not in {"system", "user", "assistant"}:
+                raise ValueError(f"unknown role {m['role']}")
+        body = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
+        return body + "<assistant>"
+
+
+@dataclass
+class FakeOutput:
+    new_token_ids: list[int]
+    new_text: str
+    new_logprobs: list[dict[int, float]] | None
+    finished: bool
+    finish_reason: str | None
+    num_prompt_tokens: int
+    num_generated_tokens: int
+    num_cached_tokens: int = 0
+
+
+@dataclass
+class FakeStats:
+    num_running: int
+    num_waiting: int
+    num_kv_blocks_total: int
+    num_kv_blocks_used: int
+    block_size: int
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+
+
+class FakeEngine:
+    """Implements the AsyncEngine surface the server uses."""
+
+    def __init__(self, max_model_len: int = 512, max_num_seqs: int = 4, step_s: float = 0.0,
+                 eos_after: int | None = None) -> None:
+        self.tokenizer = FakeTokenizer()
+        self.max_model_len = max_model_len
+        self.max_num_seqs = max_num_seqs
+        self.step_s = step_s
+        self.eos_after = eos_after  # greedy requests emit EOS after this many tokens
+        self.block_size = 16
+        self.num_kv_blocks_total = 64
+        self.running: dict[str, int] = {}  # request id -> blocks held
+        self.waiting: list[str] = []
+        self.aborted: set[str] = set()
+        self.requests: list[tuple[str, list[int], FakeSamplingParams]] = []
+        self.gate = asyncio.Event()  # cleared: every request waits (queue tests)
+        self.gate.set()
+        self.is_shut_down = False
+        self.reject_next = False  # the next generate raises InvalidRequestError
+
+    def stats(self) -> FakeStats:
+        used = sum(self.running.values())
+        return FakeStats(len(self.running), len(self.waiting), self.num_kv_blocks_total, used,
+                         self.block_size, 0, 0)
+
+    def abort(self, request_id: str) -> None:
+        self.aborted.add(request_id)
+        self.running.pop(request_id, None)
+        if request_id in self.waiting:
+            self.waiting.remove(request_id)
+
+    async def shutdown(self) -> None:
+        self.is_shut_down = True
+
+    async def generate(self, request_id: str, prompt: str | list[int],
+                       params: FakeSamplingParams) -> AsyncIterator[FakeOutput]:
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if self.reject_next:
+            self.reject_next = False
+            raise FakeInvalidRequestError("rejected by the engine", "prompt")
+        if len(ids) >= self.max_model_len:
+            raise FakeInvalidRequestError("prompt too long", "prompt")
+        if params.max_tokens < 1:
+            raise FakeInvalidRequestError("max_tokens must be at least 1", "max_tokens")
+        self.requests.append((request_id, ids, params))
+        self.waiting.append(request_id)
+        try:
+            while not self.gate.is_set() or len(self.running) >= self.max_num_seqs:
+                if request_id in self.aborted:
+                    return
+                await asyncio.sleep(0.005)
+            self.waiting.remove(request_id)
+            self.running[request_id] = math.ceil(len(ids) / self.block_size)
+            async for out in self._decode(request_id, ids, params):
+                yield out
+        finally:
+            self.running.pop(request_id, None)
+            if request_id in self.waiting:
+                self.waiting.remove(request_id)
+
+    async def _decode(self, request_id: str, ids: list[int],
+                      params: FakeSamplingParams) -> AsyncIterator[FakeOutput]:
+        rng = random.Random(params.seed)
+        last = ids[-1]
+        text = ""
+        generated: list[int] = []
+        while True:
+            if self.step_s:
+                await asyncio.sleep(self.step_s)
+            else:
+                await asyncio.sleep(0)
+            if request_id in self.aborted:
+                yield FakeOutput([], "", None, True, "abort", len(ids), len(generated))
+                return
+            if params.temperature == 0:
+                token = LETTERS[(LETTERS.index(last) + 1) % len(LETTERS)] if last in LETTERS \
+                    else LETTERS[0]
+            else:
+                token = rng.choice(LETTERS)
+            if (self.eos_after is not None and len(generated) >= self.eos_after
+                    and not params.ignore_eos):
+                token = EOS
+            generated.append(token)
+            last = token
+            piece = self.tokenizer.decode([token])
+            reason = None
+            if token == EOS or token in params.stop_token_ids:
+                reason, piece = "stop", ""
+            text += piece
+            for stop in params.stop:
+                if stop in text:
+                    cut = text.index(stop)
+                    piece = piece[: max(0, len(piece) - (len(text) - cut))]
+                    reason = "stop"
+            if reason is None and len(generated) >= params.max_tokens:
+                reason = "length"
+            logprobs = None
+            if params.logprobs is not None:
+                top = {t: -0.5 - i for i, t in enumerate(LETTERS[: max(params.logprobs, 1)])}
+                top[token] = -0.1
+                logprobs = [top]
+            blocks = math.ceil((len(ids) + len(generated)) / self.block_size)
+            self.running[request_id] = blocks
+            yield FakeOutput([token], piece, logprobs, reason is not None, reason, len(ids),
+                             len(generated))
+            if reason is not None:
+                return

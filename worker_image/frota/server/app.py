@@ -1,0 +1,262 @@
+"""The aiohttp application: OpenAI routes, health/readiness/metrics, engine start-up.
+
+`create_app(options, load)` opens for business at once; the engine loads in
+the background (`load` returns `EngineBindings`), so `/health` answers while
+`/ready` and the generation routes answer 503 until the model is loaded and
+warmed up. Later roles (prefill/decode, `/internal/kv/...`) add route groups
+beside `add_openai_routes`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+from frota.server import errors
+from frota.server.engine_api import EngineBindings, EngineStats
+from frota.server.generation import Generation, Job
+from frota.server.jobs import chat_job, completion_job
+from frota.server.lifecycle import Lifecycle, Phase
+from frota.server.metrics import CONTENT_TYPE, ServerMetrics
+from frota.server.protocol import ChatCompletionRequest, CompletionRequest
+from frota.server.streaming import EventStream
+from pydantic import ValidationError
+
+log = logging.getLogger("frota.server")
+
+MAX_BODY_BYTES = 32 * 1024 * 1024
+
+Loader = Callable[[], Awaitable[EngineBindings]]
+
+
+@dataclass
+class ServerOptions:
+    """Server settings that are not engine arguments."""
+
+    served_model_name: str
+    max_queue: int | None = 256
+    shutdown_grace_period_s: float = 30.0
+    warmup: bool = True
+
+
+class WorkerState:
+    """Everything a handler needs; one per app (no module globals)."""
+
+    def __init__(self, options: ServerOptions, load: Loader) -> None:
+        self.options = options
+        self.load = load
+        self.lifecycle = Lifecycle()
+        self.bindings: EngineBindings | None = None
+        self.generation: Generation | None = None
+        self.metrics = ServerMetrics(options.served_model_name, self.stats)
+        self.created = int(time.time())
+
+    def stats(self) -> EngineStats | None:
+        if self.bindings is None:
+            return None
+        return self.bindings.engine.stats()
+
+    def abort_all(self) -> None:
+        if self.generation is not None:
+            self.generation.abort_all()
+
+    def ready_generation(self) -> tuple[EngineBindings, Generation]:
+        phase = self.lifecycle.phase
+        if phase is not Phase.READY or self.bindings is None or self.generation is None:
+            self.metrics.observe_rejected(503)
+            what = "is still loading" if phase is Phase.LOADING else f"is {phase.value}"
+            raise errors.unavailable(f"The model {what}; retry shortly or on another worker.")
+        return self.bindings, self.generation
+
+
+STATE_KEY: web.AppKey[WorkerState] = web.AppKey("state", WorkerState)
+
+
+async def _start_engine(app: web.Application) -> None:
+    state = app[STATE_KEY]
+    t0 = time.monotonic()
+    log.info("loading model %s", state.options.served_model_name)
+    try:
+        state.bindings = await state.load()
+        generation = Generation(state.bindings, state.metrics, state.options.max_queue)
+        if state.options.warmup:
+            await _warm_up(state.bindings)
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("the engine failed to load")
+        state.lifecycle.fail()
+        return
+    state.generation = generation
+    log.info("model loaded and warmed up",
+             extra={"fields": {"load_s": round(time.monotonic() - t0, 3),
+                               "max_model_len": state.bindings.engine.max_model_len}})
+    if state.lifecycle.phase is Phase.LOADING:
+        state.lifecycle.set_phase(Phase.READY)
+
+
+async def _warm_up(bindings: EngineBindings) -> None:
+    """One tiny request, so the first real request does not pay for lazy initialisation."""
+    engine = bindings.engine
+    params = bindings.sampling_params(max_tokens=2, temperature=0.0)
+    async for _ in engine.generate("warmup", engine.tokenizer.encode("Hello"), params):
+        pass
+
+
+async def _on_startup(app: web.Application) -> None:
+    app[LOAD_TASK_KEY] = asyncio.create_task(_start_engine(app))
+
+
+async def _on_cleanup(app: web.Application) -> None:
+    task = app[LOAD_TASK_KEY]
+    if not task.done():
+        task.cancel()
+    bindings = app[STATE_KEY].bindings
+    if bindings is not None:
+        try:
+            await bindings.engine.shutdown()
+        except Exception:
+            log.exception("engine shutdown failed")
+
+
+LOAD_TASK_KEY: web.AppKey[asyncio.Task[None]] = web.AppKey("load_task", asyncio.Task)
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler):  # type: ignore[no-untyped-def]
+    """Every error leaves as OpenAI-shaped JSON; nothing escapes as a bare 500."""
+    try:
+        return await handler(request)
+    except errors.APIError as exc:
+        return exc.response()
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        typ = "not_found_error" if exc.status == 404 else "invalid_request_error"
+        return errors.APIError(exc.status, exc.reason or "error", type=typ).response()
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return errors.internal("Internal server error; see the worker log.").response()
+
+
+async def _read_json(request: web.Request) -> dict:
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise errors.APIError(413, f"The request body is larger than {MAX_BODY_BYTES} bytes.",
+                              param="body", code="request_too_large") from exc
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise errors.from_json_error(exc) from exc
+    except RecursionError as exc:
+        raise errors.invalid("The request body is nested too deeply.", param="body") from exc
+    if not isinstance(body, dict):
+        raise errors.invalid("The request body must be a JSON object.", param="body")
+    return body
+
+
+async def _generate(request: web.Request, job_builder, model_cls) -> web.StreamResponse:  # type: ignore[no-untyped-def]
+    state = request.app[STATE_KEY]
+    bindings, generation = state.ready_generation()
+    body = await _read_json(request)
+    try:
+        req = model_cls.model_validate(body)
+    except ValidationError as exc:
+        raise errors.from_validation_error(exc) from exc
+    except RecursionError as exc:
+        raise errors.invalid("The request body is nested too deeply.", param="body") from exc
+    job: Job = await job_builder(bindings, req, state.options.served_model_name)
+    generation.admit(job.num_choices)
+    with state.lifecycle.in_flight():
+        if not req.stream:
+            return web.json_response(await generation.run(job, None))
+        stream = EventStream(request)
+
+        async def start():  # type: ignore[no-untyped-def]
+            await stream.start()
+            return stream.send
+
+        try:
+            await generation.run(job, start)
+        except errors.APIError as exc:
+            if not stream.started:
+                raise
+            return await stream.finish(exc.body())
+        except (asyncio.CancelledError, ConnectionResetError):
+            raise
+        except Exception:
+            log.exception("stream %s failed", job.request_id)
+            if not stream.started:
+                raise
+            return await stream.finish(errors.internal("Internal server error.").body())
+        return await stream.finish()
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, completion_job, CompletionRequest)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, chat_job, ChatCompletionRequest)
+
+
+async def models(request: web.Request) -> web.Response:
+    state = request.app[STATE_KEY]
+    card = {"id": state.options.served_model_name, "object": "model", "created": state.created,
+            "owned_by": "frota"}
+    if state.bindings is not None:
+        card["max_model_len"] = state.bindings.engine.max_model_len
+    return web.json_response({"object": "list", "data": [card]})
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def ready(request: web.Request) -> web.Response:
+    phase = request.app[STATE_KEY].lifecycle.phase
+    return web.json_response({"status": phase.value},
+                             status=200 if phase is Phase.READY else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = request.app[STATE_KEY].metrics.render()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+def add_openai_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_get("/v1/models", models)
+
+
+def add_ops_routes(app: web.Application) -> None:
+    app.router.add_get("/health", health)
+    app.router.add_get("/ready", ready)
+    app.router.add_get("/metrics", metrics)
+
+
+def create_app(options: ServerOptions, load: Loader | EngineBindings) -> web.Application:
+    """The worker app; `load` is an async loader or an already started engine's bindings."""
+    if isinstance(load, EngineBindings):
+        bindings = load
+
+        async def loaded() -> EngineBindings:
+            return bindings
+
+        load = loaded
+    app = web.Application(middlewares=[error_middleware], client_max_size=MAX_BODY_BYTES)
+    app[STATE_KEY] = WorkerState(options, load)
+    add_ops_routes(app)
+    add_openai_routes(app)
+    app.on_startup.append(_on_startup)
+    app.on_cleanup.append(_on_cleanup)
+    return app

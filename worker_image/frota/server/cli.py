@@ -1,0 +1,145 @@
+"""`frota worker`: serve one model over the OpenAI API (rank 0 of a worker pod).
+
+Every flag can also come from the environment, `FROTA_` + the flag in upper
+case with dashes as underscores (`--max-num-seqs` <- `FROTA_MAX_NUM_SEQS`);
+a flag on the command line wins. torch and the engine load only inside `run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import threading
+from collections.abc import Callable
+from typing import Any
+
+ENGINE_FLAGS = ("model", "dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
+                "block_size", "num_kv_blocks", "kv_cache_memory", "enable_prefix_caching",
+                "seed")
+
+_SIZE_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+               "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from `1073741824`, `4G`, `512MiB`, `1.5GB`."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]i?)?b?\s*", text.lower())
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 4GiB or 512MB)")
+    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2) or ""])
+
+
+def parse_bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in {"1", "true", "yes", "on"}:
+        return True
+    if value in {"0", "false", "no", "off"}:
+        return False
+    raise argparse.ArgumentTypeError(f"not a boolean: {text!r}")
+
+
+def env_name(flag: str) -> str:
+    return "FROTA_" + flag.lstrip("-").upper().replace("-", "_")
+
+
+def _flag(parser: argparse.ArgumentParser, flag: str, *, type: Callable[[str], Any] = str,
+          default: Any = None, help: str, required: bool = False, **kw: Any) -> None:
+    """Add `flag`, whose default comes from its FROTA_* environment variable when set."""
+    env = env_name(flag)
+    raw = os.environ.get(env)
+    if raw is not None and raw != "":
+        try:
+            default = type(raw)
+        except (argparse.ArgumentTypeError, ValueError) as exc:
+            raise SystemExit(f"frota worker: bad {env}={raw!r}: {exc}") from exc
+        required = False
+    parser.add_argument(flag, type=type, default=default, required=required,
+                        help=f"{help} [env {env}]", **kw)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    _flag(parser, "--model", required=True,
+          help="model: alias (smollm2), path to .gguf, HF directory, or synthetic:...")
+    _flag(parser, "--served-model-name", help="name clients use in `model` (default: --model)")
+    _flag(parser, "--host", default="0.0.0.0", help="address to listen on")
+    _flag(parser, "--port", type=int, default=8000, help="port to listen on")
+    _flag(parser, "--dtype", choices=["auto", "float32", "bfloat16", "float16"],
+          help="weight and activation dtype (default: the engine's)")
+    _flag(parser, "--max-model-len", type=int, help="context length (default: the model's)")
+    _flag(parser, "--max-num-seqs", type=int, help="most sequences in a batch")
+    _flag(parser, "--max-num-batched-tokens", type=int, help="most tokens in one engine step")
+    _flag(parser, "--block-size", type=int, help="tokens per KV-cache block")
+    _flag(parser, "--num-kv-blocks", type=int, help="KV-cache blocks (overrides memory sizing)")
+    _flag(parser, "--kv-cache-memory", type=parse_size,
+          help="KV-cache size in bytes, e.g. 2GiB (default: a fraction of free memory)")
+    _flag(parser, "--enable-prefix-caching", type=parse_bool,
+          help="reuse KV blocks of shared prompt prefixes (true/false)")
+    _flag(parser, "--seed", type=int, help="engine seed for unseeded requests")
+    _flag(parser, "--max-queue", type=int, default=256,
+          help="most requests waiting for their first token; beyond it 429 (0: unbounded)")
+    _flag(parser, "--shutdown-grace-period", type=float, default=30.0,
+          help="seconds in-flight requests get to finish after SIGTERM")
+    _flag(parser, "--role", choices=["both", "prefill", "decode"], default="both",
+          help="disaggregation role (only `both` for now)")
+    _flag(parser, "--log-level", default="info", help="debug, info, warning, error")
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """EngineArgs keywords: only the flags that were set, so engine defaults apply."""
+    return {k: getattr(args, k) for k in ENGINE_FLAGS if getattr(args, k) is not None}
+
+
+async def _in_daemon_thread(fn: Callable[[], Any]) -> Any:
+    """Run `fn` in a daemon thread: a SIGTERM during a model load must not wait for it."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def target() -> None:
+        try:
+            result = fn()
+        except BaseException as exc:
+            error = exc
+            loop.call_soon_threadsafe(lambda: future.done() or future.set_exception(error))
+        else:
+            loop.call_soon_threadsafe(lambda: future.done() or future.set_result(result))
+
+    threading.Thread(target=target, name="frota-engine-load", daemon=True).start()
+    return await future
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve `--model` until SIGTERM; exit 0 after a graceful drain."""
+    from frota.server import logs
+    from frota.server.app import ServerOptions, create_app
+    from frota.server.engine_api import EngineBindings
+    from frota.server.lifecycle import serve
+
+    logs.setup(args.log_level)
+    if args.role != "both":
+        raise SystemExit(f"frota worker: --role {args.role} is not implemented yet")
+
+    async def load() -> EngineBindings:
+        from frota.engine import AsyncEngine, EngineArgs, InvalidRequestError, SamplingParams
+
+        engine_args = EngineArgs(**engine_kwargs(args))
+        engine = await _in_daemon_thread(lambda: AsyncEngine(engine_args))
+        await engine.start()
+        return EngineBindings(engine, SamplingParams, InvalidRequestError)
+
+    options = ServerOptions(
+        served_model_name=args.served_model_name or args.model,
+        max_queue=args.max_queue or None,
+        shutdown_grace_period_s=args.shutdown_grace_period,
+    )
+
+    async def main() -> int:
+        app = create_app(options, load)
+        from frota.server.app import STATE_KEY
+
+        state = app[STATE_KEY]
+        return await serve(app, state.lifecycle, args.host, args.port,
+                           options.shutdown_grace_period_s, state.abort_all)
+
+    return asyncio.run(main())

@@ -1,0 +1,132 @@
+"""Validated request bodies -> engine work (`Job`): tokenize, check lengths, sampling params."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+from frota.server import errors
+from frota.server.engine_api import EngineBindings
+from frota.server.formats import ChatFormat, CompletionFormat
+from frota.server.generation import Job
+from frota.server.protocol import MAX_SEED, ChatCompletionRequest, CompletionRequest, SamplingFields
+
+# Prompts longer than this many characters are tokenized off the event loop.
+_INLINE_TOKENIZE_CHARS = 4096
+
+
+async def _encode(bindings: EngineBindings, text: str) -> list[int]:
+    tokenizer = bindings.engine.tokenizer
+    if len(text) <= _INLINE_TOKENIZE_CHARS:
+        return list(tokenizer.encode(text))
+    return list(await asyncio.to_thread(tokenizer.encode, text))
+
+
+def _vocab_size(bindings: EngineBindings) -> int | None:
+    # TODO(engine contract): docs/internals.md does not name the vocabulary
+    # size; token-id prompts are range-checked when the tokenizer exposes one.
+    tokenizer = bindings.engine.tokenizer
+    for name in ("vocab_size", "n_vocab"):
+        value = getattr(tokenizer, name, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def _check_length(bindings: EngineBindings, ids: list[int], max_tokens: int | None,
+                  prompt_param: str) -> int:
+    """The max_tokens to use; 400 when the prompt (plus max_tokens) exceeds the context."""
+    max_len = bindings.engine.max_model_len
+    if not ids:
+        raise errors.invalid("The prompt is empty; send at least one token.", param=prompt_param)
+    if len(ids) >= max_len:
+        raise errors.invalid(
+            f"This model's maximum context length is {max_len} tokens, but the prompt has "
+            f"{len(ids)} tokens. Shorten the prompt.",
+            param=prompt_param, code="context_length_exceeded")
+    if max_tokens is None:
+        return max_len - len(ids)
+    if len(ids) + max_tokens > max_len:
+        raise errors.invalid(
+            f"This model's maximum context length is {max_len} tokens, but you requested "
+            f"{len(ids) + max_tokens} tokens ({len(ids)} in the prompt, {max_tokens} for the "
+            f"completion). Reduce the prompt or max_tokens.",
+            param="max_tokens", code="context_length_exceeded")
+    return max_tokens
+
+
+def _params(bindings: EngineBindings, req: SamplingFields, max_tokens: int, logprobs: int | None,
+            choice: int) -> Any:
+    seed = None if req.seed is None else (req.seed + choice) % MAX_SEED
+    top_k = req.top_k if req.top_k is not None and req.top_k > 0 else None
+    try:
+        return bindings.sampling_params(
+            max_tokens=max_tokens,
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            top_k=top_k,
+            seed=seed,
+            stop=list(req.stop or []),
+            stop_token_ids=list(req.stop_token_ids or []),
+            ignore_eos=req.ignore_eos,
+            logprobs=logprobs,
+        )
+    except (ValueError, TypeError, bindings.invalid_request_error) as exc:
+        raise errors.invalid(f"Invalid sampling parameters: {exc}",
+                             param=getattr(exc, "param", None)) from exc
+
+
+def _check_supported(req: SamplingFields, served: str) -> None:
+    if req.model != served:
+        raise errors.model_not_found(req.model)
+    unsupported = req.unsupported()
+    if unsupported is not None:
+        raise errors.invalid(unsupported[1], param=unsupported[0], code="unsupported_parameter")
+
+
+async def completion_job(bindings: EngineBindings, req: CompletionRequest,
+                         served: str) -> Job:
+    _check_supported(req, served)
+    vocab = _vocab_size(bindings)
+    prompts: list[list[int]] = []
+    for i, prompt in enumerate(req.prompts()):
+        param = "prompt" if not isinstance(req.prompt, list) or i == 0 else f"prompt[{i}]"
+        if isinstance(prompt, str):
+            prompts.append(await _encode(bindings, prompt))
+            continue
+        if any(t < 0 or (vocab is not None and t >= vocab) for t in prompt):
+            raise errors.invalid("Token ids in the prompt must lie in [0, vocab size).",
+                                 param=param)
+        prompts.append(prompt)
+    max_tokens = [_check_length(bindings, ids, req.max_tokens, "prompt") for ids in prompts]
+    params = [_params(bindings, req, max_tokens[p], req.logprobs, p * req.n + i)
+              for p in range(len(prompts)) for i in range(req.n)]
+    request_id = f"cmpl-{uuid.uuid4().hex}"
+    fmt = CompletionFormat(request_id, served, int(time.time()),
+                           bindings.engine.tokenizer.decode, req.logprobs is not None)
+    return Job(request_id, prompts, params, req.n, fmt,
+               include_usage=bool(req.stream_options and req.stream_options.include_usage))
+
+
+async def chat_job(bindings: EngineBindings, req: ChatCompletionRequest, served: str) -> Job:
+    _check_supported(req, served)
+    # "developer" is the newer name for "system"; chat templates know only the latter.
+    messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+                for m in req.messages]
+    try:
+        text = bindings.engine.tokenizer.apply_chat_template(messages)
+    except Exception as exc:  # jinja templates raise on sequences they do not accept
+        raise errors.invalid(f"The chat template rejected the messages: {exc}",
+                             param="messages") from exc
+    ids = await _encode(bindings, text)
+    max_tokens = _check_length(bindings, ids, req.requested_max_tokens(), "messages")
+    top = req.top_logprobs or 0
+    logprobs = top if req.logprobs else None
+    params = [_params(bindings, req, max_tokens, logprobs, i) for i in range(req.n)]
+    request_id = f"chatcmpl-{uuid.uuid4().hex}"
+    fmt = ChatFormat(request_id, served, int(time.time()), bindings.engine.tokenizer.decode,
+                     req.logprobs)
+    return Job(request_id, [ids], params, req.n, fmt,
+               include_usage=bool(req.stream_options and req.stream_options.include_usage))

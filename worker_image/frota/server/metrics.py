@@ -1,0 +1,115 @@
+"""Prometheus metrics with the vLLM names (DESIGN.md), one registry per app.
+
+Engine state (running, waiting, KV usage, prefix cache) is read from
+`engine.stats()` at scrape time; latencies and token counts are recorded by
+the server as requests progress.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from frota.server.engine_api import EngineStats
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# Bucket boundaries copied from vLLM so dashboards built for it read the same.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
+               2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
+               50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+
+
+class EngineStatsCollector(Collector):
+    """Turns `engine.stats()` into gauges and counters on every scrape."""
+
+    def __init__(self, model_name: str, stats: Callable[[], EngineStats | None]) -> None:
+        self.model_name = model_name
+        self.stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.stats()
+        if s is None:  # still loading: nothing meaningful to report
+            return
+        labels = ["model_name"]
+        values = [self.model_name]
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(name, doc, labels=labels)
+            g.add_metric(values, value)
+            return g
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            c = CounterMetricFamily(name, doc, labels=labels)
+            c.add_metric(values, value)
+            return c
+
+        yield gauge("vllm:num_requests_running", "Requests in the running batch.", s.num_running)
+        yield gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.",
+                    s.num_waiting)
+        total = max(s.num_kv_blocks_total, 1)
+        yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage (1 means 100 percent).",
+                    s.num_kv_blocks_used / total)
+        yield counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                      s.prefix_cache_queries)
+        yield counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+                      s.prefix_cache_hits)
+        info = GaugeMetricFamily("vllm:cache_config_info", "Information of the KV cache config.",
+                                 labels=["model_name", "block_size", "num_gpu_blocks"])
+        info.add_metric([self.model_name, str(s.block_size), str(s.num_kv_blocks_total)], 1.0)
+        yield info
+
+
+class ServerMetrics:
+    """The metrics one worker exports, in their own registry."""
+
+    def __init__(self, model_name: str, stats: Callable[[], EngineStats | None]) -> None:
+        self.model_name = model_name
+        self.registry = CollectorRegistry()
+        self.registry.register(EngineStatsCollector(model_name, stats))
+        labels = ["model_name"]
+        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token.",
+                              labels, buckets=TTFT_BUCKETS, registry=self.registry)
+        self.itl = Histogram("vllm:inter_token_latency_seconds", "Time between output tokens.",
+                             labels, buckets=ITL_BUCKETS, registry=self.registry)
+        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Request latency end to end.",
+                             labels, buckets=E2E_BUCKETS, registry=self.registry)
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prefill tokens processed.",
+                                     labels, registry=self.registry)
+        self.generation_tokens = Counter("vllm:generation_tokens", "Generated tokens.",
+                                         labels, registry=self.registry)
+        self.request_success = Counter("vllm:request_success", "Finished requests.",
+                                       ["model_name", "finished_reason"], registry=self.registry)
+        self.rejected = Counter("frota_worker_rejected_requests", "Requests refused before "
+                                "reaching the engine, by HTTP status.", ["model_name", "status"],
+                                registry=self.registry)
+
+    def observe_first_token(self, seconds: float) -> None:
+        self.ttft.labels(self.model_name).observe(seconds)
+
+    def observe_tokens(self, seconds: float, num_tokens: int) -> None:
+        """A delta of `num_tokens` tokens arrived `seconds` after the previous one."""
+        if num_tokens <= 0:
+            return
+        per_token = seconds / num_tokens
+        child = self.itl.labels(self.model_name)
+        for _ in range(num_tokens):
+            child.observe(per_token)
+
+    def observe_finished(self, seconds: float, prompt_tokens: int, generation_tokens: int,
+                         finish_reason: str) -> None:
+        self.e2e.labels(self.model_name).observe(seconds)
+        self.prompt_tokens.labels(self.model_name).inc(prompt_tokens)
+        self.generation_tokens.labels(self.model_name).inc(generation_tokens)
+        self.request_success.labels(self.model_name, finish_reason).inc()
+
+    def observe_rejected(self, status: int) -> None:
+        self.rejected.labels(self.model_name, str(status)).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

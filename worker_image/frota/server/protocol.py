@@ -1,0 +1,161 @@
+"""Pydantic models of the OpenAI request bodies the worker accepts.
+
+Unknown fields are ignored (clients send `user`, `metadata`, ...); known fields
+the engine cannot honour are rejected when set to a non-default value, so a
+client never silently gets something other than what it asked for.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
+
+# Seeds feed torch generators, which take 64-bit integers.
+MAX_SEED = 2**63 - 1
+MAX_N = 128
+MAX_STOP = 16
+MAX_LOGPROBS = 20
+
+NonNegFloat = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
+
+
+class StreamOptions(BaseModel):
+    """`stream_options`: only `include_usage` changes anything."""
+
+    model_config = ConfigDict(extra="ignore")
+    include_usage: StrictBool = False
+
+
+class SamplingFields(BaseModel):
+    """Fields shared by completions and chat completions."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = Field(min_length=1)
+    n: StrictInt = Field(1, ge=1, le=MAX_N)
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: StrictInt | None = Field(None, ge=-MAX_SEED, le=MAX_SEED)
+    temperature: float | None = Field(None, ge=0.0, le=100.0, allow_inf_nan=False)
+    top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
+    top_k: StrictInt | None = Field(None, ge=-1, le=2**31 - 1)  # extension; 0 and -1 disable
+    max_tokens: StrictInt | None = Field(None, ge=1, le=2**31 - 1)
+    ignore_eos: StrictBool = False  # extension
+    stop_token_ids: list[StrictInt] | None = Field(None, max_length=MAX_STOP)  # extension
+    presence_penalty: float | None = Field(None, allow_inf_nan=False)
+    frequency_penalty: float | None = Field(None, allow_inf_nan=False)
+    logit_bias: dict[str, Any] | None = None
+    best_of: StrictInt | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_list(cls, v: str | list[str] | None) -> list[str]:
+        stops = [] if v is None else [v] if isinstance(v, str) else v
+        if len(stops) > MAX_STOP:
+            raise ValueError(f"at most {MAX_STOP} stop sequences are allowed")
+        if any(s == "" for s in stops):
+            raise ValueError("stop sequences must not be empty")
+        return stops
+
+    def unsupported(self) -> tuple[str, str] | None:
+        """(param, message) for a set field the engine cannot honour, else None."""
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if value is not None and not math.isclose(value, 0.0):
+                return name, f"`{name}` is not supported by this server; omit it or set 0."
+        if self.logit_bias:
+            return "logit_bias", "`logit_bias` is not supported by this server; omit it."
+        if self.best_of is not None and self.best_of != self.n:
+            return "best_of", "`best_of` is not supported by this server; use `n`."
+        return None
+
+
+class CompletionRequest(SamplingFields):
+    """`POST /v1/completions`."""
+
+    prompt: (
+        Annotated[str, Field(max_length=10_000_000)]
+        | list[StrictInt]
+        | list[str]
+        | list[list[StrictInt]]
+    )
+    max_tokens: StrictInt | None = Field(16, ge=1, le=2**31 - 1)
+    logprobs: StrictInt | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    echo: StrictBool = False
+    suffix: str | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _non_empty(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("prompt must not be an empty list")
+            if any(isinstance(p, list) and not p for p in v):
+                raise ValueError("token prompts must not be empty")
+        return v
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompt field as a list of prompts (OpenAI allows a batch)."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if all(isinstance(x, int) for x in p):
+            return [list(p)]  # type: ignore[arg-type]
+        return list(p)  # type: ignore[arg-type]
+
+    def unsupported(self) -> tuple[str, str] | None:
+        if self.echo:
+            return "echo", "`echo` is not supported by this server."
+        if self.suffix:
+            return "suffix", "`suffix` is not supported by this server."
+        return super().unsupported()
+
+
+class TextPart(BaseModel):
+    """A `{"type": "text", "text": ...}` content part."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    """One chat message; content may be a string or a list of text parts."""
+
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class ChatCompletionRequest(SamplingFields):
+    """`POST /v1/chat/completions`."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: StrictInt | None = Field(None, ge=1, le=2**31 - 1)
+    logprobs: StrictBool = False
+    top_logprobs: StrictInt | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    tools: list[Any] | None = None
+    response_format: dict[str, Any] | None = None
+
+    def unsupported(self) -> tuple[str, str] | None:
+        if self.tools:
+            return "tools", "`tools` is not supported by this server."
+        if self.response_format and self.response_format.get("type", "text") != "text":
+            return "response_format", "only `response_format` type `text` is supported."
+        if self.top_logprobs and not self.logprobs:
+            return "top_logprobs", "`top_logprobs` requires `logprobs: true`."
+        return super().unsupported()
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
