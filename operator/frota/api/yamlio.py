@@ -11,6 +11,9 @@ import yaml
 class _Dumper(yaml.SafeDumper):
     """Indents lists under their key, the way kubectl prints them."""
 
+    def ignore_aliases(self, data: Any) -> bool:
+        return True  # builders may share a dict between two places; print it twice
+
     def increase_indent(self, flow: bool = False, indentless: bool = False) -> Any:
         return super().increase_indent(flow, False)
 

@@ -24,9 +24,19 @@ class FieldError:
 class SpecError(ValueError):
     """The spec is invalid; `errors` says where and why."""
 
-    def __init__(self, errors: Iterable[FieldError]) -> None:
+    def __init__(self, errors: Iterable[FieldError], subject: str | None = None) -> None:
         self.errors = tuple(errors)
+        self.subject = subject  # e.g. "InferenceService tiny", when known
         super().__init__("\n".join(str(e) for e in self.errors))
+
+    def about(self, subject: str) -> SpecError:
+        """The same errors, attributed to an object."""
+        return SpecError(self.errors, subject)
+
+    def report(self) -> str:
+        """What a CLI prints: the object, then one `field: message` line per error."""
+        head = f"invalid spec ({self.subject})" if self.subject else "invalid spec"
+        return head + ":\n" + "\n".join(f"  {e}" for e in self.errors)
 
 
 def _path(loc: tuple[Any, ...]) -> str:

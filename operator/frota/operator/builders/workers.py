@@ -1,0 +1,226 @@
+"""Worker children: per replica group a StatefulSet (one pod per rank) and its headless Service,
+per role a Service of the rank-0 pods (what the router discovers), and the engine ConfigMap."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from frota.api import EnvVar, InferenceService, Resources
+from frota.operator.builders.common import (
+    POD_INDEX_LABEL,
+    REPLICA_LABEL,
+    REVISION_LABEL,
+    ROLE_LABEL,
+    SERVING_LABEL,
+    WRITABLE_HOME_ENV,
+    container_security_context,
+    http_probe,
+    labels,
+    metadata,
+    pod_security_context,
+    selector_labels,
+    tmp_volume,
+)
+from frota.operator.model_shapes import CACHE_DIR, MODELS_DIR, ModelLocation
+from frota.operator.planner import role_shapes
+from frota.operator.topology import MASTER_PORT, WORKER_PORT, ReplicaGroup, Topology
+
+# Model load can take many minutes for large weights; the startup probe allows 30.
+STARTUP_PERIOD_SECONDS = 10
+STARTUP_FAILURES = 180
+PROBE_PATHS = {"live": "/health", "ready": "/ready"}
+
+
+def engine_configmap_name(isvc: InferenceService) -> str:
+    return f"{isvc.metadata.name}-engine"
+
+
+def role_service_name(isvc: InferenceService, role: str) -> str:
+    return f"{isvc.metadata.name}-{role}"
+
+
+def engine_configmap(isvc: InferenceService, topology: Topology) -> dict[str, Any]:
+    """Engine settings shared by all ranks, as FROTA_<FLAG> variables."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata(isvc, engine_configmap_name(isvc), labels(isvc)),
+        "data": dict(topology.engine_env),
+    }
+
+
+def _resources(resources: Resources) -> dict[str, Any]:
+    requests: dict[str, Any] = {"cpu": resources.cpu, "memory": resources.memory}
+    limits: dict[str, Any] = {"memory": resources.memory}
+    if resources.accelerator is not None:
+        requests[resources.accelerator.resourceName] = resources.accelerator.count
+        limits[resources.accelerator.resourceName] = resources.accelerator.count
+    return {"requests": requests, "limits": limits}
+
+
+def _user_env(env: list[EnvVar]) -> list[dict[str, Any]]:
+    return [e.to_wire() for e in env]
+
+
+def model_volumes(isvc: InferenceService, location: ModelLocation) -> tuple[list, list, list]:
+    """(volumes, worker mounts, init containers) that deliver the model for its URI scheme."""
+    if location.delivery == "pvc":
+        volume = {"name": "model", "persistentVolumeClaim": {"claimName": location.pvc_claim, "readOnly": True}}
+        return [volume], [{"name": "model", "mountPath": MODELS_DIR, "readOnly": True}], []
+    if location.delivery != "download":
+        return [], [], []  # baked into the image, or generated (synthetic)
+    model = isvc.spec.model
+    volume = {"name": "model-cache", "emptyDir": {"sizeLimit": model.cacheSize}}
+    _, tmp_mount = tmp_volume()
+    env = list(WRITABLE_HOME_ENV)
+    if model.credentials is not None:
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": model.credentials.to_wire()}})
+    fetch = {
+        "name": "fetch-model",
+        "image": isvc.spec.engine.image,
+        "imagePullPolicy": isvc.spec.engine.imagePullPolicy,
+        "command": ["frota"],
+        "args": ["fetch", location.uri, "--dest", location.model_arg],
+        "env": env,
+        "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}},
+        "securityContext": container_security_context(),
+        "volumeMounts": [tmp_mount, {"name": "model-cache", "mountPath": CACHE_DIR}],
+    }
+    mount = {"name": "model-cache", "mountPath": CACHE_DIR, "readOnly": True}
+    return [volume], [mount], [fetch]
+
+
+def _rank_env(isvc: InferenceService, group: ReplicaGroup) -> list[dict[str, Any]]:
+    # Every rank of a group shares the pod template; only FROTA_RANK differs, and
+    # the StatefulSet controller's pod-index label supplies it.
+    env: list[dict[str, Any]] = [
+        {"name": "FROTA_RANK", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{POD_INDEX_LABEL}']"}}},
+    ]
+    env += [{"name": k, "value": v} for k, v in group.leader.env.items() if k != "FROTA_RANK"]
+    env += WRITABLE_HOME_ENV
+    return env + _user_env(isvc.spec.engine.env)
+
+
+def _pod_spec(isvc: InferenceService, topology: Topology, group: ReplicaGroup,
+              resources: Resources) -> dict[str, Any]:
+    spec = isvc.spec
+    tmp, tmp_mount = tmp_volume()
+    volumes, mounts, init = model_volumes(isvc, topology.model)
+    volumes = [tmp, *volumes]
+    mounts = [tmp_mount, *mounts]
+    if resources.accelerator is not None:
+        # NCCL moves data through shared memory; the default /dev/shm is 64 MiB.
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}})
+        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    container = {
+        "name": "worker",
+        "image": spec.engine.image,
+        "imagePullPolicy": spec.engine.imagePullPolicy,
+        "command": ["frota"],
+        "args": list(group.leader.args),
+        "ports": [
+            {"name": "http", "containerPort": WORKER_PORT, "protocol": "TCP"},
+            {"name": "dist", "containerPort": MASTER_PORT, "protocol": "TCP"},
+        ],
+        "envFrom": [{"configMapRef": {"name": engine_configmap_name(isvc)}}],
+        "env": _rank_env(isvc, group),
+        "resources": _resources(resources),
+        "securityContext": container_security_context(),
+        "startupProbe": http_probe(PROBE_PATHS["live"], period=STARTUP_PERIOD_SECONDS, failures=STARTUP_FAILURES),
+        "livenessProbe": http_probe(PROBE_PATHS["live"], period=10, failures=3),
+        "readinessProbe": http_probe(PROBE_PATHS["ready"], period=5, failures=3),
+        "volumeMounts": mounts,
+    }
+    pod: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 60,
+        "securityContext": pod_security_context(),
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if init:
+        pod["initContainers"] = init
+    placement = spec.placement
+    if placement.nodeSelector:
+        pod["nodeSelector"] = dict(placement.nodeSelector)
+    if placement.tolerations:
+        pod["tolerations"] = [t.to_wire() for t in placement.tolerations]
+    if placement.affinity:
+        pod["affinity"] = placement.affinity
+    if placement.priorityClassName:
+        pod["priorityClassName"] = placement.priorityClassName
+    return pod
+
+
+def group_selector(isvc: InferenceService, group: ReplicaGroup) -> dict[str, str]:
+    """The labels that select exactly one group's pods."""
+    return selector_labels(isvc, **{ROLE_LABEL: group.role, REPLICA_LABEL: str(group.replica)})
+
+
+def statefulset(isvc: InferenceService, topology: Topology, group: ReplicaGroup,
+                resources: Resources) -> dict[str, Any]:
+    """One replica group: one pod per rank, pod G-0 is the leader (the master address)."""
+    selector = group_selector(isvc, group)
+    pod_labels = labels(isvc, group.role, group.replica, **{REVISION_LABEL: group.revision})
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": metadata(isvc, group.name, pod_labels),
+        "spec": {
+            "serviceName": group.name,
+            "replicas": group.world_size,
+            # Ranks rendezvous at start-up, so they must start together, not one by one.
+            "podManagementPolicy": "Parallel",
+            # The operator replaces a group's pods together: a group never mixes revisions.
+            "updateStrategy": {"type": "OnDelete"},
+            "selector": {"matchLabels": selector},
+            "template": {
+                "metadata": {"labels": pod_labels},
+                "spec": _pod_spec(isvc, topology, group, resources),
+            },
+        },
+    }
+
+
+def group_service(isvc: InferenceService, group: ReplicaGroup) -> dict[str, Any]:
+    """Headless Service giving each rank a stable DNS name (G-N.G); includes unready pods."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(isvc, group.name, labels(isvc, group.role, group.replica)),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": group_selector(isvc, group),
+            "ports": [
+                {"name": "http", "port": WORKER_PORT, "targetPort": "http", "protocol": "TCP"},
+                {"name": "dist", "port": MASTER_PORT, "targetPort": "dist", "protocol": "TCP"},
+            ],
+        },
+    }
+
+
+def role_service(isvc: InferenceService, role: str) -> dict[str, Any]:
+    """Headless Service of the rank-0 pods of one role: its EndpointSlices are what the router watches."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(isvc, role_service_name(isvc, role), labels(isvc, role, **{SERVING_LABEL: "true"})),
+        "spec": {
+            "clusterIP": "None",
+            "selector": selector_labels(isvc, **{ROLE_LABEL: role, POD_INDEX_LABEL: "0"}),
+            "ports": [{"name": "http", "port": WORKER_PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def worker_children(isvc: InferenceService, topology: Topology) -> list[dict[str, Any]]:
+    """ConfigMap, role Services, and per group a headless Service plus a StatefulSet."""
+    resources = {rs.role: rs.resources for rs in role_shapes(isvc.spec)}
+    out = [engine_configmap(isvc, topology)]
+    out += [role_service(isvc, role) for role in topology.roles]
+    for group in topology.groups:
+        out.append(group_service(isvc, group))
+        out.append(statefulset(isvc, topology, group, resources[group.role]))
+    return out

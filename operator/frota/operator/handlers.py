@@ -1,0 +1,161 @@
+"""The kopf handlers: thin, each taking only what it uses, handing off to plain functions.
+
+Importing this module registers the handlers on kopf's default registry.
+InferenceService create/update/resume reconcile at once (kopf retries a
+`TemporaryError` with backoff); watches on the children feed a cache (kopf
+indexes) and poke the owner's reconcile, which is how deleted or edited
+children come back and how status follows pod readiness.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+from frota.operator import autoscale
+from frota.operator.status import LABEL_INSTANCE, LABEL_NAME
+from frota.operator.workqueue import CHILD_INDEXES, ISVC_INDEX, POD_INDEX, Fleet
+
+GROUP, VERSION, PLURAL = "frota.dev", "v1alpha1", "inferenceservices"
+ISVC = (GROUP, VERSION, PLURAL)
+OWNED = {LABEL_NAME: "frota", LABEL_INSTANCE: kopf.PRESENT}
+ANNOTATION_PREFIX = "frota.dev"
+
+# (group, version, plural) of each child kind; the index ids name them.
+CHILD_RESOURCES: dict[str, tuple[str, str, str]] = {
+    "frota_statefulsets": ("apps", "v1", "statefulsets"),
+    "frota_deployments": ("apps", "v1", "deployments"),
+    "frota_services": ("", "v1", "services"),
+    "frota_configmaps": ("", "v1", "configmaps"),
+    "frota_serviceaccounts": ("", "v1", "serviceaccounts"),
+    "frota_roles": ("rbac.authorization.k8s.io", "v1", "roles"),
+    "frota_rolebindings": ("rbac.authorization.k8s.io", "v1", "rolebindings"),
+    "frota_poddisruptionbudgets": ("policy", "v1", "poddisruptionbudgets"),
+    "frota_networkpolicies": ("networking.k8s.io", "v1", "networkpolicies"),
+}
+assert tuple(CHILD_RESOURCES) == CHILD_INDEXES
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -> None:
+    """Operator-wide settings, in one place."""
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+        prefix=ANNOTATION_PREFIX
+    )
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
+    )
+    settings.persistence.finalizer = f"{ANNOTATION_PREFIX}/operator"
+    settings.posting.loggers = False  # events are the transitions we post, not log lines
+    settings.watching.server_timeout = 270
+    settings.batching.worker_limit = 64
+    fleet: Fleet = memo.setdefault("fleet", Fleet())
+    # Index kwargs are live views kopf keeps filled from the watches.
+    fleet.indexes.update({k: v for k, v in kwargs.items() if k.startswith("frota_")})
+
+
+@kopf.on.cleanup()
+async def stop(memo: kopf.Memo, **_: Any) -> None:
+    fleet: Fleet | None = memo.get("fleet")
+    if fleet is not None:
+        await fleet.stop()
+
+
+# -- the cache -----------------------------------------------------------------
+
+
+@kopf.index(*ISVC, id=ISVC_INDEX)
+def index_inferenceservice(
+    body: kopf.Body, namespace: str, name: str, **_: Any
+) -> dict[tuple[str, str], dict]:
+    return {(namespace or "default", name): _plain(body)}
+
+
+def index_child(
+    body: kopf.Body, namespace: str, labels: kopf.Labels, **_: Any
+) -> dict[tuple[str, str], dict]:
+    """Cache a child under its owner's key (namespace, InferenceService name)."""
+    return {(namespace or "default", labels[LABEL_INSTANCE]): _plain(body)}
+
+
+@kopf.index("", "v1", "pods", labels=OWNED, id=POD_INDEX)
+def index_pod(
+    body: kopf.Body, namespace: str, labels: kopf.Labels, **_: Any
+) -> dict[tuple[str, str], dict]:
+    """Cache only what group health needs from a rank pod."""
+    status = body.get("status") or {}
+    slim = {
+        "kind": "Pod",
+        "apiVersion": "v1",
+        "metadata": {
+            "name": body.metadata.name,
+            "namespace": namespace,
+            "labels": dict(labels),
+            "deletionTimestamp": body.metadata.get("deletionTimestamp"),
+            "creationTimestamp": body.metadata.get("creationTimestamp"),
+        },
+        "status": {
+            "phase": status.get("phase"),
+            "conditions": [{"type": c.get("type"), "status": c.get("status")}
+                           for c in status.get("conditions") or []],
+            "containerStatuses": [{"restartCount": c.get("restartCount", 0)}
+                                  for c in status.get("containerStatuses") or []],
+        },
+    }
+    return {(namespace or "default", labels[LABEL_INSTANCE]): slim}
+
+
+def poke_owner(memo: kopf.Memo, namespace: str, labels: kopf.Labels, **_: Any) -> None:
+    """A child changed or vanished: its InferenceService may need work."""
+    fleet: Fleet | None = memo.get("fleet")
+    if fleet is not None:
+        fleet.kick(namespace, labels.get(LABEL_INSTANCE))
+
+
+for _index_id, (_group, _version, _plural) in CHILD_RESOURCES.items():
+    kopf.index(_group, _version, _plural, labels=OWNED, id=_index_id)(index_child)
+    kopf.on.event(_group, _version, _plural, labels=OWNED, id=f"poke_{_plural}")(poke_owner)
+kopf.on.event("", "v1", "pods", labels=OWNED, id="poke_pods")(poke_owner)
+
+
+def _plain(body: kopf.Body) -> dict:
+    """A plain dict copy without managedFields (the cache holds many of these)."""
+    data = dict(body)
+    meta = dict(data.get("metadata") or {})
+    meta.pop("managedFields", None)
+    data["metadata"] = meta
+    return data
+
+
+# -- the InferenceService --------------------------------------------------------
+
+
+@kopf.on.resume(*ISVC)
+@kopf.on.create(*ISVC)
+@kopf.on.update(*ISVC)
+async def reconcile_inferenceservice(
+    body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any
+) -> None:
+    """Converge children and status with the spec (kopf retries TemporaryError)."""
+    fleet: Fleet = memo["fleet"]
+    await fleet.reconcile(_plain(body), logger=logger)
+
+
+@kopf.on.delete(*ISVC, optional=True)
+def forget_inferenceservice(
+    namespace: str, name: str, memo: kopf.Memo, logger: kopf.Logger, **_: Any
+) -> None:
+    """Children go with their owner (owner references); only local state is dropped."""
+    fleet: Fleet = memo["fleet"]
+    fleet.forget((namespace or "default", name))
+    logger.info("deleted; the garbage collector removes the children it owned")
+
+
+@kopf.timer(*ISVC, interval=autoscale.INTERVAL_SECONDS, idle=0,
+            when=lambda spec, **_: bool(spec.get("autoscaling")))
+async def autoscale_inferenceservice(
+    body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any
+) -> None:
+    """Scale spec.replicas from the router's queue depth or TTFT, within bounds."""
+    fleet: Fleet = memo["fleet"]
+    await autoscale.tick(_plain(body), fleet=fleet, logger=logger)

@@ -1,0 +1,295 @@
+"""One reconciliation of one InferenceService: fetch -> desired -> apply -> status.
+
+Reads top to bottom. `observe` comes from kopf's indexes (a watch-fed cache
+of the children), so a reconcile that has nothing to change makes no API
+call at all: children that already hold every desired field are not
+re-applied, and an unchanged status is not re-written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+from frota.operator import apply as api
+from frota.operator.desired import Desired, InvalidSpec, desired_state
+from frota.operator.rollout import GroupState, RolloutPlan, plan_rollout
+from frota.operator.status import (
+    LABEL_ROLE,
+    GroupView,
+    Observed,
+    compute_status,
+    invalid_status,
+    observe_groups,
+    observe_router,
+    transitions,
+)
+
+KIND = "InferenceService"
+
+
+@dataclass(frozen=True)
+class Children:
+    """The children of one InferenceService, as last seen by the watches."""
+
+    objects: tuple[Mapping[str, Any], ...] = ()  # StatefulSets, Services, Deployments, ...
+    pods: tuple[Mapping[str, Any], ...] = ()
+
+    def of_kind(self, kind: str) -> list[Mapping[str, Any]]:
+        return [o for o in self.objects if o.get("kind") == kind]
+
+    def find(self, kind: str, name: str) -> Mapping[str, Any] | None:
+        for obj in self.objects:
+            if obj.get("kind") == kind and obj["metadata"]["name"] == name:
+                return obj
+        return None
+
+
+@dataclass
+class Outcome:
+    """What one reconcile did (for metrics, logs and tests)."""
+
+    result: str = "converged"  # converged | progressing | invalid
+    applied: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    restarted: list[str] = field(default_factory=list)
+    events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
+    status: dict[str, Any] = field(default_factory=dict)
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def contains(actual: Any, wanted: Any) -> bool:
+    """Whether `actual` already holds every field of `wanted` (defaults may add more)."""
+    if isinstance(wanted, Mapping):
+        return isinstance(actual, Mapping) and all(
+            k in actual and contains(actual[k], v) for k, v in wanted.items()
+        )
+    if isinstance(wanted, list):
+        return (
+            isinstance(actual, list)
+            and len(actual) == len(wanted)
+            and all(contains(a, w) for a, w in zip(actual, wanted, strict=True))
+        )
+    return bool(actual == wanted)
+
+
+def _ref(obj: Mapping[str, Any]) -> str:
+    return f"{obj['kind']}/{obj['metadata']['name']}"
+
+
+async def reconcile(
+    body: Mapping[str, Any],
+    children: Children,
+    *,
+    logger: Any,
+    old_status: Mapping[str, Any] | None = None,
+) -> Outcome:
+    """Converge one InferenceService with its spec and write its status."""
+    meta = body["metadata"]
+    name, namespace = meta["name"], meta.get("namespace") or "default"
+    old_status = old_status if old_status is not None else (body.get("status") or {})
+    outcome = Outcome()
+
+    try:
+        desired = desired_state(body)
+    except InvalidSpec as exc:
+        # Nothing new is created and nothing that exists is touched.
+        outcome.result = "invalid"
+        outcome.status = invalid_status(
+            generation=meta.get("generation"), field_path=exc.field, message=exc.message,
+            old=old_status,
+        )
+        await _write_status(body, namespace, name, outcome.status, old_status, logger=logger)
+        return outcome
+
+    groups = observe_groups(children.of_kind("StatefulSet"), children.pods)
+    plans = _plan(desired, groups)
+
+    await _apply_all(desired, plans, children, body, outcome, logger=logger)
+    await _delete_groups(desired, plans, groups, children, outcome, logger=logger)
+    await _restart_groups(desired, plans, groups, children, outcome, logger=logger)
+
+    router = observe_router(_router_deployment(children, name))
+    observed = Observed(groups=_after_actions(desired, plans, groups, outcome), router=router)
+    outcome.status = compute_status(desired.intent, observed, old=old_status, now=now())
+    outcome.result = "converged" if _is_settled(outcome.status) else "progressing"
+    await _write_status(body, namespace, name, outcome.status, old_status, logger=logger)
+    for type_, reason, message in outcome.events:
+        kopf.event(dict(body), type=type_, reason=reason, message=message)
+    return outcome
+
+
+def _plan(desired: Desired, groups: Sequence[GroupView]) -> dict[str, RolloutPlan]:
+    """One rollout plan per role; roles the spec no longer has are scaled to zero."""
+    roles = set(desired.replicas) | {g.role for g in groups}
+    plans = {}
+    for role in sorted(roles):
+        wanted = desired.replicas.get(role, 0)
+        states = {g.index: GroupState(g.revision, g.serving) for g in groups if g.role == role}
+        plans[role] = plan_rollout(
+            replicas=wanted,
+            target=desired.revision,
+            groups=states,
+            max_unavailable=desired.max_unavailable.get(role, 0),
+            max_surge=desired.max_surge.get(role, 1),
+        )
+    return plans
+
+
+async def _apply_all(
+    desired: Desired,
+    plans: Mapping[str, RolloutPlan],
+    children: Children,
+    owner: Mapping[str, Any],
+    outcome: Outcome,
+    *,
+    logger: Any,
+) -> None:
+    """Server-side apply every child that is missing or differs from its desired form."""
+    objs: list[dict[str, Any]] = list(desired.shared)
+    for role, plan in plans.items():
+        for index in plan.apply:
+            objs.extend(desired.render_group(role, index))
+    kopf.adopt(objs, owner=dict(owner))
+    stale = [o for o in objs if not contains(children.find(o["kind"], o["metadata"]["name"]), o)]
+    await asyncio.gather(*(api.apply(o, logger=logger) for o in stale))
+    outcome.applied.extend(_ref(o) for o in stale)
+
+
+async def _delete_groups(
+    desired: Desired,
+    plans: Mapping[str, RolloutPlan],
+    groups: Sequence[GroupView],
+    children: Children,
+    outcome: Outcome,
+    *,
+    logger: Any,
+) -> None:
+    """Remove whole groups (scale-down, finished surge, a role the spec dropped)."""
+    doomed = []
+    for role, plan in plans.items():
+        for index in plan.delete:
+            for obj in _group_objects(children, role, index):
+                doomed.append(obj)
+    await asyncio.gather(*(api.delete(o, logger=logger, namespace=desired.namespace)
+                           for o in doomed))
+    outcome.deleted.extend(_ref(o) for o in doomed)
+    if doomed:
+        kinds = ", ".join(sorted({_ref(o) for o in doomed if o["kind"] == "StatefulSet"}))
+        _event(outcome, "Normal", "GroupsRemoved", f"removed replica groups {kinds}")
+
+
+def _group_objects(children: Children, role: str, index: int) -> list[Mapping[str, Any]]:
+    """The existing non-pod children labelled with one group."""
+    return [
+        o for o in children.objects
+        if (lab := o["metadata"].get("labels") or {}).get(LABEL_ROLE) == role
+        and lab.get("frota.dev/replica") == str(index)
+    ]
+
+
+async def _restart_groups(
+    desired: Desired,
+    plans: Mapping[str, RolloutPlan],
+    groups: Sequence[GroupView],
+    children: Children,
+    outcome: Outcome,
+    *,
+    logger: Any,
+) -> None:
+    """Delete all pods of groups being replaced or whose rank died, together."""
+    replaced = {(role, i) for role, plan in plans.items() for i in plan.replace}
+    deleted = {(role, i) for role, plan in plans.items() for i in plan.delete}
+    to_restart = [
+        g for g in groups
+        if (g.role, g.index) not in deleted
+        and ((g.role, g.index) in replaced or g.needs_restart)
+    ]
+    pods = []
+    for g in to_restart:
+        names = {p.name for p in g.live_pods}
+        pods.extend(p for p in children.pods if p["metadata"]["name"] in names)
+        outcome.restarted.append(g.name)
+    await asyncio.gather(*(api.delete(p, logger=logger, namespace=desired.namespace)
+                           for p in pods))
+    for g in to_restart:
+        if (g.role, g.index) in replaced:
+            _event(outcome, "Normal", "GroupUpdating",
+                   f"replica group {g.name}: all ranks restart at revision {desired.revision}")
+        else:
+            _event(outcome, "Warning", "GroupRestarted",
+                   f"replica group {g.name}: a rank failed; all ranks restart together")
+
+
+def _after_actions(
+    desired: Desired,
+    plans: Mapping[str, RolloutPlan],
+    groups: Sequence[GroupView],
+    outcome: Outcome,
+) -> tuple[GroupView, ...]:
+    """The groups as they are once this reconcile's actions land (status must not lag them)."""
+    restarted = set(outcome.restarted)
+    by_key = {(g.role, g.index): g for g in groups}
+    result = []
+    for role, plan in plans.items():
+        for index in sorted(set(plan.apply) | set(plan.hold) | set(plan.surge)):
+            g = by_key.get((role, index))
+            if g is None or g.name in restarted:
+                ranks = g.ranks if g else 0
+                name = g.name if g else f"{role}-{index}"
+                result.append(GroupView(role, index, name, desired.revision, ranks, ()))
+            elif index in plan.apply and g.revision != desired.revision:
+                result.append(GroupView(role, index, g.name, desired.revision, g.ranks, ()))
+            else:
+                result.append(g)
+    return tuple(result)
+
+
+def _router_deployment(children: Children, name: str) -> Mapping[str, Any] | None:
+    for obj in children.of_kind("Deployment"):
+        if (obj["metadata"].get("labels") or {}).get(LABEL_ROLE) == "router":
+            return obj
+    return None
+
+
+def _is_settled(status: Mapping[str, Any]) -> bool:
+    return any(
+        c["type"] == "Progressing" and c["status"] == "False" for c in status.get("conditions", [])
+    )
+
+
+async def _write_status(
+    body: Mapping[str, Any],
+    namespace: str,
+    name: str,
+    status: Mapping[str, Any],
+    old: Mapping[str, Any] | None,
+    *,
+    logger: Any,
+) -> None:
+    """Write the status if it changed, and post one event per condition transition."""
+    if dict(status) == dict(old or {}):
+        return
+    await api.patch_status(KIND, namespace, name, status, logger=logger)
+    for cond in transitions(status.get("conditions", []), (old or {}).get("conditions")):
+        warn = (cond["type"] == "Degraded" and cond["status"] == "True") or (
+            cond["type"] in ("Ready", "SpecValid") and cond["status"] == "False"
+            and cond["reason"] not in ("ReplicasNotReady", "ScaledToZero")
+        )
+        kopf.event(
+            dict(body),
+            type="Warning" if warn else "Normal",
+            reason=f"{cond['type']}{cond['status']}",
+            message=f"{cond['reason']}: {cond['message']}",
+        )
+
+
+def _event(outcome: Outcome, type_: str, reason: str, message: str) -> None:
+    outcome.events.append((type_, reason, message))
