@@ -1,0 +1,167 @@
+"""Test doubles for the router: small aiohttp workers that speak the worker contract."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from frota.router.app import ROUTER_KEY, RouterConfig, build_app
+from frota.router.discovery import StaticDiscovery
+
+
+@dataclass
+class FakeWorker:
+    """An in-test worker: streams `num_tokens` chunks, records what it served, and
+    misbehaves on demand (not ready, answer a status, die mid-stream, stall)."""
+
+    name: str = "w"
+    num_tokens: int = 5
+    token_delay: float = 0.0
+    is_ready: bool = True
+    answer_status: int | None = None   # answer every generation request with this status
+    die_after_chunks: int | None = None  # cut the connection after this many chunks
+    gate: asyncio.Event | None = None  # wait on it before chunk number `gate_at_chunk`
+    gate_at_chunk: int = 0
+    gauges: dict[str, float] = field(default_factory=dict)
+    bodies: list[dict] = field(default_factory=list)
+    raw_bodies: list[bytes] = field(default_factory=list)
+    headers: list[Mapping[str, str]] = field(default_factory=list)
+    num_disconnects: int = 0
+    num_probes: int = 0
+    server: TestServer | None = None
+    url: str = ""  # set once started; kept after the server closes
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/ready", self._ready)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/completions", self._generate)
+        app.router.add_post("/v1/chat/completions", self._generate)
+        return app
+
+    async def _ready(self, request: web.Request) -> web.Response:
+        self.num_probes += 1
+        return web.json_response({"ready": self.is_ready}, status=200 if self.is_ready else 503)
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        lines = [f"{name} {value}" for name, value in self.gauges.items()]
+        return web.Response(text="\n".join(lines) + "\n")
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "fake", "object": "model"}]})
+
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        body = json.loads(raw)
+        self.raw_bodies.append(raw)
+        self.bodies.append(body)
+        self.headers.append(request.headers.copy())
+        if self.answer_status is not None:
+            return web.json_response(
+                {"error": {"message": "nope", "type": "x", "param": None, "code": None}},
+                status=self.answer_status, headers={"Retry-After": "1"})
+        if not body.get("stream"):
+            return web.json_response({"id": "cmpl-1", "object": "text_completion",
+                                      "worker": self.name,
+                                      "choices": [{"text": "tok" * self.num_tokens}]})
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        try:
+            for i in range(self.num_tokens):
+                if self.gate is not None and i == self.gate_at_chunk:
+                    await self.gate.wait()
+                if self.die_after_chunks is not None and i == self.die_after_chunks:
+                    assert request.transport is not None
+                    request.transport.abort()
+                    return response
+                chunk = {"choices": [{"index": 0, "text": f"t{i} "}], "worker": self.name}
+                await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                if self.token_delay:
+                    await asyncio.sleep(self.token_delay)
+            await response.write(b"data: [DONE]\n\n")
+        except (asyncio.CancelledError, ConnectionResetError):
+            self.num_disconnects += 1
+            raise
+        return response
+
+
+StartWorker = Callable[..., Awaitable[FakeWorker]]
+
+
+@pytest.fixture
+async def start_worker() -> AsyncIterator[StartWorker]:
+    servers: list[TestServer] = []
+
+    async def start(**kwargs: object) -> FakeWorker:
+        worker = FakeWorker(**kwargs)  # type: ignore[arg-type]
+        worker.server = TestServer(worker.app())
+        await worker.server.start_server()
+        worker.url = str(worker.server.make_url("")).rstrip("/")
+        servers.append(worker.server)
+        return worker
+
+    yield start
+    for server in servers:
+        await server.close()
+
+
+@dataclass
+class RunningRouter:
+    """A router app on a real port, with a client session pointed at it."""
+
+    server: TestServer
+    session: aiohttp.ClientSession
+
+    @property
+    def url(self) -> str:
+        return str(self.server.make_url("")).rstrip("/")
+
+    @property
+    def state(self):  # type: ignore[no-untyped-def]
+        return self.server.app[ROUTER_KEY]
+
+    def metric(self, name: str, **labels: str) -> float:
+        value = self.state.metrics.registry.get_sample_value(name, labels)
+        return value or 0.0
+
+
+StartRouter = Callable[..., Awaitable[RunningRouter]]
+
+
+@pytest.fixture
+async def start_router() -> AsyncIterator[StartRouter]:
+    started: list[RunningRouter] = []
+
+    async def start(workers: list[FakeWorker], config: RouterConfig | None = None,
+                    wait_healthy: int | None = None) -> RunningRouter:
+        config = config or RouterConfig(probe_interval=0.05)
+        app = build_app(config, StaticDiscovery([w.url for w in workers]))
+        server = TestServer(app)
+        await server.start_server()
+        router = RunningRouter(server, aiohttp.ClientSession())
+        started.append(router)
+        want = len(workers) if wait_healthy is None else wait_healthy
+        for _ in range(200):
+            if len(router.state.pool.healthy()) >= want:
+                break
+            await asyncio.sleep(0.01)
+        else:
+            raise AssertionError("the router never saw its workers healthy")
+        return router
+
+    yield start
+    for router in started:
+        await router.session.close()
+        await router.server.close()

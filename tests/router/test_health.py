@@ -1,0 +1,103 @@
+"""Health: probes admit, failures eject, recovery re-admits; vLLM gauges are scraped."""
+
+import asyncio
+
+import aiohttp
+
+from frota.router.health import WorkerPool, parse_vllm_load
+from frota.router.metrics import RouterMetrics
+
+
+async def wait_for(predicate, timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition never became true"
+        await asyncio.sleep(0.01)
+
+
+def test_parse_vllm_load_sums_labelled_series():
+    text = """# HELP vllm:num_requests_waiting x
+vllm:num_requests_waiting{model_name="m"} 3.0
+vllm:num_requests_running{model_name="m"} 2
+vllm:kv_cache_usage_perc 0.5
+vllm:num_requests_waitingx 99
+frota_other 7
+"""
+    load = parse_vllm_load(text)
+    assert (load.num_waiting, load.num_running, load.kv_usage) == (3.0, 2.0, 0.5)
+
+
+async def test_workers_join_after_a_ready_probe_and_leave_on_503(start_worker):
+    worker = await start_worker(is_ready=False)
+    metrics = RouterMetrics()
+    async with aiohttp.ClientSession() as session:
+        pool = WorkerPool(session, metrics, probe_interval=0.02)
+        pool.set_urls([worker.url])
+        await wait_for(lambda: worker.num_probes >= 2)
+        assert pool.healthy() == []
+        worker.is_ready = True
+        assert await pool.wait_healthy(5)
+        worker.is_ready = False  # draining: out at the first 503
+        await wait_for(lambda: not pool.healthy())
+        assert metrics.registry.get_sample_value(
+            "frota_router_ejections_total", {"worker": worker.url}) == 1
+        worker.is_ready = True
+        await wait_for(lambda: bool(pool.healthy()))
+        assert metrics.registry.get_sample_value(
+            "frota_router_readmissions_total", {"worker": worker.url}) == 1
+        await pool.close()
+
+
+async def test_passive_failures_eject_after_the_threshold(start_worker):
+    worker = await start_worker()
+    async with aiohttp.ClientSession() as session:
+        pool = WorkerPool(session, RouterMetrics(), probe_interval=60, eject_after=3)
+        pool.set_urls([worker.url])
+        assert await pool.wait_healthy(5)
+        w = pool.workers[worker.url]
+        pool.record_failure(w, "test")
+        pool.record_failure(w, "test")
+        assert pool.healthy() == [w]
+        pool.record_success(w)  # a success resets the count
+        for _ in range(3):
+            pool.record_failure(w, "test")
+        assert pool.healthy() == []
+        assert await pool.probe(w) and pool.healthy() == [w]
+        await pool.close()
+
+
+async def test_a_vanished_worker_is_ejected_by_probes(start_worker):
+    worker = await start_worker()
+    async with aiohttp.ClientSession() as session:
+        pool = WorkerPool(session, RouterMetrics(), probe_interval=0.02, eject_after=2)
+        pool.set_urls([worker.url])
+        assert await pool.wait_healthy(5)
+        await worker.server.close()
+        await wait_for(lambda: not pool.healthy())
+        await pool.close()
+
+
+async def test_membership_changes_add_and_drop_workers(start_worker):
+    a, b = await start_worker(), await start_worker()
+    async with aiohttp.ClientSession() as session:
+        pool = WorkerPool(session, RouterMetrics(), probe_interval=0.02)
+        pool.set_urls([a.url])
+        await wait_for(lambda: len(pool.healthy()) == 1)
+        pool.set_urls([a.url, b.url])
+        await wait_for(lambda: len(pool.healthy()) == 2)
+        pool.set_urls([b.url])
+        assert [w.url for w in pool.healthy()] == [b.url]
+        assert list(pool.workers) == [b.url]
+        await pool.close()
+
+
+async def test_scraping_fills_worker_load(start_worker):
+    worker = await start_worker(gauges={"vllm:num_requests_waiting": 4,
+                                        "vllm:kv_cache_usage_perc": 0.25})
+    async with aiohttp.ClientSession() as session:
+        pool = WorkerPool(session, RouterMetrics(), probe_interval=0.02, scrape_metrics=True)
+        pool.set_urls([worker.url])
+        await wait_for(lambda: pool.workers[worker.url].load.scraped_at > 0)
+        load = pool.workers[worker.url].load
+        assert (load.num_waiting, load.kv_usage) == (4, 0.25)
+        await pool.close()

@@ -1,0 +1,92 @@
+"""prefix-aware: longest remembered prefix wins, consistent hashing with bounded load."""
+
+import json
+from collections import Counter
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from frota.router.health import Worker
+from frota.router.policies import PrefixAwarePolicy, RouteRequest
+from frota.router.policies.prefix_aware import prefix_block_hashes
+
+
+def chat(*contents: str) -> RouteRequest:
+    messages = [{"role": "system" if i == 0 else "user", "content": c}
+                for i, c in enumerate(contents)]
+    return RouteRequest("/v1/chat/completions", json.dumps({"messages": messages}).encode())
+
+
+@given(st.text(min_size=1), st.text())
+def test_block_hashes_of_a_prefix_are_a_prefix_of_the_hashes(base, extra):
+    hashes = prefix_block_hashes(base + extra, 8, 1000)
+    whole_blocks = len(base.encode("utf-8", "surrogatepass")) // 8
+    assert prefix_block_hashes(base, 8, 1000)[:whole_blocks] == hashes[:whole_blocks]
+
+
+def test_block_hashes_are_capped_and_cover_a_short_prompt():
+    assert len(prefix_block_hashes("x" * 10_000, 128, 4)) == 4
+    assert len(prefix_block_hashes("short", 128, 4)) == 1
+    assert prefix_block_hashes("", 128, 4) == []
+
+
+def test_conversations_stick_to_the_worker_holding_their_history():
+    workers = [Worker(f"http://w{i}") for i in range(4)]
+    policy = PrefixAwarePolicy(block_chars=16)
+    system = "You are a helpful assistant who answers briefly. " * 3
+    for conv in range(20):
+        history = [system]
+        first = policy.choose(chat(*history, f"conversation {conv} opens"), workers).worker
+        for turn in range(5):
+            history.append(f"conversation {conv} turn {turn} says something long enough")
+            decision = policy.choose(chat(*history), workers)
+            assert decision.worker is first
+            assert decision.reason == "prefix_hit"
+
+
+def test_unseen_prompts_spread_by_consistent_hashing():
+    workers = [Worker(f"http://w{i}") for i in range(4)]
+    policy = PrefixAwarePolicy(block_chars=16)
+    picks = Counter(policy.choose(chat(f"{i} document " * 10), workers).worker.url
+                    for i in range(400))
+    assert len(picks) == 4 and min(picks.values()) > 40
+
+
+def test_a_hot_prefix_overflows_to_other_workers_within_the_load_bound():
+    workers = [Worker(f"http://w{i}") for i in range(4)]
+    policy = PrefixAwarePolicy(block_chars=16, balance=0.25)
+    reasons = Counter()
+    for _ in range(40):  # 40 concurrent requests with the same prompt, none finishing
+        decision = policy.choose(chat("the same hot system prompt " * 8), workers)
+        decision.worker.num_outstanding += 1
+        reasons[decision.reason] += 1
+        bound = -(-1.25 * sum(w.num_outstanding for w in workers) // 4)
+        assert max(w.num_outstanding for w in workers) <= max(bound, 1)
+    assert all(w.num_outstanding >= 8 for w in workers)
+    assert reasons["overflow"] > 0 and reasons["prefix_hit"] > 0
+
+
+def test_a_vanished_owner_is_replaced_without_error():
+    workers = [Worker(f"http://w{i}") for i in range(3)]
+    policy = PrefixAwarePolicy(block_chars=16)
+    prompt = chat("long shared prefix " * 10)
+    owner = policy.choose(prompt, workers).worker
+    rest = [w for w in workers if w is not owner]
+    new_owner = policy.choose(prompt, rest).worker
+    assert new_owner in rest
+    assert policy.choose(prompt, rest).worker is new_owner
+
+
+def test_the_prefix_table_is_bounded():
+    workers = [Worker("http://w0")]
+    policy = PrefixAwarePolicy(block_chars=4, max_table_entries=100)
+    for i in range(500):
+        policy.choose(chat(f"prompt number {i}"), workers)
+    assert len(policy._owner) <= 100
+
+
+def test_completions_prompts_hash_like_chat_text():
+    request = RouteRequest("/v1/completions", json.dumps({"prompt": ["abc", "def"]}).encode())
+    assert request.prompt_text == "abc"
+    assert RouteRequest("/v1/completions", b'{"prompt": [1, 2]}').prompt_text == "1 2"
+    assert RouteRequest("/v1/completions", b"not json").prompt_text == ""

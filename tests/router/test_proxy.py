@@ -1,0 +1,166 @@
+"""Proxying through a real router app to worker doubles: passthrough, retries, failures."""
+
+import asyncio
+import json
+
+import aiohttp
+
+from frota.router.app import RouterConfig
+from frota.router.proxy import ProxyConfig
+
+STREAM = {"model": "fake", "prompt": "hello", "stream": True, "max_tokens": 5}
+
+
+async def read_sse(resp: aiohttp.ClientResponse) -> list[str]:
+    text = (await resp.read()).decode()
+    return [e[len("data: "):] for e in text.split("\n\n") if e.startswith("data: ")]
+
+
+async def test_stream_passes_through_byte_for_byte(start_worker, start_router):
+    worker = await start_worker(num_tokens=20)
+    router = await start_router([worker])
+    async with router.session.post(router.url + "/v1/completions", json=STREAM) as direct_like:
+        assert direct_like.status == 200
+        assert direct_like.headers["Content-Type"].startswith("text/event-stream")
+        via_router = await direct_like.read()
+    async with router.session.post(worker.url + "/v1/completions", json=STREAM) as direct:
+        assert via_router == await direct.read()
+    assert via_router.endswith(b"data: [DONE]\n\n")
+
+
+async def test_chunks_reach_the_client_before_the_stream_ends(start_worker, start_router):
+    gate = asyncio.Event()
+    # The worker sends one chunk, then waits for the gate: the client must see it meanwhile.
+    worker = await start_worker(num_tokens=2, gate=gate, gate_at_chunk=1)
+    router = await start_router([worker])
+    async with router.session.post(router.url + "/v1/completions", json=STREAM) as resp:
+        first = await asyncio.wait_for(resp.content.readany(), 5)
+        assert first.startswith(b"data: ") and b"t0" in first
+        gate.set()
+        rest = await resp.read()
+        assert b"t1" in rest and rest.endswith(b"data: [DONE]\n\n")
+
+
+async def test_non_streaming_answers_are_forwarded_whole(start_worker, start_router):
+    worker = await start_worker(name="solo")
+    router = await start_router([worker])
+    async with router.session.post(router.url + "/v1/chat/completions",
+                                   json={"messages": [{"role": "user", "content": "hi"}]}) as r:
+        assert r.status == 200
+        assert (await r.json())["worker"] == "solo"
+        assert r.headers["x-frota-worker"] == worker.url
+    async with router.session.get(router.url + "/v1/models") as r:
+        assert (await r.json())["data"][0]["id"] == "fake"
+
+
+async def test_request_body_and_headers_reach_the_worker_unchanged(start_worker, start_router):
+    worker = await start_worker()
+    router = await start_router([worker])
+    raw = b'{"prompt":"x",   "max_tokens":2, "extra_field":[1,2]}'
+    async with router.session.post(router.url + "/v1/completions", data=raw,
+                                   headers={"Content-Type": "application/json",
+                                            "X-Request-Id": "abc"}) as r:
+        assert r.status == 200
+    assert worker.raw_bodies == [raw]  # not re-serialized
+    assert worker.headers[0]["X-Request-Id"] == "abc"
+    assert "Authorization" not in worker.headers[0]
+
+
+async def test_a_503_worker_is_retried_on_another_and_ejected(start_worker, start_router):
+    sick = await start_worker(answer_status=503)
+    good = await start_worker(name="good")
+    router = await start_router([sick, good], RouterConfig(probe_interval=30))
+    for _ in range(4):
+        async with router.session.post(router.url + "/v1/completions", json=STREAM) as r:
+            assert r.status == 200
+            assert (await read_sse(r))[-1] == "[DONE]"
+    assert len(sick.bodies) == 1  # ejected after its first 503
+    assert len(good.bodies) == 4
+    assert router.metric("frota_router_retries_total", reason="status_503") == 1
+
+
+async def test_a_dead_worker_is_retried_before_the_first_byte(start_worker, start_router):
+    dead = await start_worker()
+    good = await start_worker(name="good")
+    router = await start_router([dead, good], RouterConfig(probe_interval=30, eject_after=2))
+    await dead.server.close()
+    for _ in range(6):
+        async with router.session.post(router.url + "/v1/completions", json=STREAM) as r:
+            assert r.status == 200
+            events = await read_sse(r)
+            assert events[-1] == "[DONE]" and '"good"' in events[0]
+    assert router.metric("frota_router_retries_total", reason="connect_error") == 2
+    assert router.metric("frota_router_ejections_total", worker=dead.url) == 1
+
+
+async def test_a_worker_dying_before_its_first_chunk_is_retried(start_worker, start_router):
+    dying = await start_worker(die_after_chunks=0)
+    good = await start_worker(name="good")
+    router = await start_router([dying, good], RouterConfig(probe_interval=30))
+    for _ in range(2):
+        async with router.session.post(router.url + "/v1/completions", json=STREAM) as r:
+            events = await read_sse(r)
+            assert events[-1] == "[DONE]" and '"good"' in events[0]
+    assert router.metric("frota_router_retries_total", reason="disconnected") >= 1
+
+
+async def test_a_stream_broken_midway_ends_with_an_error_event(start_worker, start_router):
+    worker = await start_worker(num_tokens=10, die_after_chunks=3)
+    router = await start_router([worker])
+    async with router.session.post(router.url + "/v1/completions", json=STREAM) as r:
+        assert r.status == 200
+        events = await read_sse(r)
+    assert len(events) == 5  # three tokens, the error, [DONE]
+    error = json.loads(events[3])["error"]
+    assert error["type"] == "upstream_error" and "incomplete" in error["message"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert events[4] == "[DONE]"
+    assert router.metric("frota_router_stream_errors_total") == 1
+
+
+async def test_retries_are_bounded(start_worker, start_router):
+    workers = [await start_worker(answer_status=502) for _ in range(5)]
+    config = RouterConfig(probe_interval=30, eject_after=100,
+                          proxy=ProxyConfig(max_retries=2, retry_backoff=0.001))
+    router = await start_router(workers, config)
+    async with router.session.post(router.url + "/v1/completions", json=STREAM) as r:
+        assert r.status == 502
+    assert sum(len(w.bodies) for w in workers) == 3
+
+
+async def test_all_workers_full_passes_the_429_on(start_worker, start_router):
+    workers = [await start_worker(answer_status=429) for _ in range(2)]
+    router = await start_router(workers, RouterConfig(probe_interval=30))
+    async with router.session.post(router.url + "/v1/completions", json=STREAM) as r:
+        assert r.status == 429 and r.headers["Retry-After"] == "1"
+        assert "error" in await r.json()
+    assert len(router.state.pool.healthy()) == 2  # a full queue is not a sick worker
+
+
+async def test_client_disconnect_cancels_the_upstream_request(start_worker, start_router):
+    worker = await start_worker(num_tokens=1000, token_delay=0.01)
+    router = await start_router([worker])
+    resp = await router.session.post(router.url + "/v1/completions", json=STREAM)
+    await resp.content.readany()
+    resp.close()  # the client walks away mid-stream
+    for _ in range(300):
+        if worker.num_disconnects:
+            break
+        await asyncio.sleep(0.01)
+    assert worker.num_disconnects == 1
+    for _ in range(300):
+        if router.state.admission.num_inflight == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert router.state.admission.num_inflight == 0
+    assert router.state.pool.workers[worker.url].num_outstanding == 0
+
+
+async def test_no_healthy_worker_answers_503_in_openai_shape(start_worker, start_router):
+    worker = await start_worker(is_ready=False)
+    router = await start_router([worker], wait_healthy=0)
+    async with router.session.post(router.url + "/v1/completions", json=STREAM) as r:
+        assert r.status == 503 and r.headers["Retry-After"] == "1"
+        assert (await r.json())["error"]["code"] == "no_healthy_workers"
+    async with router.session.get(router.url + "/ready") as r:
+        assert r.status == 503
