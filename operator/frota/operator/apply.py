@@ -164,3 +164,11 @@ async def patch_status(
     path = f"{collection_path(api_version, plural, namespace)}/{name}/status"
     await _request("PATCH", path, payload={"status": dict(status)},
                    content_type=MERGE_CONTENT_TYPE, logger=logger)
+
+
+async def patch_spec_replicas(namespace: str, name: str, replicas: int, *, logger: Any) -> None:
+    """Set an InferenceService's replicas through its scale subresource (as kubectl scale does)."""
+    api_version, plural = KINDS["InferenceService"]
+    path = f"{collection_path(api_version, plural, namespace)}/{name}/scale"
+    await _request("PATCH", path, payload={"spec": {"replicas": replicas}},
+                   content_type=MERGE_CONTENT_TYPE, logger=logger)

@@ -10,23 +10,20 @@ When the builders' shapes change, this module is the only one to adjust.
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from frota.operator.planner import revision, role_shapes
+from frota.operator.render import planned_status, render
 from frota.operator.rollout import resolve_bound
-from frota.operator.status import (
-    LABEL_INSTANCE,
-    LABEL_NAME,
-    LABEL_REPLICA,
-    LABEL_REVISION,
-    LABEL_ROLE,
-    Intent,
-)
+from frota.operator.status import LABEL_REPLICA, LABEL_ROLE, WORKER_ROLES, Intent
+from frota.operator.validation import SpecError, load
 
-ROUTER_PORT = 8000
+# The builders render a HorizontalPodAutoscaler for spec.autoscaling; the
+# operator's own autoscaler (autoscale.py) scales from the router's metrics
+# and needs no metrics adapter, so the HPA is left out to avoid two scalers.
+SKIPPED_KINDS = frozenset({"HorizontalPodAutoscaler"})
 
 
 class InvalidSpec(ValueError):
@@ -44,7 +41,7 @@ class Desired:
 
     name: str
     namespace: str
-    revision: str
+    revisions: Mapping[str, str]  # per role
     intent: Intent
     max_unavailable: Mapping[str, int]
     max_surge: Mapping[str, int]
@@ -58,197 +55,101 @@ class Desired:
 
 def validate(body: Mapping[str, Any]) -> Any:
     """Validate the manifest with the API models; raise InvalidSpec naming the first bad field."""
-    from frota.operator.validation import SpecError, load
-
-    manifest = {
-        "apiVersion": body.get("apiVersion"),
-        "kind": body.get("kind"),
-        "metadata": _plain_metadata(body),
-        "spec": dict(body.get("spec") or {}),
-    }
     try:
-        return load(manifest)
+        return load(_manifest(body))
     except SpecError as exc:
-        first = exc.errors[0]
-        path = first.field.removeprefix("spec.")
-        raise InvalidSpec(path, first.message) from None
+        raise _invalid(exc) from None
 
 
-def _plain_metadata(body: Mapping[str, Any]) -> dict[str, Any]:
+def _invalid(exc: SpecError) -> InvalidSpec:
+    first = exc.errors[0]
+    return InvalidSpec(first.field.removeprefix("spec."), first.message)
+
+
+def _manifest(body: Mapping[str, Any]) -> dict[str, Any]:
     meta = body.get("metadata") or {}
     keep = ("name", "namespace", "uid", "generation", "labels", "annotations")
-    return {k: meta[k] for k in keep if meta.get(k) is not None}
+    return {
+        "apiVersion": body.get("apiVersion"),
+        "kind": body.get("kind"),
+        "metadata": {k: meta[k] for k in keep if meta.get(k) is not None},
+        "spec": dict(body.get("spec") or {}),
+    }
 
 
-def revision_of(spec: Mapping[str, Any]) -> str:
-    """Hash of everything in the spec that changes a pod (not replica counts or autoscaling).
+def _with_units(isvc: Any, units: int) -> Any:
+    return isvc.model_copy(update={"spec": isvc.spec.model_copy(update={"replicas": units})})
 
-    Two specs that differ only in scale share a revision, so scaling never
-    rolls the fleet.
-    """
-    pod_shaping = {k: v for k, v in spec.items() if k not in ("replicas", "autoscaling", "rollout")}
-    digest = hashlib.sha256(json.dumps(pod_shaping, sort_keys=True).encode()).hexdigest()
-    return digest[:10]
+
+def _group_key(obj: Mapping[str, Any]) -> tuple[str, int] | None:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    role, replica = labels.get(LABEL_ROLE), labels.get(LABEL_REPLICA)
+    if role in WORKER_ROLES and replica is not None and replica.isdigit():
+        return role, int(replica)
+    return None
 
 
 def desired_state(body: Mapping[str, Any]) -> Desired:
-    """Validate and render. Raises InvalidSpec when the spec is semantically wrong."""
-    model = validate(body)
-    spec = model.spec
-    name = body["metadata"]["name"]
-    namespace = body["metadata"].get("namespace") or "default"
-    revision = revision_of(body.get("spec") or {})
-
+    """Validate, plan and render. Raises InvalidSpec when the spec is semantically wrong."""
+    isvc = validate(body)
+    try:
+        topology, children = render(isvc)
+    except SpecError as exc:
+        raise _invalid(exc) from None
+    spec = isvc.spec
+    units = spec.replicas
     if spec.disaggregation is not None:
-        per_unit = {
-            "prefill": spec.disaggregation.prefill.replicas,
-            "decode": spec.disaggregation.decode.replicas,
-        }
-        ranks = {
-            "prefill": (spec.disaggregation.prefill.parallelism or spec.parallelism).world_size,
-            "decode": (spec.disaggregation.decode.parallelism or spec.parallelism).world_size,
-        }
+        per_unit = {"prefill": spec.disaggregation.prefill.replicas,
+                    "decode": spec.disaggregation.decode.replicas}
     else:
         per_unit = {"worker": 1}
-        ranks = {"worker": spec.parallelism.world_size}
+    revisions = {rs.role: revision(spec, rs) for rs in role_shapes(spec)}
 
     max_unavailable = {
-        role: resolve_bound(spec.rollout.maxUnavailable, spec.replicas * n, round_up=False,
-                            default=0)
+        role: resolve_bound(spec.rollout.maxUnavailable, units * n, round_up=False, default=0)
         for role, n in per_unit.items()
     }
     max_surge = {
-        role: resolve_bound(spec.rollout.maxSurge, spec.replicas * n, round_up=True, default=1)
+        role: resolve_bound(spec.rollout.maxSurge, units * n, round_up=True, default=1)
         for role, n in per_unit.items()
     }
-    roles = ",".join(sorted(per_unit))
-    selector = (
-        f"{LABEL_NAME}=frota,{LABEL_INSTANCE}={name},{LABEL_ROLE} in ({roles})"
-    )
+    planned = planned_status(isvc, topology)
+    serving_role = "decode" if spec.disaggregation is not None else "worker"
     intent = Intent(
         generation=(body.get("metadata") or {}).get("generation"),
-        revision=revision,
-        units=spec.replicas,
+        revisions=revisions,
+        serving_role=serving_role,
+        units=units,
         groups_per_unit=per_unit,
         max_unavailable=max_unavailable,
-        selector=selector,
-        url=f"http://{name}-router.{namespace}.svc:{ROUTER_PORT}/v1",
-        mode=spec.mode,
-        capacity=_capacity(model),
+        selector=planned["selector"],
+        url=planned["url"],
+        mode=planned["mode"],
+        capacity=planned.get("capacity") or {},
     )
+    shared = tuple(c for c in children if _group_key(c) is None and c["kind"] not in SKIPPED_KINDS)
+    rendered: dict[int, dict[tuple[str, int], list[dict[str, Any]]]] = {}
 
     def render_group(role: str, index: int) -> list[dict[str, Any]]:
-        children = _fallback_group(name, namespace, role, index, ranks[role], body)
-        return [_stamp(c, revision) for c in children]
+        # Surge groups sit past the spec's count: render as many units as needed.
+        needed = max(units, index // per_unit[role] + 1)
+        if needed not in rendered:
+            objs = children if needed == units else render(_with_units(isvc, needed))[1]
+            by_group: dict[tuple[str, int], list[dict[str, Any]]] = {}
+            for obj in objs:
+                key = _group_key(obj)
+                if key is not None:
+                    by_group.setdefault(key, []).append(obj)
+            rendered[needed] = by_group
+        return copy.deepcopy(rendered[needed].get((role, index), []))
 
     return Desired(
-        name=name,
-        namespace=namespace,
-        revision=revision,
+        name=isvc.metadata.name,
+        namespace=isvc.metadata.namespace or "default",
+        revisions=revisions,
         intent=intent,
         max_unavailable=max_unavailable,
         max_surge=max_surge,
-        shared=tuple(_fallback_shared(name, namespace, spec.router.replicas, roles)),
+        shared=shared,
         render_group=render_group,
     )
-
-
-def _capacity(model: Any) -> dict[str, Any]:
-    """The planner's per-replica budget, in the status's Capacity shape (empty if unknown)."""
-    return {}
-
-
-def _stamp(obj: dict[str, Any], revision: str) -> dict[str, Any]:
-    """Label a group's children with the revision; make StatefulSets restart as a group.
-
-    `OnDelete` keeps the StatefulSet controller from rolling ranks one by one
-    (which would mix revisions inside a group); the reconciler deletes all of
-    a group's pods at once instead. `Parallel` starts all ranks together.
-    """
-    obj = copy.deepcopy(obj)
-    obj.setdefault("metadata", {}).setdefault("labels", {})[LABEL_REVISION] = revision
-    if obj.get("kind") == "StatefulSet":
-        spec = obj.setdefault("spec", {})
-        spec["updateStrategy"] = {"type": "OnDelete"}
-        spec["podManagementPolicy"] = "Parallel"
-        template_meta = spec.setdefault("template", {}).setdefault("metadata", {})
-        template_meta.setdefault("labels", {})[LABEL_REVISION] = revision
-    return obj
-
-
-# -- fallback rendering, used until the builders land --------------------------
-
-
-def _labels(name: str, role: str, replica: int | None = None) -> dict[str, str]:
-    labels = {LABEL_NAME: "frota", LABEL_INSTANCE: name, LABEL_ROLE: role}
-    if replica is not None:
-        labels[LABEL_REPLICA] = str(replica)
-    return labels
-
-
-def _fallback_group(
-    name: str, namespace: str, role: str, index: int, ranks: int, body: Mapping[str, Any]
-) -> list[dict[str, Any]]:
-    group = f"{name}-{role}-{index}"
-    labels = _labels(name, role, index)
-    sts = {
-        "apiVersion": "apps/v1",
-        "kind": "StatefulSet",
-        "metadata": {"name": group, "namespace": namespace, "labels": dict(labels)},
-        "spec": {
-            "replicas": ranks,
-            "serviceName": group,
-            "selector": {"matchLabels": dict(labels)},
-            "template": {
-                "metadata": {"labels": dict(labels)},
-                "spec": {
-                    "containers": [{
-                        "name": "worker",
-                        "image": "ghcr.io/frota-dev/frota-worker:0.1.0",
-                        "args": ["worker", "--port", "8000"],
-                        "env": [{"name": "FROTA_WORLD_SIZE", "value": str(ranks)},
-                                {"name": "FROTA_MASTER_ADDR", "value": f"{group}-0.{group}"}],
-                    }],
-                },
-            },
-        },
-    }
-    svc = {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": group, "namespace": namespace, "labels": dict(labels)},
-        "spec": {"clusterIP": "None", "selector": dict(labels),
-                 "ports": [{"name": "http", "port": 8000}]},
-    }
-    return [sts, svc]
-
-
-def _fallback_shared(name: str, namespace: str, replicas: int, roles: str) -> list[dict[str, Any]]:
-    labels = _labels(name, "router")
-    router = f"{name}-router"
-    return [
-        {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": router, "namespace": namespace, "labels": dict(labels)},
-            "spec": {
-                "replicas": replicas,
-                "selector": {"matchLabels": dict(labels)},
-                "template": {
-                    "metadata": {"labels": dict(labels)},
-                    "spec": {"containers": [{
-                        "name": "router",
-                        "image": "ghcr.io/frota-dev/frota-worker:0.1.0",
-                        "args": ["router", "--port", str(ROUTER_PORT), "--discovery", "kubernetes",
-                                 "--selector", f"{LABEL_INSTANCE}={name}"],
-                    }]},
-                },
-            },
-        },
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"name": router, "namespace": namespace, "labels": dict(labels)},
-            "spec": {"selector": dict(labels), "ports": [{"name": "http", "port": ROUTER_PORT}]},
-        },
-    ]

@@ -135,7 +135,7 @@ def _plan(desired: Desired, groups: Sequence[GroupView]) -> dict[str, RolloutPla
         states = {g.index: GroupState(g.revision, g.serving) for g in groups if g.role == role}
         plans[role] = plan_rollout(
             replicas=wanted,
-            target=desired.revision,
+            target=desired.revisions.get(role, ""),
             groups=states,
             max_unavailable=desired.max_unavailable.get(role, 0),
             max_surge=desired.max_surge.get(role, 1),
@@ -222,7 +222,8 @@ async def _restart_groups(
     for g in to_restart:
         if (g.role, g.index) in replaced:
             _event(outcome, "Normal", "GroupUpdating",
-                   f"replica group {g.name}: all ranks restart at revision {desired.revision}")
+                   f"replica group {g.name}: all ranks restart at revision "
+                   f"{desired.revisions.get(g.role)}")
         else:
             _event(outcome, "Warning", "GroupRestarted",
                    f"replica group {g.name}: a rank failed; all ranks restart together")
@@ -239,14 +240,15 @@ def _after_actions(
     by_key = {(g.role, g.index): g for g in groups}
     result = []
     for role, plan in plans.items():
+        target = desired.revisions.get(role, "")
         for index in sorted(set(plan.apply) | set(plan.hold) | set(plan.surge)):
             g = by_key.get((role, index))
             if g is None or g.name in restarted:
                 ranks = g.ranks if g else 0
-                name = g.name if g else f"{role}-{index}"
-                result.append(GroupView(role, index, name, desired.revision, ranks, ()))
-            elif index in plan.apply and g.revision != desired.revision:
-                result.append(GroupView(role, index, g.name, desired.revision, g.ranks, ()))
+                name = g.name if g else f"{desired.name}-{role}-{index}"
+                result.append(GroupView(role, index, name, target, ranks, ()))
+            elif index in plan.apply and g.revision != target:
+                result.append(GroupView(role, index, g.name, target, g.ranks, ()))
             else:
                 result.append(g)
     return tuple(result)

@@ -104,7 +104,7 @@ class Intent:
     """
 
     generation: int | None
-    revision: str
+    revisions: Mapping[str, str]  # per role: prefill and decode roll independently
     units: int
     groups_per_unit: Mapping[str, int]
     max_unavailable: Mapping[str, int]
@@ -112,6 +112,12 @@ class Intent:
     url: str
     mode: str = "Colocated"
     capacity: Mapping[str, Any] = field(default_factory=dict)
+    serving_role: str = "worker"
+
+    @property
+    def revision(self) -> str:
+        """The revision of the role that serves requests (what status.revision reports)."""
+        return self.revisions.get(self.serving_role, "")
 
     @property
     def replicas(self) -> dict[str, int]:
@@ -247,13 +253,14 @@ def _role_counts(intent: Intent, groups: Sequence[GroupView]) -> dict[str, dict[
     counts: dict[str, dict[str, int]] = {}
     for role, wanted in intent.replicas.items():
         mine = [g for g in groups if g.role == role]
+        target = intent.revisions.get(role, "")
         counts[role] = {
             "replicas": wanted,
             "currentReplicas": len(mine),
             "readyReplicas": sum(1 for g in mine if g.serving),
-            "updatedReplicas": sum(1 for g in mine if g.revision == intent.revision),
+            "updatedReplicas": sum(1 for g in mine if g.revision == target),
             "updatedReadyReplicas": sum(
-                1 for g in mine if g.revision == intent.revision and g.serving and g.index < wanted
+                1 for g in mine if g.revision == target and g.serving and g.index < wanted
             ),
         }
     return counts

@@ -10,11 +10,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
+from frota.operator import autoscale
 from frota.operator.metrics import OperatorMetrics
 from frota.operator.reconcile import Children, Outcome, reconcile
 
@@ -43,6 +44,8 @@ class Fleet:
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
     indexes: dict[str, Any] = field(default_factory=dict)
     retry_delay: float = 5.0
+    metrics_url: Callable[[Mapping[str, Any]], str | None] = autoscale.metrics_url
+    autoscale_history: dict[Key, autoscale.History] = field(default_factory=dict)
     _locks: dict[Key, asyncio.Lock] = field(default_factory=dict)
     _dirty: set[Key] = field(default_factory=set)
     _tasks: dict[Key, asyncio.Task[None]] = field(default_factory=dict)
@@ -73,6 +76,7 @@ class Fleet:
         """Drop the per-object state of a deleted InferenceService."""
         self._locks.pop(key, None)
         self._last_status.pop(key, None)
+        self.autoscale_history.pop(key, None)
         self._dirty.discard(key)
 
     async def reconcile(self, body: Mapping[str, Any], *, logger: Any) -> Outcome:

@@ -1,0 +1,54 @@
+"""`frota operator`: run the InferenceService operator (kopf) in the foreground."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument(
+        "--namespace", "-n", action="append", default=[], metavar="NS",
+        help="watch this namespace (repeatable; globs like 'team-*' work); default: all",
+    )
+    scope.add_argument(
+        "--all-namespaces", "-A", action="store_true",
+        help="watch every namespace (the default when no --namespace is given)",
+    )
+    parser.add_argument("--metrics-port", type=int, default=8080,
+                        help="port of the Prometheus /metrics endpoint (0: off)")
+    parser.add_argument("--health-port", type=int, default=8081,
+                        help="port of the liveness endpoint /healthz (0: off)")
+    peering = parser.add_mutually_exclusive_group()
+    peering.add_argument(
+        "--peering", metavar="NAME", default=None,
+        help="kopf peering object shared by operator replicas: one is active, the rest stand by",
+    )
+    peering.add_argument("--standalone", action="store_true",
+                         help="run without peering (a single replica, or tests)")
+    parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Start the operator: kopf with Frota's handlers, metrics and health endpoints."""
+    import frota.operator.handlers  # noqa: F401  (registers the handlers)
+    import kopf
+    from frota.operator.workqueue import Fleet
+    from prometheus_client import start_http_server
+
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    fleet = Fleet()
+    if args.metrics_port:
+        start_http_server(args.metrics_port, registry=fleet.metrics.registry)
+    namespaces = list(args.namespace)
+    kopf.run(
+        clusterwide=not namespaces,
+        namespaces=namespaces,
+        standalone=args.standalone or None,
+        peering_name=args.peering,
+        liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz" if args.health_port else None,
+        memo=kopf.Memo(fleet=fleet),
+    )
+    return 0
