@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from aiohttp import web
@@ -92,9 +93,12 @@ def loc_to_param(loc: tuple[int | str, ...]) -> str:
 
 # Pydantic adds union-member tags ("str", "list[str]", "function-after[...]") to
 # locations; they name schema branches, not request fields.
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
+
+
 def _is_field(part: int | str) -> bool:
     return isinstance(part, int) or (
-        "[" not in part and part not in {"str", "int", "float", "bool", "list", "dict", "none"}
+        re.fullmatch(r"[a-z_][a-z0-9_]*", part) is not None and part not in _TYPE_TAGS
     )
 
 
