@@ -11,7 +11,6 @@ import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-
 from frota.router.app import ROUTER_KEY, RouterConfig, build_app
 from frota.router.discovery import StaticDiscovery
 

@@ -3,7 +3,6 @@
 import asyncio
 
 import pytest
-
 from frota.router.admission import AdmissionController, Rejected
 from frota.router.metrics import RouterMetrics
 

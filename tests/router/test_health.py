@@ -3,7 +3,6 @@
 import asyncio
 
 import aiohttp
-
 from frota.router.health import WorkerPool, parse_vllm_load
 from frota.router.metrics import RouterMetrics
 

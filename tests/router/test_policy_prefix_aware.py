@@ -3,12 +3,11 @@
 import json
 from collections import Counter
 
-from hypothesis import given
-from hypothesis import strategies as st
-
 from frota.router.health import Worker
 from frota.router.policies import PrefixAwarePolicy, RouteRequest
 from frota.router.policies.prefix_aware import prefix_block_hashes
+from hypothesis import given
+from hypothesis import strategies as st
 
 
 def chat(*contents: str) -> RouteRequest:

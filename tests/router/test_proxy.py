@@ -4,7 +4,6 @@ import asyncio
 import json
 
 import aiohttp
-
 from frota.router.app import RouterConfig
 from frota.router.proxy import ProxyConfig
 

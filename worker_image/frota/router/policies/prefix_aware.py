@@ -36,8 +36,9 @@ class PrefixAwarePolicy(RoutingPolicy):
     The prompt text (see `RouteRequest.prompt_text`) is cut into character blocks
     and hashed as a chain. The router remembers, for each block hash, the worker
     it last sent that prefix to (an LRU table of `max_table_entries`). A request
-    goes to the owner of its longest remembered prefix ("prefix_hit"); an unseen
-    prompt goes where consistent hashing of its first block points ("hash").
+    goes to the owner of its longest remembered prefix ("prefix_hit"); a prompt
+    with no remembered prefix goes where consistent hashing of its hashed
+    prefix points ("hash"), so unrelated prompts spread evenly.
 
     Load is bounded (consistent hashing with bounded loads): a worker may take a
     request only while its outstanding count stays within `(1 + balance)` times
@@ -77,7 +78,7 @@ class PrefixAwarePolicy(RoutingPolicy):
                     decision = Decision(owner, "prefix_hit")
                 break  # the longest cached prefix is over its bound: fall to the ring
         if decision is None:
-            key = hashes[0] if hashes else 0
+            key = hashes[-1] if hashes else 0
             reason = "hash"
             for worker in self._ring.walk(key, candidates):
                 if worker.num_outstanding + 1 <= bound:

@@ -1,0 +1,111 @@
+"""The router's HTTP surface: auth, admission (429), errors, health and metrics."""
+
+import asyncio
+
+from frota.router.app import RouterConfig, read_api_keys
+
+BODY = {"model": "fake", "prompt": "hello", "stream": True}
+
+
+async def test_api_keys_are_required_when_configured(start_worker, start_router, tmp_path):
+    keys = tmp_path / "keys"
+    keys.write_text("# team keys\nsk-one\n\nsk-two\n")
+    assert read_api_keys(keys) == {"sk-one", "sk-two"}
+    worker = await start_worker()
+    router = await start_router([worker], RouterConfig(probe_interval=0.05,
+                                                        api_keys=read_api_keys(keys)))
+    url = router.url + "/v1/completions"
+    async with router.session.post(url, json=BODY) as r:
+        assert r.status == 401
+        error = (await r.json())["error"]
+        assert error["code"] == "invalid_api_key" and "missing" in error["message"]
+    async with router.session.post(url, json=BODY, headers={"Authorization": "Bearer no"}) as r:
+        assert r.status == 401
+        assert "incorrect" in (await r.json())["error"]["message"]
+    for key in ("sk-one", "sk-two"):
+        async with router.session.post(url, json=BODY,
+                                       headers={"Authorization": f"Bearer {key}"}) as r:
+            assert r.status == 200
+    assert len(worker.bodies) == 2
+    async with router.session.get(router.url + "/health") as r:  # probes need no key
+        assert r.status == 200
+
+
+async def test_overload_beyond_the_queue_gets_429_with_retry_after(start_worker, start_router):
+    gate = asyncio.Event()
+    worker = await start_worker(gate=gate, gate_at_chunk=0)
+    config = RouterConfig(probe_interval=0.05, max_inflight=4, max_queue=4, queue_timeout=30)
+    router = await start_router([worker], config)
+
+    async def one() -> int:
+        async with router.session.post(router.url + "/v1/completions", json=BODY) as r:
+            await r.read()
+            return r.status
+
+    tasks = [asyncio.create_task(one()) for _ in range(20)]
+    for _ in range(500):
+        if sum(t.done() for t in tasks) == 12:
+            break
+        await asyncio.sleep(0.01)
+    assert sorted(t.result() for t in tasks if t.done()) == [429] * 12  # rejected at once
+    gate.set()
+    statuses = await asyncio.gather(*tasks)
+    assert statuses.count(200) == 8 and statuses.count(429) == 12
+    assert router.metric("frota_router_rejections_total", reason="queue_full") == 12
+    assert router.metric("frota_router_requests_total", endpoint="/v1/completions",
+                         status="429") == 12
+
+
+async def test_a_queue_timeout_answers_429(start_worker, start_router):
+    gate = asyncio.Event()
+    worker = await start_worker(gate=gate, gate_at_chunk=0)
+    config = RouterConfig(probe_interval=0.05, max_inflight=1, max_queue=4, queue_timeout=0.05)
+    router = await start_router([worker], config)
+    first = asyncio.create_task(router.session.post(router.url + "/v1/completions", json=BODY))
+    await asyncio.sleep(0.05)
+    async with router.session.post(router.url + "/v1/completions", json=BODY) as r:
+        assert r.status == 429 and int(r.headers["Retry-After"]) >= 1
+        assert (await r.json())["error"]["code"] == "queue_timeout"
+    gate.set()
+    (await first).close()
+
+
+async def test_unknown_paths_and_bad_json_answer_in_openai_shape(start_worker, start_router):
+    from frota.router.policies import PolicyName
+
+    worker = await start_worker()
+    router = await start_router([worker], RouterConfig(probe_interval=0.05,
+                                                        policy=PolicyName.PREFIX_AWARE))
+    async with router.session.get(router.url + "/v2/nothing") as r:
+        assert r.status == 404 and (await r.json())["error"]["type"] == "invalid_request_error"
+    async with router.session.post(router.url + "/v1/completions", data=b"{oops") as r:
+        assert r.status == 400 and (await r.json())["error"]["code"] == "invalid_json"
+
+
+async def test_metrics_count_requests_decisions_and_latency(start_worker, start_router):
+    a, b = await start_worker(), await start_worker()
+    router = await start_router([a, b])
+    for _ in range(4):
+        async with router.session.post(router.url + "/v1/completions", json=BODY) as r:
+            await r.read()
+    async with router.session.get(router.url + "/metrics") as r:
+        text = await r.text()
+    assert 'frota_router_requests_total{endpoint="/v1/completions",status="200"} 4.0' in text
+    for worker in (a, b):
+        assert (f'frota_router_routing_decisions_total{{decision="next",policy="round-robin",'
+                f'worker="{worker.url}"}} 2.0') in text
+    for name in ("frota_router_time_to_first_token_seconds_count 4.0",
+                 "frota_router_inter_token_latency_seconds_count",
+                 "frota_router_upstream_latency_seconds_bucket", "frota_router_queue_depth",
+                 f'frota_router_worker_healthy{{worker="{a.url}"}} 1.0'):
+        assert name in text
+
+
+async def test_health_ready_and_worker_listing(start_worker, start_router):
+    worker = await start_worker()
+    router = await start_router([worker])
+    async with router.session.get(router.url + "/ready") as r:
+        assert r.status == 200 and (await r.json())["healthy_workers"] == 1
+    async with router.session.get(router.url + "/router/workers") as r:
+        listing = await r.json()
+    assert listing["workers"][0]["url"] == worker.url and listing["workers"][0]["healthy"]

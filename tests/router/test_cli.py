@@ -1,0 +1,84 @@
+"""`frota router`: flags, environment, start-up and shutdown as a real process."""
+
+import argparse
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import aiohttp
+from frota.router import cli
+from frota.router.policies import PolicyName
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_flags_fall_back_to_frota_environment_variables(monkeypatch):
+    monkeypatch.setenv("FROTA_MAX_INFLIGHT", "7")
+    monkeypatch.setenv("FROTA_POLICY", "prefix-aware")
+    monkeypatch.setenv("FROTA_WORKERS", "a:1,b:2")
+    args = parse(["--policy", "session"])
+    assert args.max_inflight == 7 and args.workers == "a:1,b:2"
+    assert args.policy == "session"  # the command line wins
+    config = cli.config_from_args(args)
+    assert config.policy is PolicyName.SESSION and config.max_inflight == 7
+
+
+def test_router_modules_never_import_torch_or_the_engine():
+    code = ("import sys, frota.router.cli, frota.router.app, frota.router.discovery, "
+            "frota.router.policies; "
+            "bad = [m for m in sys.modules if m == 'torch' or m.startswith('frota.engine')]; "
+            "print(bad); sys.exit(1 if bad else 0)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_frota_router_serves_and_stops_on_sigterm(start_worker):
+    worker = await start_worker(name="w")
+    port = free_port()
+    env = {**os.environ, "FROTA_POLICY": "least-load"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "frota.cli.main", "router", "--workers", worker.url,
+        "--host", "127.0.0.1", "--port", str(port), env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    try:
+        async with aiohttp.ClientSession() as session:
+            for _ in range(300):  # start-up: wait on readiness, at most ~15 s
+                try:
+                    async with session.get(f"http://127.0.0.1:{port}/ready") as r:
+                        if r.status == 200:
+                            break
+                except aiohttp.ClientConnectionError:
+                    pass
+                await asyncio.sleep(0.05)
+            else:
+                raise AssertionError("frota router never became ready")
+            async with session.post(f"http://127.0.0.1:{port}/v1/completions",
+                                    json={"prompt": "x"}) as r:
+                assert r.status == 200 and (await r.json())["worker"] == "w"
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 10) == 0
+        output = (await proc.stdout.read()).decode()
+        assert "listening on" in output and "least-load" in output
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+def test_missing_workers_is_a_clear_error():
+    out = subprocess.run([sys.executable, "-m", "frota.cli.main", "router"],
+                         capture_output=True, text=True, env={**os.environ, "FROTA_WORKERS": ""})
+    assert out.returncode != 0 and "--workers" in out.stderr
