@@ -22,6 +22,7 @@ class UpProcess:
     def __init__(self, *args: str, state_dir: Path, env: dict[str, str] | None = None) -> None:
         full_env = {**os.environ, "FROTA_STATE_DIR": str(state_dir), "PYTHONUNBUFFERED": "1",
                     **(env or {})}
+        self.state_dir = state_dir
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "frota.cli.main", "up", *args],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env,
