@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
@@ -11,6 +11,7 @@ from frota.server.app import ServerOptions, create_app
 from frota.server.engine_api import EngineBindings
 
 from tests.server.fake_engine import FakeEngine, FakeInvalidRequestError, FakeSamplingParams
+from tests.server.harness import WorkerProcess, engine_available
 
 MODEL = "fake-model"
 
@@ -43,3 +44,34 @@ async def client(engine: FakeEngine) -> AsyncIterator[TestClient]:
     c = await start(engine, warmup=False)
     yield c
     await c.close()
+
+
+# --- real `frota worker` processes (integration tier) -------------------------------
+
+SMOLLM2_ARGS = ("--max-model-len", "2048", "--max-num-seqs", "16",
+                "--kv-cache-memory", "512MiB", "--dtype", "float32")
+SYNTHETIC = "synthetic:dense-tiny"
+
+
+def _worker(tmp_path_factory: pytest.TempPathFactory, model: str, *args: str):  # type: ignore[no-untyped-def]
+    if not engine_available():
+        pytest.skip("frota.engine.AsyncEngine is not importable yet")
+    log_path = tmp_path_factory.mktemp("worker") / "worker.log"
+    worker = WorkerProcess(model, *args, log_path=log_path).wait_ready()
+    worker.model = model  # type: ignore[attr-defined]
+    return worker
+
+
+@pytest.fixture(scope="session")
+def smollm2_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
+    worker = _worker(tmp_path_factory, "smollm2", *SMOLLM2_ARGS)
+    yield worker
+    assert worker.stop() == 0, worker.log()[-3000:]
+
+
+@pytest.fixture(scope="session")
+def synthetic_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
+    worker = _worker(tmp_path_factory, SYNTHETIC, "--max-model-len", "256",
+                     "--num-kv-blocks", "256", "--max-num-seqs", "8")
+    yield worker
+    assert worker.stop() == 0, worker.log()[-3000:]
