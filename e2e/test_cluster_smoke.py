@@ -80,6 +80,11 @@ def test_deployment_pod_is_scheduled_runs_and_becomes_ready(cluster: Cluster, na
     assert pod["status"]["podIP"]
     with cluster.reach(namespace, pod["metadata"]["name"], 8080) as (host, port):
         assert httpx.get(f"http://{host}:{port}/", timeout=10).status_code == 200
+    logs = wait_until(
+        "the request in the container's log",
+        lambda: (out := cluster.kubectl("logs", "-n", namespace, pod["metadata"]["name"])) and "GET /" in out and out,
+    )
+    assert "HTTP/1.1\" 200" in logs
     dep = wait_until(
         "the Deployment to report one ready replica",
         lambda: (d := cluster.get("deployment", "web", namespace))["status"].get("readyReplicas") == 1 and d,

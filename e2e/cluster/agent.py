@@ -34,11 +34,13 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from e2e.cluster import netns
 from e2e.cluster.kubeapi import ApiError, KubeClient
+from e2e.cluster.kubeletapi import serve_logs
 from e2e.cluster.podrunner import PodRunner, now
 from e2e.cluster.podspec import parse_quantity
 
@@ -46,6 +48,7 @@ log = logging.getLogger("frota.e2e.agent")
 LEASE_S = 40
 RENEW_S = 10
 GPU = "nvidia.com/gpu"
+KUBELET_PORT = 10250
 
 
 def _micro_now() -> str:
@@ -125,6 +128,16 @@ class NodeAgent:
                 alloc[runner.uid] = [i for i in range(self.args.gpus) if i not in used][:want]
             return ",".join(str(i) for i in alloc[runner.uid])
 
+    def log_file(self, ns: str, pod: str, container: str) -> tuple[Path, Callable[[], bool]] | None:
+        """A container's log file (all its restarts) and whether it may still grow."""
+        with self.lock:
+            runner = next(
+                (r for r in self.runners.values() if r.ns == ns and r.pod_name == pod), None
+            )
+        if runner is None:
+            return None
+        return runner.dir / f"{container}.log", runner.is_alive
+
     def runner_done(self, runner: PodRunner) -> None:
         """Forget a runner whose pod is gone."""
         with self.lock:
@@ -194,7 +207,7 @@ class NodeAgent:
             ],
             "addresses": [{"type": "InternalIP", "address": self.host_ip},
                           {"type": "Hostname", "address": name}],
-            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": KUBELET_PORT}},
             "nodeInfo": {
                 "machineID": name, "systemUUID": name, "bootID": name,
                 "kernelVersion": os.uname().release, "osImage": "frota e2e node agent",
@@ -329,6 +342,9 @@ class NodeAgent:
     def run(self) -> None:
         """Register nodes, then serve until SIGTERM/SIGINT; then kill every pod."""
         netns.ensure_bridge()
+        if self.args.serving_cert:
+            serve_logs(self.host_ip, KUBELET_PORT, Path(self.args.serving_cert),
+                       Path(self.args.serving_key), self.log_file)
         self.register_nodes()
         self._renew_leases()
         for target in (self._heartbeat_loop, self._services_loop, self._watch_pods):
@@ -354,6 +370,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--memory", default="64Gi")
     p.add_argument("--max-pods", type=int, default=110)
     p.add_argument("--apiserver", default="", help="address pods use for the apiserver")
+    p.add_argument("--serving-cert", default="", help="certificate of the log API (port 10250)")
+    p.add_argument("--serving-key", default="")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(threadName)s %(message)s")
     agent = NodeAgent(args)

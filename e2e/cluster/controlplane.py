@@ -268,6 +268,10 @@ class LocalCluster:
             f"--service-account-signing-key-file={pki.sa_key}",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--allow-privileged=true",
+            f"--kubelet-client-certificate={pki.admin_crt}",
+            f"--kubelet-client-key={pki.admin_key}",
+            f"--kubelet-certificate-authority={pki.ca_crt}",
+            "--kubelet-preferred-address-types=InternalIP",
             f"--cert-dir={self.work / 'apiserver-certs'}",
             "--profiling=false",
             "--v=1",
@@ -304,6 +308,8 @@ class LocalCluster:
             "--nodes", str(o.nodes), "--gpus", str(o.gpus_per_node),
             "--cpu", o.cpu, "--memory", o.memory, "--max-pods", str(o.max_pods),
             "--apiserver", self.server,
+            "--serving-cert", str(self.work / "pki/kubelet.crt"),
+            "--serving-key", str(self.work / "pki/kubelet.key"),
         ], env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"})
 
     @staticmethod

@@ -42,6 +42,14 @@ class Pki:
         return self.dir / "admin.key"
 
     @property
+    def kubelet_crt(self) -> Path:
+        return self.dir / "kubelet.crt"
+
+    @property
+    def kubelet_key(self) -> Path:
+        return self.dir / "kubelet.key"
+
+    @property
     def sa_key(self) -> Path:
         return self.dir / "sa.key"
 
@@ -72,6 +80,9 @@ def _sign(pki: Pki, name: str, subject: str, ext: str) -> None:
 def make_pki(directory: Path, ips: list[str], dns_names: list[str]) -> Pki:
     """Write a CA, serving/client certificates and the service-account key pair.
 
+    The node agent serves its log API with the kubelet certificate, which
+    shares the apiserver's alternative names.
+
     ``ips`` and ``dns_names`` become the apiserver certificate's subject
     alternative names.
     """
@@ -87,6 +98,11 @@ def make_pki(directory: Path, ips: list[str], dns_names: list[str]) -> Pki:
     san = ",".join([f"IP:{ip}" for ip in ips] + [f"DNS:{n}" for n in dns_names])
     _sign(
         pki, "apiserver", "/CN=kube-apiserver",
+        "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n"
+        f"extendedKeyUsage=serverAuth\nsubjectAltName={san}\n",
+    )
+    _sign(
+        pki, "kubelet", "/CN=frota-e2e-node",
         "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n"
         f"extendedKeyUsage=serverAuth\nsubjectAltName={san}\n",
     )
