@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from frota.api import InferenceService
 from frota.operator.validation import SpecError, load
 

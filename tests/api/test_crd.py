@@ -10,7 +10,6 @@ import kubernetes_validate
 import pytest
 import yaml
 from apiserver_sim import admit, all_rules, structural_problems
-
 from frota.api.crd import crd, openapi_schema
 from frota.api.yamlio import dump_all
 

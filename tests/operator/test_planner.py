@@ -1,0 +1,159 @@
+"""The planner: groups, ranks, worker args/env, and semantic errors that name the field."""
+
+from __future__ import annotations
+
+import pytest
+from fixtures import Spec
+from frota.operator.model_shapes import SMOLLM2_135M, locate
+from frota.operator.planner import plan
+from frota.operator.topology import LocalAddressing
+from frota.operator.validation import SpecError
+
+
+def _errors(spec: Spec) -> list[str]:
+    with pytest.raises(SpecError) as err:
+        plan(spec.build())
+    return [str(e) for e in err.value.errors]
+
+
+def test_colocated_plan_has_one_group_per_replica_and_one_rank_per_shard():
+    topo = plan(Spec().replicas(2).tensor(3).build())
+    assert topo.mode == "Colocated"
+    assert [g.name for g in topo.groups] == ["tiny-worker-0", "tiny-worker-1"]
+    assert [g.world_size for g in topo.groups] == [3, 3]
+    assert [r.env["FROTA_RANK"] for r in topo.groups[1].ranks] == ["0", "1", "2"]
+    assert {r.env["FROTA_WORLD_SIZE"] for r in topo.groups[1].ranks} == {"3"}
+
+
+def test_ranks_find_their_leader_by_stable_dns_name():
+    group = plan(Spec().tensor(3).build()).groups[0]
+    assert {r.env["FROTA_MASTER_ADDR"] for r in group.ranks} == {"tiny-worker-0-0.tiny-worker-0"}
+    assert {r.env["FROTA_MASTER_PORT"] for r in group.ranks} == {"29500"}
+
+
+def test_worker_args_follow_the_model_uri_mapping():
+    rank = plan(Spec().build()).groups[0].leader
+    assert rank.args == ("worker", "--model", "smollm2", "--port", "8000", "--role", "both")
+    assert locate("pvc://models/llama/8b").model_arg == "/models/llama/8b"
+    assert locate("hf://org/repo").model_arg == "/models/cache/org/repo"
+    assert locate("synthetic:tiny").model_arg == "synthetic:tiny"
+
+
+def test_local_addressing_gives_every_rank_its_own_port_and_a_local_master():
+    topo = plan(Spec().replicas(2).tensor(3).build(), LocalAddressing(base_http_port=9000))
+    ports = [r.http_port for g in topo.groups for r in g.ranks]
+    assert len(set(ports)) == 6
+    assert topo.groups[1].leader.args[topo.groups[1].leader.args.index("--port") + 1] == str(ports[3])
+    assert {g.leader.env["FROTA_MASTER_ADDR"] for g in topo.groups} == {"127.0.0.1"}
+    assert len({g.leader.env["FROTA_MASTER_PORT"] for g in topo.groups}) == 2
+
+
+def test_disaggregated_units_multiply_role_replicas():
+    topo = plan(Spec().replicas(2).disaggregated(prefill=1, decode=3).build())
+    assert topo.mode == "Disaggregated"
+    assert len(topo.groups_of("prefill")) == 2
+    assert len(topo.groups_of("decode")) == 6
+    assert topo.groups_of("prefill")[0].leader.args[-1] == "prefill"
+    assert topo.engine_env["FROTA_MIN_PREFILL_TOKENS"] == "256"
+
+
+def test_scaled_to_zero_has_no_groups_but_a_router():
+    topo = plan(Spec().replicas(0).build())
+    assert topo.groups == ()
+    assert topo.router.replicas == 1
+
+
+def test_tensor_must_divide_attention_heads():
+    assert _errors(Spec().tensor(2)) == [
+        "spec.parallelism.tensor: 2 does not divide the 9 attention heads of smollm2"
+    ]
+
+
+def test_pipeline_must_divide_layers():
+    assert _errors(Spec().pipeline(4)) == [
+        "spec.parallelism.pipeline: 4 does not divide the 30 layers of smollm2"
+    ]
+
+
+def test_expert_parallel_needs_a_moe_model_and_must_divide_experts():
+    assert _errors(Spec().tensor(3).set("spec.parallelism.expert", 3)) == [
+        "spec.parallelism.expert: 3 needs a mixture-of-experts model; smollm2 is dense"
+    ]
+    moe = Spec(uri="synthetic:tiny-moe").set("spec.parallelism", {"tensor": 4, "expert": 4})
+    assert plan(moe.build()).groups[0].sharding.expert == 4
+    # 8 experts over 3 ranks does not work, whatever else does.
+    bad = Spec(uri="synthetic:tiny-moe").set("spec.parallelism", {"tensor": 3, "expert": 3})
+    assert "spec.parallelism.expert: 3 does not divide the 8 experts of tiny-moe" in _errors(bad)
+
+
+def test_role_overrides_are_named_by_their_own_field():
+    spec = Spec().disaggregated().set(
+        "spec.disaggregation.prefill.parallelism", {"tensor": 2}).set(
+        "spec.disaggregation.decode.parallelism", {"tensor": 2})
+    errors = _errors(spec)
+    assert "spec.disaggregation.prefill.parallelism.tensor: 2 does not divide the 9 attention heads of smollm2" in errors
+
+
+def test_unknown_alias_is_an_error_on_the_uri():
+    errors = _errors(Spec(uri="alias:gpt5"))
+    assert errors == ["spec.model.uri: unknown alias 'gpt5'; the worker image bakes in: smollm2"]
+
+
+def test_max_model_len_beyond_the_context_is_an_error():
+    assert _errors(Spec().set("spec.engine.maxModelLen", 16384)) == [
+        "spec.engine.maxModelLen: 16384 exceeds the 8192-token context of smollm2"
+    ]
+
+
+def test_memory_too_small_for_one_sequence_names_the_memory_field():
+    (error,) = _errors(Spec().set("spec.resources.memory", "1Gi"))
+    assert error.startswith("spec.resources.memory: 1.00 GiB per rank")
+    assert "not one sequence of 8192 tokens fits" in error
+
+
+def test_memory_budget_of_smollm2_on_cpu():
+    budget = plan(Spec().build()).groups[0].budget
+    # 134.5M parameters in float32, tied embeddings.
+    assert 530e6 < budget.weight_bytes_per_rank < 545e6
+    # K and V, 30 layers, 3 KV heads of 64, 4 bytes.
+    assert budget.kv_bytes_per_token_per_rank == 2 * 30 * 3 * 64 * 4
+    assert budget.kv_cache_tokens_per_replica % 16 == 0
+    assert budget.sequences_at_max_model_len == budget.kv_cache_tokens_per_replica // 8192
+
+
+def test_tensor_parallel_and_quantization_shrink_per_rank_memory():
+    base = plan(Spec().gpu().build()).groups[0].budget
+    tp3 = plan(Spec().gpu().tensor(3).build()).groups[0].budget
+    int4 = plan(Spec().gpu().set("spec.engine.quantization", {"weights": "int4", "kvCache": "fp8"}).build())
+    assert tp3.weight_bytes_per_rank < base.weight_bytes_per_rank / 2
+    assert tp3.kv_bytes_per_token_per_rank == base.kv_bytes_per_token_per_rank / 3
+    assert int4.groups[0].budget.weight_bytes_per_rank < base.weight_bytes_per_rank / 2
+    assert int4.groups[0].budget.kv_bytes_per_token_per_rank == base.kv_bytes_per_token_per_rank / 2
+
+
+def test_gpu_without_declared_memory_plans_weights_only():
+    group = plan(Spec().gpu(memory=None).build()).groups[0]
+    assert group.budget.kv_cache_tokens_per_replica is None
+    assert "FROTA_KV_CACHE_MEMORY" not in group.leader.env
+    assert group.leader.env["FROTA_DTYPE"] == "bfloat16"
+    assert group.leader.env["FROTA_DEVICE"] == "cuda"
+
+
+def test_unknown_shape_warns_and_skips_shape_checks():
+    topo = plan(Spec(uri="hf://org/big").tensor(8).build())
+    assert topo.groups[0].budget is None
+    assert topo.warnings and "hf://org/big" in topo.warnings[0]
+
+
+def test_revision_changes_with_pod_affecting_fields_only():
+    rev = plan(Spec().build()).groups[0].revision
+    assert plan(Spec().replicas(3).build()).groups[0].revision == rev
+    assert plan(Spec().set("spec.router.replicas", 3).build()).groups[0].revision == rev
+    assert plan(Spec().set("spec.engine.dtype", "bfloat16").build()).groups[0].revision != rev
+    assert plan(Spec().set("spec.resources.memory", "4Gi").build()).groups[0].revision != rev
+
+
+def test_smollm2_shape_matches_the_published_config():
+    s = SMOLLM2_135M
+    assert (s.num_layers, s.hidden_size, s.num_heads, s.num_kv_heads, s.head_dim) == (30, 576, 9, 3, 64)
+    assert (s.intermediate_size, s.vocab_size, s.max_position_embeddings) == (1536, 49152, 8192)
