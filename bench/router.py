@@ -1,0 +1,543 @@
+"""Router benchmarks; each mode prints one JSON object.
+
+    python bench/router.py --overhead   # TTFT added by the router, router CPU per request
+    python bench/router.py --prefix     # prefix-cache hit rate: round-robin vs prefix-aware
+
+--overhead runs the same load (streaming, concurrency 64) against a worker
+directly and through `frota router`, in one run, alternating passes, and
+reports the TTFT difference. By default the worker is a STAND-IN (this file,
+`--stand-in-serve`): an aiohttp server that streams fixed tokens at a fixed
+pace and runs no model. It exists to isolate the router's overhead; it says
+nothing about model speed. `--backend smollm2` runs the same measurement
+against a real `frota worker --model smollm2`. When the `vllm-router` binary
+is found (`--vllm-router PATH`, or on PATH), the same load also runs through it
+and the ratio of added latencies is reported.
+
+--prefix starts two workers and runs a shared-system-prompt, multi-turn chat
+workload through the router twice, with round-robin and with prefix-aware,
+restarting the workers in between so both start cold. Hit rates come from the
+workers' own `vllm:prefix_cache_hits` / `vllm:prefix_cache_queries`. Workers
+are real SmolLM2 workers with a KV cache deliberately smaller than the
+workload's working set (`--num-kv-blocks`), which is where cache-aware routing
+pays: round-robin makes every worker cache every conversation. `--backend
+stand-in` runs it on stand-ins with a SIMULATED prefix cache (an LRU over
+64-character blocks, prefill time proportional to uncached characters).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parent.parent
+STAND_IN_LABEL = ("stand-in worker (fixed tokens at a fixed pace, no model): isolates "
+                  "router overhead only")
+
+
+# --------------------------------------------------------------------------- stand-in worker
+
+@dataclass
+class StandIn:
+    """A fake worker: streams `num_tokens` chunks, `itl` apart, after `ttft` (+ simulated
+    prefill of uncached characters when `cache_blocks` > 0)."""
+
+    ttft: float
+    itl: float
+    num_tokens: int
+    cache_blocks: int = 0
+    prefill_s_per_char: float = 0.0
+    cache: OrderedDict[bytes, None] = field(default_factory=OrderedDict)
+    hits: int = 0
+    queries: int = 0
+    running: int = 0
+
+    def lookup(self, text: str) -> int:
+        """Simulated prefix cache over 64-char blocks (a token is ~4 chars): returns
+        the number of uncached characters and counts hits/queries in 'tokens'."""
+        data, digest, cached, still_hitting = text.encode(), b"", 0, True
+        for start in range(0, len(data) - len(data) % 64, 64):
+            import hashlib
+            digest = hashlib.blake2b(digest + data[start:start + 64], digest_size=8).digest()
+            if still_hitting and digest in self.cache:
+                cached += 64
+                self.cache.move_to_end(digest)
+            else:
+                still_hitting = False
+                self.cache[digest] = None
+        while len(self.cache) > self.cache_blocks:
+            self.cache.popitem(last=False)
+        self.queries += len(data) // 4
+        self.hits += cached // 4
+        return len(data) - cached
+
+    async def generate(self, request: Any) -> Any:
+        from aiohttp import web
+        body = await request.json()
+        chat = "messages" in body
+        delay = self.ttft
+        if self.cache_blocks:
+            text = ("\x00".join(f"{m['role']}\n{m['content']}" for m in body["messages"])
+                    if chat else body.get("prompt", ""))
+            delay += self.lookup(text) * self.prefill_s_per_char
+        num_tokens = int(body.get("max_tokens") or self.num_tokens)
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        self.running += 1
+        try:
+            if not body.get("stream"):
+                await asyncio.sleep(delay + self.itl * num_tokens)
+                text = "tok " * num_tokens
+                choice = ({"message": {"role": "assistant", "content": text}} if chat
+                          else {"text": text})
+                return web.json_response({"id": "x", "object": obj.removesuffix(".chunk"),
+                                          "choices": [{"index": 0, **choice,
+                                                       "finish_reason": "length"}]})
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            await asyncio.sleep(delay)
+            for i in range(num_tokens):
+                delta = {"delta": {"content": "tok "}} if chat else {"text": "tok "}
+                chunk = {"id": "x", "object": obj, "choices": [
+                    {"index": 0, **delta, "finish_reason": "length" if i == num_tokens - 1
+                     else None}]}
+                await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                if i < num_tokens - 1:
+                    await asyncio.sleep(self.itl)
+            await response.write(b"data: [DONE]\n\n")
+            return response
+        finally:
+            self.running -= 1
+
+    def app(self) -> Any:
+        from aiohttp import web
+
+        async def ok(request: web.Request) -> web.Response:
+            return web.json_response({"status": "ok"})
+
+        async def metrics(request: web.Request) -> web.Response:
+            return web.Response(text=(
+                f"vllm:num_requests_running {self.running}\nvllm:num_requests_waiting 0\n"
+                f"vllm:prefix_cache_hits_total {self.hits}\n"
+                f"vllm:prefix_cache_queries_total {self.queries}\n"))
+
+        app = web.Application()
+        app.router.add_get("/ready", ok)
+        app.router.add_get("/health", ok)
+        app.router.add_get("/metrics", metrics)
+        app.router.add_post("/v1/completions", self.generate)
+        app.router.add_post("/v1/chat/completions", self.generate)
+        return app
+
+
+def serve_stand_in(args: argparse.Namespace) -> None:
+    from aiohttp import web
+    stand_in = StandIn(args.stand_in_ttft, args.stand_in_itl, args.max_tokens,
+                       args.stand_in_cache_blocks, args.stand_in_prefill_us_per_char / 1e6)
+    web.run_app(stand_in.app(), host="127.0.0.1", port=args.port, access_log=None,
+                print=None)
+
+
+# --------------------------------------------------------------------------- processes
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Proc:
+    """A child process serving HTTP on `port`, stopped with SIGTERM (then SIGKILL)."""
+
+    def __init__(self, name: str, argv: list[str], port: int, log_dir: Path) -> None:
+        self.name, self.port = name, port
+        self.url = f"http://127.0.0.1:{port}"
+        self.log = open(log_dir / f"{name}.log", "wb")  # noqa: SIM115 (lives with the process)
+        self.popen = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT,
+                                      cwd=ROOT, start_new_session=True)
+
+    async def wait_ready(self, timeout: float, path: str = "/ready") -> None:
+        deadline = time.monotonic() + timeout
+        async with aiohttp.ClientSession() as session:
+            while time.monotonic() < deadline:
+                if self.popen.poll() is not None:
+                    raise RuntimeError(f"{self.name} exited ({self.popen.returncode}); "
+                                       f"see {self.log.name}")
+                try:
+                    async with session.get(self.url + path,
+                                           timeout=aiohttp.ClientTimeout(total=2)) as r:
+                        if r.status == 200:
+                            return
+                except (aiohttp.ClientError, TimeoutError):
+                    pass
+                await asyncio.sleep(0.1)
+        raise TimeoutError(f"{self.name} not ready after {timeout:.0f}s; see {self.log.name}")
+
+    def cpu_seconds(self) -> float:
+        import psutil
+        times = psutil.Process(self.popen.pid).cpu_times()
+        return times.user + times.system
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(15)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+        self.log.close()
+
+
+def start_worker(args: argparse.Namespace, name: str, log_dir: Path, *,
+                 cache_blocks: int = 0) -> Proc:
+    port = free_port()
+    if args.backend == "stand-in":
+        argv = [sys.executable, __file__, "--stand-in-serve", "--port", str(port),
+                "--max-tokens", str(args.max_tokens),
+                "--stand-in-ttft", str(args.stand_in_ttft),
+                "--stand-in-itl", str(args.stand_in_itl),
+                "--stand-in-cache-blocks", str(cache_blocks),
+                "--stand-in-prefill-us-per-char", str(args.stand_in_prefill_us_per_char)]
+    else:
+        argv = [sys.executable, "-m", "frota.cli.main", "worker", "--model", "smollm2",
+                "--host", "127.0.0.1", "--port", str(port),
+                "--max-num-seqs", str(args.max_num_seqs)]
+        if args.num_kv_blocks and cache_blocks:
+            argv += ["--num-kv-blocks", str(args.num_kv_blocks)]
+    return Proc(name, argv, port, log_dir)
+
+
+def start_router(workers: list[Proc], policy: str, log_dir: Path, name: str = "router") -> Proc:
+    port = free_port()
+    argv = [sys.executable, "-m", "frota.cli.main", "router", "--host", "127.0.0.1",
+            "--port", str(port), "--policy", policy, "--max-inflight", "0",
+            "--workers", ",".join(w.url for w in workers), "--log-level", "warning"]
+    return Proc(name, argv, port, log_dir)
+
+
+def find_vllm_router(path: str | None) -> str | None:
+    if path:
+        return path
+    for candidate in (shutil.which("vllm-router"), "/tmp/vr/bin/vllm-router"):
+        if candidate and Path(candidate).exists():
+            return candidate
+    return None
+
+
+def start_vllm_router(binary: str, workers: list[Proc], log_dir: Path) -> Proc:
+    port = free_port()
+    argv = [binary, "--host", "127.0.0.1", "--port", str(port), "--policy", "round_robin",
+            "--worker-urls", *[w.url for w in workers]]
+    return Proc("vllm-router", argv, port, log_dir)
+
+
+# --------------------------------------------------------------------------- load
+
+@dataclass
+class Result:
+    ttft: float
+    e2e: float
+    ok: bool
+    text: str = ""
+
+
+async def stream_one(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> Result:
+    """One streaming request; TTFT is the first body chunk, ok means `[DONE]` arrived.
+    Deltas are collected only for chat (multi-turn needs the reply)."""
+    started = time.perf_counter()
+    ttft = float("nan")
+    tail = b""
+    parts: list[bytes] = []
+    chat = "messages" in body
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    try:
+        async with session.post(url + path, json=body) as resp:
+            if resp.status != 200:
+                await resp.read()
+                return Result(ttft, time.perf_counter() - started, False)
+            async for chunk in resp.content.iter_any():
+                if ttft != ttft:
+                    ttft = time.perf_counter() - started
+                if chat:
+                    parts.append(chunk)
+                tail = (tail + chunk)[-32:]
+    except (aiohttp.ClientError, TimeoutError):
+        return Result(ttft, time.perf_counter() - started, False)
+    text = ""
+    if chat:
+        for event in b"".join(parts).split(b"\n\n"):
+            if event.startswith(b"data: {"):
+                for choice in json.loads(event[6:]).get("choices", []):
+                    text += (choice.get("delta") or {}).get("content") or ""
+    return Result(ttft, time.perf_counter() - started, tail.rstrip().endswith(b"[DONE]"), text)
+
+
+async def run_load(url: str, bodies: list[dict[str, Any]], concurrency: int) -> list[Result]:
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=600)
+    semaphore = asyncio.Semaphore(concurrency)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        async def one(body: dict[str, Any]) -> Result:
+            async with semaphore:
+                return await stream_one(session, url, body)
+        return await asyncio.gather(*(one(b) for b in bodies))
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(v for v in values if v == v)
+    if not ordered:
+        return float("nan")
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+def ms(seconds: float) -> float:
+    return round(seconds * 1000, 3)
+
+
+# --------------------------------------------------------------------------- --overhead
+
+async def overhead(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
+    worker = start_worker(args, "worker", log_dir)
+    procs = [worker]
+    try:
+        await worker.wait_ready(args.ready_timeout)
+        router = start_router([worker], "round-robin", log_dir)
+        procs.append(router)
+        await router.wait_ready(60)
+        vllm_binary = find_vllm_router(args.vllm_router)
+        vllm_router = None
+        if vllm_binary:
+            vllm_router = start_vllm_router(vllm_binary, [worker], log_dir)
+            procs.append(vllm_router)
+            await vllm_router.wait_ready(60, path="/health")
+        body = {"model": args.model_name, "prompt": "Say hello to the router benchmark.",
+                "max_tokens": args.max_tokens, "stream": True, "temperature": 0}
+        targets = {"direct": worker.url, "frota": router.url}
+        if vllm_router:
+            targets["vllm-router"] = vllm_router.url
+        ttfts: dict[str, list[float]] = {k: [] for k in targets}
+        failures: dict[str, int] = dict.fromkeys(targets, 0)
+        warm = [body] * args.concurrency
+        for url in targets.values():
+            await run_load(url, warm, args.concurrency)
+        cpu = 0.0
+        per_pass = max(args.concurrency, args.requests // args.passes)
+        for _ in range(args.passes):  # alternate, so drift hits every target alike
+            for name, url in targets.items():
+                before = router.cpu_seconds() if name == "frota" else 0.0
+                results = await run_load(url, [body] * per_pass, args.concurrency)
+                if name == "frota":
+                    cpu += router.cpu_seconds() - before
+                ttfts[name] += [r.ttft for r in results if r.ok]
+                failures[name] += sum(not r.ok for r in results)
+        num_requests = per_pass * args.passes
+        p = {name: {"p50": pct(v, 50), "p99": pct(v, 99)} for name, v in ttfts.items()}
+        added_p50 = p["frota"]["p50"] - p["direct"]["p50"]
+        added_p99 = p["frota"]["p99"] - p["direct"]["p99"]
+        out: dict[str, Any] = {
+            "mode": "overhead",
+            "backend": STAND_IN_LABEL if args.backend == "stand-in" else "frota worker smollm2",
+            "concurrency": args.concurrency, "requests_per_target": num_requests,
+            "max_tokens": args.max_tokens, "streaming": True,
+            "direct_ttft_p50_ms": ms(p["direct"]["p50"]),
+            "direct_ttft_p99_ms": ms(p["direct"]["p99"]),
+            "router_ttft_p50_ms": ms(p["frota"]["p50"]),
+            "router_ttft_p99_ms": ms(p["frota"]["p99"]),
+            "added_latency_p50_ms": ms(added_p50), "added_latency_p99_ms": ms(added_p99),
+            "router_cpu_ms_per_request": round(cpu / num_requests * 1000, 3),
+            "failed_requests": failures,
+            "targets": {"added_latency_p50_ms": 2.0, "added_latency_p99_ms": 10.0},
+            "meets_targets": ms(added_p50) <= 2.0 and ms(added_p99) <= 10.0,
+            "cpu_count": os.cpu_count(),
+        }
+        if vllm_router:
+            v50 = p["vllm-router"]["p50"] - p["direct"]["p50"]
+            v99 = p["vllm-router"]["p99"] - p["direct"]["p99"]
+            out["vllm_router"] = {
+                "binary": vllm_binary, "added_latency_p50_ms": ms(v50),
+                "added_latency_p99_ms": ms(v99),
+                "ratio_p50_frota_over_vllm_router": round(added_p50 / v50, 2) if v50 > 0
+                else None,
+                "ratio_p99_frota_over_vllm_router": round(added_p99 / v99, 2) if v99 > 0
+                else None}
+        else:
+            out["vllm_router"] = "not found (pip install vllm-router; pass --vllm-router PATH)"
+        return out
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+
+
+# --------------------------------------------------------------------------- --prefix
+
+async def scrape_prefix(session: aiohttp.ClientSession, url: str) -> tuple[float, float]:
+    async with session.get(url + "/metrics") as r:
+        text = await r.text()
+    hits = queries = 0.0
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        value = line.rsplit(" ", 1)[-1] if not line.startswith("#") else ""
+        if name in ("vllm:prefix_cache_hits", "vllm:prefix_cache_hits_total"):
+            hits += float(value)
+        elif name in ("vllm:prefix_cache_queries", "vllm:prefix_cache_queries_total"):
+            queries += float(value)
+    return hits, queries
+
+
+def words(rng: random.Random, n: int) -> str:
+    vocab = ["alpha", "beta", "gamma", "delta", "router", "cache", "token", "prefix", "block", "worker", "fleet", "model", "prompt", "stream", "queue", "batch", "river", "mountain", "orange", "violet", "copper", "silver"]
+    return " ".join(rng.choice(vocab) for _ in range(n))
+
+
+async def conversations(url: str, args: argparse.Namespace) -> list[Result]:
+    """`--conversations` chats, `--turns` each, all sharing one system prompt; each turn
+    resends the whole history (with the previous replies), like a chat client does."""
+    rng = random.Random(args.seed)
+    system = "You are a terse assistant. " + words(rng, args.system_words)
+    semaphore = asyncio.Semaphore(args.concurrency)
+    connector = aiohttp.TCPConnector(limit=0)
+    results: list[Result] = []
+    async with aiohttp.ClientSession(connector=connector,
+                                     timeout=aiohttp.ClientTimeout(total=900)) as session:
+        async def chat(index: int) -> None:
+            messages = [{"role": "system", "content": system}]
+            local = random.Random(args.seed * 1000 + index)
+            async with semaphore:
+                for turn in range(args.turns):
+                    messages.append({"role": "user", "content": f"Conversation {index}, "
+                                     f"turn {turn}: {words(local, args.turn_words)}"})
+                    body = {"model": args.model_name, "messages": messages, "stream": True,
+                            "max_tokens": args.max_tokens, "temperature": 0,
+                            "user": f"conv-{index}"}
+                    result = await stream_one(session, url, body)
+                    results.append(result)
+                    messages.append({"role": "assistant", "content": result.text or "ok"})
+        await asyncio.gather(*(chat(i) for i in range(args.conversations)))
+    return results
+
+
+async def prefix(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "mode": "prefix",
+        "backend": ("stand-in workers with a SIMULATED prefix cache (LRU of 64-char blocks)"
+                    if args.backend == "stand-in" else "frota worker smollm2"),
+        "workers": 2, "conversations": args.conversations, "turns": args.turns,
+        "concurrency": args.concurrency, "num_kv_blocks": args.num_kv_blocks}
+    for policy in ("round-robin", "prefix-aware"):
+        workers = [start_worker(args, f"{policy}-w{i}", log_dir,
+                                cache_blocks=args.stand_in_cache_blocks) for i in range(2)]
+        procs = list(workers)
+        try:
+            for w in workers:
+                await w.wait_ready(args.ready_timeout)
+            router = start_router(workers, policy, log_dir, name=f"router-{policy}")
+            procs.append(router)
+            await router.wait_ready(60)
+            started = time.perf_counter()
+            results = await conversations(router.url, args)
+            elapsed = time.perf_counter() - started
+            async with aiohttp.ClientSession() as session:
+                counts = [await scrape_prefix(session, w.url) for w in workers]
+            hits, queries = sum(c[0] for c in counts), sum(c[1] for c in counts)
+            ttfts = [r.ttft for r in results if r.ok]
+            out[policy] = {
+                "prefix_cache_hit_rate": round(hits / queries, 4) if queries else None,
+                "prefix_cache_hits": hits, "prefix_cache_queries": queries,
+                "ttft_p50_ms": ms(pct(ttfts, 50)), "ttft_p99_ms": ms(pct(ttfts, 99)),
+                "requests": len(results), "failed": sum(not r.ok for r in results),
+                "per_worker_queries": [c[1] for c in counts],
+                "elapsed_s": round(elapsed, 2)}
+        finally:
+            for proc in reversed(procs):
+                proc.stop()
+    rr, pa = out["round-robin"], out["prefix-aware"]
+    if rr["prefix_cache_hit_rate"] and pa["prefix_cache_hit_rate"] is not None:
+        out["hit_rate_ratio"] = round(pa["prefix_cache_hit_rate"] / rr["prefix_cache_hit_rate"],
+                                      2)
+        out["meets_targets"] = (out["hit_rate_ratio"] >= 1.8
+                                and pa["ttft_p50_ms"] < rr["ttft_p50_ms"])
+    out["targets"] = {"hit_rate_ratio": 1.8, "ttft_p50": "prefix-aware lower"}
+    return out
+
+
+# --------------------------------------------------------------------------- main
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--overhead", action="store_true", help="router-added TTFT and CPU")
+    mode.add_argument("--prefix", action="store_true", help="round-robin vs prefix-aware")
+    mode.add_argument("--stand-in-serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--backend", choices=["stand-in", "smollm2"], default=None,
+                        help="workers: stand-in (default for --overhead) or real smollm2 "
+                        "(default for --prefix)")
+    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--concurrency", type=int, default=None)
+    parser.add_argument("--requests", type=int, default=1536,
+                        help="--overhead: requests per target, over all passes")
+    parser.add_argument("--passes", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=None)
+    parser.add_argument("--model-name", default="smollm2")
+    parser.add_argument("--vllm-router", default=None, help="path of the vllm-router binary")
+    parser.add_argument("--ready-timeout", type=float, default=900.0)
+    parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--num-kv-blocks", type=int, default=160,
+                        help="--prefix: KV blocks per real worker (smaller than the workload)")
+    parser.add_argument("--conversations", type=int, default=24)
+    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--system-words", type=int, default=60)
+    parser.add_argument("--turn-words", type=int, default=60)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--stand-in-ttft", type=float, default=0.01)
+    parser.add_argument("--stand-in-itl", type=float, default=0.02)
+    parser.add_argument("--stand-in-cache-blocks", type=int, default=0)
+    parser.add_argument("--stand-in-prefill-us-per-char", type=float, default=0.0)
+    parser.add_argument("--log-dir", default=None, help="where child process logs go")
+    parser.add_argument("--json", default=None, help="also write the JSON here")
+    args = parser.parse_args()
+
+    if args.stand_in_serve:
+        args.max_tokens = args.max_tokens or 32
+        serve_stand_in(args)
+        return 0
+    if args.overhead:
+        args.backend = args.backend or "stand-in"
+        args.concurrency = args.concurrency or 64
+        args.max_tokens = args.max_tokens or 32
+    else:
+        args.backend = args.backend or "smollm2"
+        args.concurrency = args.concurrency or 8
+        args.max_tokens = args.max_tokens or 12
+        if args.backend == "stand-in":
+            # Simulated cache: about 60% of the whole workload's blocks per worker,
+            # prefill at 50 us per uncached character.
+            args.stand_in_cache_blocks = args.stand_in_cache_blocks or 250
+            args.stand_in_prefill_us_per_char = args.stand_in_prefill_us_per_char or 50.0
+            args.stand_in_itl = 0.005
+    log_dir = Path(args.log_dir or f"/tmp/frota-bench-router-{os.getpid()}")
+    log_dir.mkdir(parents=True, exist_ok=True)
+    run = overhead if args.overhead else prefix
+    result = asyncio.run(run(args, log_dir))
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
