@@ -498,9 +498,9 @@ def main() -> int:
     parser.add_argument("--num-kv-blocks", type=int, default=160,
                         help="--prefix: KV blocks per real worker (smaller than the workload)")
     parser.add_argument("--conversations", type=int, default=24)
-    parser.add_argument("--turns", type=int, default=4)
-    parser.add_argument("--system-words", type=int, default=60)
-    parser.add_argument("--turn-words", type=int, default=60)
+    parser.add_argument("--turns", type=int, default=8)
+    parser.add_argument("--system-words", type=int, default=30)
+    parser.add_argument("--turn-words", type=int, default=40)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--stand-in-ttft", type=float, default=0.01)
     parser.add_argument("--stand-in-itl", type=float, default=0.02)
@@ -523,9 +523,10 @@ def main() -> int:
         args.concurrency = args.concurrency or 8
         args.max_tokens = args.max_tokens or 12
         if args.backend == "stand-in":
-            # Simulated cache: about 60% of the whole workload's blocks per worker,
-            # prefill at 50 us per uncached character.
-            args.stand_in_cache_blocks = args.stand_in_cache_blocks or 250
+            # Simulated cache: each worker holds about 60% of the active conversations'
+            # history (so one worker cannot cache everything; two together can), and
+            # prefill costs 50 us per uncached character.
+            args.stand_in_cache_blocks = args.stand_in_cache_blocks or 100
             args.stand_in_prefill_us_per_char = args.stand_in_prefill_us_per_char or 50.0
             args.stand_in_itl = 0.005
     log_dir = Path(args.log_dir or f"/tmp/frota-bench-router-{os.getpid()}")
