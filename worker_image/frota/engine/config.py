@@ -1,0 +1,61 @@
+"""Engine arguments (what the user asks for) and model config (what the weights are)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class EngineArgs:
+    """Everything needed to build an engine; see docs/internals.md."""
+
+    model: str = "smollm2"
+    dtype: str = "float32"  # float32 | bfloat16 | float16 | auto
+    max_model_len: int | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    kv_cache_memory: int | None = None
+    enable_prefix_caching: bool = True
+    seed: int = 0
+    device: str = "auto"  # auto | cpu | cuda
+    verbose: bool = True  # print loading progress
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError("max_num_seqs must be >= 1")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_batched_tokens must be >= 1")
+        if self.block_size < 1:
+            raise ValueError("block_size must be >= 1")
+        if self.dtype not in ("float32", "bfloat16", "float16", "auto"):
+            raise ValueError(f"dtype {self.dtype!r}: use float32, bfloat16, float16 or auto")
+
+
+@dataclass
+class ModelConfig:
+    """The architecture of a Llama-family model (dense or Mixtral-style MoE)."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    max_position: int = 2048
+    tie_word_embeddings: bool = False
+    num_experts: int = 0  # 0: dense feed-forward
+    num_experts_per_tok: int = 2
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def kv_bytes_per_token(self, dtype_size: int) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_size

@@ -1,0 +1,178 @@
+"""The synchronous engine: requests in, one `step()` at a time, deltas out.
+
+Start-up reads in order: load the model -> size the KV pool -> build the
+scheduler. `step()` is schedule -> run the model -> sample -> postprocess.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from frota.engine.block_manager import BlockManager
+from frota.engine.config import EngineArgs, ModelConfig
+from frota.engine.detokenizer import IncrementalDetokenizer
+from frota.engine.errors import InvalidRequestError
+from frota.engine.loader import load_model, progress
+from frota.engine.model_runner import ModelRunner
+from frota.engine.outputs import EngineStats, RequestOutput
+from frota.engine.sampler import Sampler
+from frota.engine.sampling_params import SamplingParams
+from frota.engine.scheduler import Scheduler
+from frota.engine.sequence import Sequence
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DEFAULT_CPU_KV_FRACTION = 0.2
+_DEFAULT_CPU_KV_CAP = 4 << 30
+_DEFAULT_GPU_KV_FRACTION = 0.85
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype == "float16" and device.type == "cpu":
+        raise ValueError("float16 is not supported on CPU; use bfloat16 or float32")
+    return _DTYPES[dtype]
+
+
+def _available_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0] * _DEFAULT_GPU_KV_FRACTION)
+    with open("/proc/meminfo") as f:
+        info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
+    return min(int(info.get("MemAvailable", 8 << 30) * _DEFAULT_CPU_KV_FRACTION), _DEFAULT_CPU_KV_CAP)
+
+
+def num_kv_blocks_for(args: EngineArgs, cfg: ModelConfig, dtype: torch.dtype,
+                      device: torch.device, max_model_len: int) -> int:
+    """Blocks from an explicit count, a byte budget, or a share of the memory that is left."""
+    bytes_per_block = cfg.kv_bytes_per_token(torch.finfo(dtype).bits // 8) * args.block_size
+    if args.num_kv_blocks is not None:
+        return args.num_kv_blocks
+    if args.kv_cache_memory is not None:
+        return int(args.kv_cache_memory // bytes_per_block)
+    # More than every sequence at full length is never useful.
+    enough = args.max_num_seqs * -(-max_model_len // args.block_size)
+    return max(1, min(_available_memory(device) // bytes_per_block, enough))
+
+
+class LLMEngine:
+    """Owns the model runner, the scheduler and the per-request detokenizers."""
+
+    def __init__(self, args: EngineArgs, loaded: tuple | None = None) -> None:
+        """`loaded`: an already loaded (model, config, tokenizer), to share weights between engines."""
+        self.args = args
+        self.device = resolve_device(args.device)
+        self.dtype = resolve_dtype(args.dtype, self.device)
+        if loaded is None:
+            loaded = load_model(args.model, self.dtype, self.device, args.verbose)
+        model, cfg, tokenizer = loaded
+        self.loaded = loaded
+        self.model_config = cfg
+        self.tokenizer = tokenizer
+        max_model_len = min(args.max_model_len or cfg.max_position, cfg.max_position)
+        num_blocks = num_kv_blocks_for(args, cfg, self.dtype, self.device, max_model_len)
+        if num_blocks < 1:
+            raise ValueError("the KV cache budget is smaller than one block")
+        if num_blocks * args.block_size < max_model_len:
+            # One sequence must always fit alone, or preemption could not guarantee progress.
+            max_model_len = num_blocks * args.block_size
+            progress(args.verbose, f"max_model_len lowered to {max_model_len} to fit the KV cache")
+        self.max_model_len = max_model_len
+        self.block_manager = BlockManager(num_blocks, args.block_size, args.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, args.max_num_seqs,
+                                   args.max_num_batched_tokens, max_model_len)
+        self.runner = ModelRunner(model, cfg, num_blocks, args.block_size, self.dtype, self.device)
+        self.sampler = Sampler(args.seed)
+        self.requests: dict[str, tuple[Sequence, IncrementalDetokenizer]] = {}
+        progress(args.verbose, f"KV cache: {num_blocks} blocks of {args.block_size} tokens; "
+                               f"max_model_len {max_model_len}; device {self.device}")
+
+    def make_sequence(self, request_id: str, prompt: str | list[int],
+                      params: SamplingParams) -> Sequence:
+        """Validate a request and build its Sequence; raises InvalidRequestError."""
+        params.validate()
+        if request_id in self.requests:
+            raise InvalidRequestError(f"request id {request_id!r} is already running", "request_id")
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if not ids:
+            raise InvalidRequestError("the prompt is empty", "prompt")
+        if len(ids) > self.max_model_len:
+            raise InvalidRequestError(
+                f"the prompt has {len(ids)} tokens, more than the context window of "
+                f"{self.max_model_len} tokens", "prompt")
+        vocab = self.model_config.vocab_size
+        if any(not 0 <= t < vocab for t in ids):
+            raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})", "prompt")
+        generator = None if params.seed is None else torch.Generator().manual_seed(params.seed)
+        return Sequence(request_id, ids, params, generator)
+
+    def add_sequence(self, seq: Sequence) -> None:
+        self.requests[seq.request_id] = (seq, IncrementalDetokenizer(self.tokenizer, seq.params.stop))
+        self.scheduler.add(seq)
+
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> None:
+        self.add_sequence(self.make_sequence(request_id, prompt, params))
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Finish a request now and free its blocks; None if it is not known."""
+        entry = self.requests.pop(request_id, None)
+        if entry is None:
+            return None
+        seq, _ = entry
+        self.scheduler.finish(seq, "abort")
+        return self._output(seq, [], "", None, True)
+
+    @property
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work
+
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduling step; return a delta for every request that advanced."""
+        batch = self.scheduler.schedule()
+        if not batch.seqs:
+            return []
+        logits, seqs = self.runner.run(batch)
+        self.scheduler.postprocess(batch)
+        if logits is None:
+            return []
+        tokens, logprobs = self.sampler(logits, seqs)
+        outputs = []
+        eos = self.tokenizer.eos_token_ids
+        for seq, token, lp in zip(seqs, tokens, logprobs, strict=True):
+            seq.append_token(token)
+            if seq.first_token_time is None:
+                seq.first_token_time = time.perf_counter()
+            detok = self.requests[seq.request_id][1]
+            reason = "stop" if detok.add(token) else self.scheduler.check_stop_tokens(seq, eos)
+            if reason is not None:
+                self.scheduler.finish(seq, reason)
+                del self.requests[seq.request_id]
+            text = detok.flush(finished=reason is not None)
+            outputs.append(self._output(seq, [token], text, [lp] if lp else None, reason is not None))
+        return outputs
+
+    def _output(self, seq: Sequence, new_ids: list[int], text: str, logprobs, finished: bool):
+        return RequestOutput(
+            request_id=seq.request_id, new_token_ids=new_ids, new_text=text,
+            new_logprobs=logprobs, finished=finished,
+            finish_reason=seq.finish_reason if finished else None,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_generated_tokens=seq.num_generated_tokens,
+            num_cached_tokens=seq.num_cached_tokens,
+        )
+
+    def stats(self) -> EngineStats:
+        bm = self.block_manager
+        return EngineStats(
+            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
+            num_kv_blocks_total=bm.num_blocks, num_kv_blocks_used=bm.num_used_blocks,
+            block_size=bm.block_size, prefix_cache_queries=bm.prefix_cache_queries,
+            prefix_cache_hits=bm.prefix_cache_hits, num_preemptions=self.scheduler.num_preemptions,
+        )

@@ -1,0 +1,93 @@
+"""Runs one scheduled batch through the model: builds the flat inputs and attention metadata,
+owns the KV pool, and returns logits only for the sequences that sample this step."""
+
+from __future__ import annotations
+
+import torch
+from frota.engine.attention import AttentionMetadata, PrefillSpan
+from frota.engine.config import ModelConfig
+from frota.engine.scheduler import ScheduledBatch
+from frota.engine.sequence import Sequence
+
+
+class ModelRunner:
+    """The model plus its KV pool (one `[num_blocks, kv_heads, block_size, head_dim]` pair per layer)."""
+
+    def __init__(self, model, cfg: ModelConfig, num_blocks: int, block_size: int,
+                 dtype: torch.dtype, device: torch.device) -> None:
+        self.model = model
+        self.cfg = cfg
+        self.block_size = block_size
+        self.device = device
+        self.dtype = dtype
+        shape = (num_blocks, cfg.num_kv_heads, block_size, cfg.head_dim)
+        self.kv_caches = [
+            (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+            for _ in range(cfg.num_layers)
+        ]
+
+    def _tensor(self, values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long, device=self.device)
+
+    def prepare(self, batch: ScheduledBatch):
+        """Order decodes first, then prefill chunks; return model inputs and who samples."""
+        bs = self.block_size
+        items = sorted(zip(batch.seqs, batch.num_new_tokens, strict=True), key=lambda x: x[1] != 1)
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        decode_blocks: list[int] = []
+        decode_owner: list[int] = []
+        decode_valid: list[int] = []
+        prefills: list[PrefillSpan] = []
+        logits_rows: list[int] = []
+        sampling_seqs: list[Sequence] = []
+        num_decodes = 0
+        for seq, n in items:
+            start = seq.num_computed_tokens
+            end = start + n
+            table = seq.block_table
+            row = len(input_ids)
+            input_ids.extend(seq.token_ids[start:end])
+            positions.extend(range(start, end))
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            num_blocks = -(-end // bs)
+            if n == 1:
+                decode_blocks.extend(table[:num_blocks])
+                decode_owner.extend([num_decodes] * num_blocks)
+                decode_valid.extend([bs] * (num_blocks - 1))
+                decode_valid.append(end - (num_blocks - 1) * bs)
+                num_decodes += 1
+            else:
+                block_table = mask = None
+                if start > 0:
+                    block_table = self._tensor(table[:num_blocks])
+                    q_pos = torch.arange(start, end, device=self.device).unsqueeze(1)
+                    mask = torch.arange(end, device=self.device).unsqueeze(0) <= q_pos
+                prefills.append(PrefillSpan(row, n, end, block_table, mask))
+            if end == seq.num_tokens:
+                logits_rows.append(row + n - 1)
+                sampling_seqs.append(seq)
+        slot_t = self._tensor(slots)
+        meta = AttentionMetadata(
+            slot_blocks=slot_t // bs, slot_offsets=slot_t % bs, num_decodes=num_decodes,
+            prefills=prefills,
+        )
+        if num_decodes:
+            meta.decode_block_ids = self._tensor(decode_blocks)
+            meta.decode_block_owner = self._tensor(decode_owner)
+            valid = self._tensor(decode_valid).unsqueeze(1)
+            offsets = torch.arange(bs, device=self.device).unsqueeze(0)
+            mask = torch.zeros(valid.shape[0], bs, device=self.device)
+            meta.decode_mask = mask.masked_fill(offsets >= valid, float("-inf")).view(-1, 1, 1, bs)
+        return self._tensor(input_ids), self._tensor(positions), meta, logits_rows, sampling_seqs
+
+    @torch.inference_mode()
+    def run(self, batch: ScheduledBatch) -> tuple[torch.Tensor | None, list[Sequence]]:
+        """Compute the batch; return (logits [S, vocab] float32, the S sequences they belong to)."""
+        input_ids, positions, meta, logits_rows, seqs = self.prepare(batch)
+        hidden = self.model(input_ids, positions, self.kv_caches, meta)
+        if not logits_rows:
+            return None, []
+        logits = self.model.compute_logits(hidden[self._tensor(logits_rows)])
+        return logits, seqs

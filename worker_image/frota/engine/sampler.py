@@ -1,0 +1,66 @@
+"""Token choice per row: greedy, or temperature / top-k / top-p sampling with per-request seeds."""
+
+from __future__ import annotations
+
+import torch
+from frota.engine.outputs import TokenLogprob
+from frota.engine.sequence import Sequence
+
+
+class Sampler:
+    """Samples one token per row of logits. Each seeded request draws from its own generator,
+    so its output does not depend on what else is in the batch."""
+
+    def __init__(self, seed: int) -> None:
+        self.generator = torch.Generator().manual_seed(seed)
+
+    @torch.no_grad()
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]):
+        """logits: [S, V] float32. Returns (token ids, logprobs per row or None)."""
+        logits = logits.float()
+        tokens = logits.argmax(dim=-1)
+        sampled_rows = [i for i, s in enumerate(seqs) if not s.params.is_greedy]
+        if sampled_rows:
+            rows = torch.tensor(sampled_rows, device=logits.device)
+            picked = self._sample(logits[rows], [seqs[i] for i in sampled_rows])
+            tokens[rows] = picked
+        token_list = tokens.tolist()
+        logprobs: list[TokenLogprob | None] = [None] * len(seqs)
+        wanted = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
+        if wanted:
+            lp = torch.log_softmax(logits[wanted], dim=-1)
+            for j, i in enumerate(wanted):
+                n = seqs[i].params.logprobs or 0
+                top = lp[j].topk(n) if n else None
+                logprobs[i] = TokenLogprob(
+                    token_list[i], float(lp[j, token_list[i]]),
+                    dict(zip(top.indices.tolist(), top.values.tolist(), strict=True)) if top else {},
+                )
+        return token_list, logprobs
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        temps = torch.tensor([s.params.temperature for s in seqs], device=logits.device)
+        logits = logits / temps.unsqueeze(1)
+        needs_sort = any((s.params.top_k or 0) > 0 or s.params.top_p < 1 for s in seqs)
+        if needs_sort:
+            logits, order = logits.sort(dim=-1, descending=True)
+            vocab = logits.shape[1]
+            ks = torch.tensor([s.params.top_k if (s.params.top_k or 0) > 0 else vocab for s in seqs])
+            ranks = torch.arange(vocab, device=logits.device).unsqueeze(0)
+            logits = logits.masked_fill(ranks >= ks.unsqueeze(1).to(logits.device), float("-inf"))
+            probs = logits.softmax(dim=-1)
+            top_ps = torch.tensor([s.params.top_p for s in seqs], device=logits.device)
+            # Drop a token when the tokens ranked above it already reach top_p.
+            outside = (probs.cumsum(dim=-1) - probs) >= top_ps.unsqueeze(1)
+            probs = probs.masked_fill(outside, 0.0)
+        else:
+            probs = logits.softmax(dim=-1)
+        cdf = probs.cumsum(dim=-1)
+        draws = torch.stack([
+            torch.rand((), generator=s.generator or self.generator) for s in seqs
+        ]).to(logits.device)
+        picked = torch.searchsorted(cdf, (draws * cdf[:, -1]).unsqueeze(1)).squeeze(1)
+        picked = picked.clamp(max=cdf.shape[1] - 1)
+        if needs_sort:
+            picked = order.gather(1, picked.unsqueeze(1)).squeeze(1)
+        return picked

@@ -1,0 +1,147 @@
+"""Continuous batching under a token budget, with chunked prefill and preemption by recompute.
+
+State is two queues, `waiting` and `running`. Each step, running sequences go
+first (a decode costs one token, an unfinished prefill the rest of its prompt up
+to the budget); whatever budget is left admits waiting sequences, whose prompts
+may be split over several steps. When the pool runs out of blocks, the most
+recently admitted running sequence is preempted: its blocks are freed and it
+goes back to the front of `waiting`, to be recomputed later.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from frota.engine.block_manager import BlockManager
+from frota.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledBatch:
+    """What one step computes: for each sequence, how many of its next tokens."""
+
+    seqs: list[Sequence] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+
+class Scheduler:
+    """Decides, step by step, which tokens of which sequences to compute."""
+
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+    ) -> None:
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+        # Keep a few blocks spare when admitting, so new prompts do not immediately
+        # force the running sequences into preemption.
+        self.admission_watermark = max(1, block_manager.num_blocks // 100)
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> ScheduledBatch:
+        bm = self.block_manager
+        batch = ScheduledBatch()
+        budget = self.max_num_batched_tokens
+        preempted = False
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = min(seq.num_uncomputed_tokens, budget)
+            while not bm.can_append(seq, n):
+                victim = self.running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim is seq:
+                    break
+            else:
+                bm.append_slots(seq, n)
+                batch.seqs.append(seq)
+                batch.num_new_tokens.append(n)
+                budget -= n
+                i += 1
+        while (
+            not preempted
+            and self.waiting
+            and budget > 0
+            and len(self.running) < self.max_num_seqs
+        ):
+            seq = self.waiting[0]
+            first_admission = seq.num_preemptions == 0
+            num_hit = bm.allocate_cached_prefix(seq)
+            n = min(seq.num_uncomputed_tokens, budget)
+            spare = self.admission_watermark if self.running else 0
+            if bm.num_blocks_needed(seq, n) > bm.num_free_blocks - spare:
+                bm.deallocate(seq)
+                break
+            if first_admission:
+                seq.num_cached_tokens = num_hit
+                bm.record_prefix_query(seq.num_prompt_tokens, num_hit)
+            bm.append_slots(seq, n)
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            batch.seqs.append(seq)
+            batch.num_new_tokens.append(n)
+            budget -= n
+        return batch
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.block_manager.deallocate(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def postprocess(self, batch: ScheduledBatch) -> list[Sequence]:
+        """Advance computed counts; return the sequences whose next token was just sampled."""
+        completed = []
+        for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
+            seq.num_computed_tokens += n
+            self.block_manager.register_computed_blocks(seq)
+            if seq.num_computed_tokens == seq.num_tokens:
+                completed.append(seq)
+        return completed
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """Mark a sequence finished and give its blocks back at once."""
+        if seq.status == SequenceStatus.FINISHED:
+            return
+        if seq.status == SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        else:
+            self.waiting.remove(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        self.block_manager.deallocate(seq)
+
+    def check_stop_tokens(self, seq: Sequence, eos_token_ids: tuple[int, ...]) -> str | None:
+        """The finish reason a freshly appended token implies, if any."""
+        token = seq.token_ids[-1]
+        params = seq.params
+        if token in params.stop_token_ids or (not params.ignore_eos and token in eos_token_ids):
+            return "stop"
+        if seq.num_generated_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
+            return "length"
+        return None
