@@ -36,7 +36,7 @@ def test_worker_args_follow_the_model_uri_mapping():
     assert rank.args == ("worker", "--model", "smollm2", "--port", "8000", "--role", "both")
     assert locate("pvc://models/llama/8b").model_arg == "/models/llama/8b"
     assert locate("hf://org/repo").model_arg == "/models/cache/org/repo"
-    assert locate("synthetic:tiny").model_arg == "synthetic:tiny"
+    assert locate("synthetic:dense-tiny").model_arg == "synthetic:dense-tiny"
 
 
 def test_local_addressing_gives_every_rank_its_own_port_and_a_local_master():
@@ -79,11 +79,44 @@ def test_expert_parallel_needs_a_moe_model_and_must_divide_experts():
     assert _errors(Spec().tensor(3).set("spec.parallelism.expert", 3)) == [
         "spec.parallelism.expert: 3 needs a mixture-of-experts model; smollm2 is dense"
     ]
-    moe = Spec(uri="synthetic:tiny-moe").set("spec.parallelism", {"tensor": 4, "expert": 4})
+    moe = Spec(uri="synthetic:moe-small").set("spec.parallelism", {"tensor": 4, "expert": 4})
     assert plan(moe.build()).groups[0].sharding.expert == 4
-    # 8 experts over 3 ranks does not work, whatever else does.
-    bad = Spec(uri="synthetic:tiny-moe").set("spec.parallelism", {"tensor": 3, "expert": 3})
-    assert "spec.parallelism.expert: 3 does not divide the 8 experts of tiny-moe" in _errors(bad)
+    bad = Spec(uri="synthetic:moe-small,experts=6").set("spec.parallelism", {"tensor": 4, "expert": 4})
+    assert _errors(bad) == ["spec.parallelism.expert: 4 does not divide the 6 experts of moe-small,experts=6"]
+
+
+def test_synthetic_specs_parse_like_the_engine():
+    from frota.operator.model_shapes import synthetic_shape
+
+    shape = synthetic_shape("moe-small,layers=6,max_len=4096")
+    assert (shape.num_layers, shape.num_experts, shape.max_position_embeddings) == (6, 8, 4096)
+    assert synthetic_shape("hidden=128,heads=4").head_dim == 32
+    assert _errors(Spec(uri="synthetic:huge")) == [
+        "spec.model.uri: unknown synthetic preset 'huge'; presets: dense-tiny, moe-tiny, dense-small, moe-small"
+    ]
+
+
+def test_synthetic_presets_match_the_engines_table():
+    import ast
+    from pathlib import Path
+
+    from frota.operator.model_shapes import SYNTHETIC_KEYS, SYNTHETIC_PRESETS
+
+    path = Path(__file__).resolve().parents[2] / "worker_image/frota/engine/loader/synthetic.py"
+    if not path.exists():
+        pytest.skip("engine source not present")
+    tree = ast.parse(path.read_text())
+    tables = {}
+    for node in ast.walk(tree):
+        target = getattr(node, "target", None) or (node.targets[0] if isinstance(node, ast.Assign) else None)
+        if isinstance(target, ast.Name) and target.id in ("PRESETS", "_KEYS"):
+            tables[target.id] = node.value
+    presets = {
+        ast.literal_eval(k): {kw.arg: ast.literal_eval(kw.value) for kw in v.keywords}
+        for k, v in zip(tables["PRESETS"].keys, tables["PRESETS"].values, strict=True)
+    }
+    assert presets == SYNTHETIC_PRESETS
+    assert ast.literal_eval(tables["_KEYS"]) == set(SYNTHETIC_KEYS)
 
 
 def test_role_overrides_are_named_by_their_own_field():

@@ -40,6 +40,10 @@ class ModelShape:
         return self.num_experts > 0
 
 
+class UnknownModelError(ValueError):
+    """The URI names a scheme or alias Frota does not know."""
+
+
 SMOLLM2_135M = ModelShape(
     name="smollm2", num_layers=30, hidden_size=576, num_heads=9, num_kv_heads=3, head_dim=64,
     intermediate_size=1536, vocab_size=49152, max_position_embeddings=8192,
@@ -48,19 +52,55 @@ SMOLLM2_135M = ModelShape(
 # alias -> shape of the model baked into the worker image.
 ALIASES: dict[str, ModelShape] = {"smollm2": SMOLLM2_135M}
 
-# synthetic:PRESET -> shape of the seeded random model the engine builds.
-SYNTHETIC_PRESETS: dict[str, ModelShape] = {
-    "tiny": ModelShape(
-        name="synthetic:tiny", num_layers=4, hidden_size=128, num_heads=4, num_kv_heads=2,
-        head_dim=32, intermediate_size=256, vocab_size=1024, max_position_embeddings=2048,
-    ),
-    "tiny-moe": ModelShape(
-        name="synthetic:tiny-moe", num_layers=4, hidden_size=128, num_heads=4, num_kv_heads=2,
-        head_dim=32, intermediate_size=256, vocab_size=1024, max_position_embeddings=2048,
-        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=128,
-    ),
-    "smollm2": ModelShape(**{**SMOLLM2_135M.__dict__, "name": "synthetic:smollm2"}),
+# synthetic:PRESET[,key=value...] -> the seeded random model the engine builds
+# (frota.engine.loader.synthetic, which needs torch; a test keeps the tables equal).
+SYNTHETIC_PRESETS: dict[str, dict[str, int]] = {
+    "dense-tiny": dict(layers=2, hidden=64, intermediate=128, heads=4, kv_heads=2, vocab=320),
+    "moe-tiny": dict(layers=2, hidden=64, intermediate=96, heads=4, kv_heads=2, vocab=320,
+                     experts=4, top_k=2),
+    "dense-small": dict(layers=4, hidden=256, intermediate=512, heads=8, kv_heads=4, vocab=1024),
+    "moe-small": dict(layers=4, hidden=256, intermediate=256, heads=8, kv_heads=4, vocab=1024,
+                      experts=8, top_k=2),
 }
+SYNTHETIC_KEYS = frozenset({"layers", "hidden", "intermediate", "heads", "kv_heads", "head_dim", "vocab",
+                            "experts", "top_k", "max_len", "rope_theta", "tie", "seed"})
+
+
+def synthetic_shape(spec: str) -> ModelShape:
+    """The shape of `synthetic:SPEC`, parsed the way the engine parses it."""
+    values: dict[str, float] = dict(SYNTHETIC_PRESETS["dense-tiny"])
+    for i, part in enumerate(p.strip() for p in spec.split(",") if p.strip()):
+        if "=" not in part:
+            if i != 0 or part not in SYNTHETIC_PRESETS:
+                raise UnknownModelError(
+                    f"unknown synthetic preset {part!r}; presets: {', '.join(SYNTHETIC_PRESETS)}"
+                )
+            values = dict(SYNTHETIC_PRESETS[part])
+            continue
+        key, _, raw = part.partition("=")
+        if key not in SYNTHETIC_KEYS:
+            raise UnknownModelError(f"unknown synthetic key {key!r}; keys: {', '.join(sorted(SYNTHETIC_KEYS))}")
+        try:
+            values[key] = float(raw)
+        except ValueError:
+            raise UnknownModelError(f"synthetic key {key} must be a number, not {raw!r}") from None
+    v = {k: int(x) for k, x in values.items() if k != "rope_theta"}
+    experts = v.get("experts", 0)
+    return ModelShape(
+        name=f"synthetic:{spec}",
+        num_layers=v["layers"],
+        hidden_size=v["hidden"],
+        num_heads=v["heads"],
+        num_kv_heads=v.get("kv_heads", v["heads"]),
+        head_dim=v.get("head_dim", v["hidden"] // v["heads"]),
+        intermediate_size=v["intermediate"],
+        vocab_size=v["vocab"],
+        max_position_embeddings=v.get("max_len", 2048),
+        tie_word_embeddings=bool(v.get("tie", 0)),
+        num_experts=experts,
+        num_experts_per_tok=v.get("top_k", 2) if experts else 0,
+        moe_intermediate_size=v["intermediate"] if experts else 0,
+    )
 
 
 @dataclass(frozen=True)
@@ -72,10 +112,6 @@ class ModelLocation:
     delivery: Delivery
     shape: ModelShape | None
     pvc_claim: str | None = None
-
-
-class UnknownModelError(ValueError):
-    """The URI names a scheme or alias Frota does not know."""
 
 
 def locate(uri: str) -> ModelLocation:
@@ -90,7 +126,7 @@ def locate(uri: str) -> ModelLocation:
             )
         return ModelLocation(uri, rest, "image", ALIASES[rest])
     if scheme == "synthetic":
-        return ModelLocation(uri, uri, "synthetic", SYNTHETIC_PRESETS.get(rest))
+        return ModelLocation(uri, uri, "synthetic", synthetic_shape(rest))
     if scheme == "pvc":
         claim, _, path = rest.removeprefix("//").partition("/")
         if not claim:
