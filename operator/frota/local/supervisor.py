@@ -172,15 +172,18 @@ class Supervisor:
     async def _spawn(self, member: ManagedProcess) -> None:
         spec = member.spec
         env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1"}
-        member.proc = await asyncio.create_subprocess_exec(
-            *spec.argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-            preexec_fn=_die_with_parent(os.getpid()),
-        )
+        try:
+            member.proc = await asyncio.create_subprocess_exec(
+                *spec.argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_die_with_parent(os.getpid()),
+            )
+        except OSError as exc:
+            raise StartupError(f"cannot start {spec.name}: {spec.argv[0]}: {exc.strerror}") from exc
         member.is_ready = False
         member.started_at = time.monotonic()
         self._tasks.append(asyncio.create_task(self._pump_logs(member, member.proc)))
@@ -250,7 +253,11 @@ class Supervisor:
                 return
             for m in members:
                 m.num_restarts += 1
-            await self._start_group(group)
+            try:
+                await self._start_group(group)
+            except StartupError as exc:  # cannot even exec: the next round backs off further
+                self._on_event("exited", members[0], str(exc))
+                continue
             # A restarted group is probed like a new one, but never fails the fleet.
             await asyncio.gather(*(self._wait_ready_or_exit(m) for m in members))
 

@@ -81,7 +81,10 @@ def run(args: argparse.Namespace) -> int:
         return _fail(str(exc), 2)
     except (UnsupportedLocally, PortInUseError) as exc:
         return _fail(str(exc))
-    return asyncio.run(_serve(topology, fleet, args))
+    try:
+        return asyncio.run(_serve(topology, fleet, args))
+    except KeyboardInterrupt:  # before the signal handlers were in place
+        return 130
 
 
 def _check_installed(topology: LocalTopology) -> None:

@@ -1,0 +1,108 @@
+"""From manifest to local processes: ports, rank environment, devices; and the status table."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from frota.local import fleet, topology
+from frota.local.fleet import FleetOptions, build
+from frota.local.ports import PortInUseError, free_ports, require_free
+from frota.local.state import FleetState
+from frota.local.status import Row, parse_metrics, render
+
+from .conftest import free_port
+
+
+def default_topology() -> topology.LocalTopology:
+    return topology.plan(topology.load(None))
+
+
+def test_default_manifest_is_smollm2_one_replica_on_cpu():
+    isvc = topology.load(None)
+    assert isvc.metadata.name == "smollm2"
+    assert isvc.spec.model.uri == "alias:smollm2"
+    assert isvc.spec.replicas == 1 and isvc.spec.resources.accelerator is None
+
+
+def test_workers_take_the_ports_after_the_router_skipping_taken_ones():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        opts = FleetOptions(port=free_port(), worker_base_port=busy)
+        local = build(default_topology(), opts)
+    worker = local.worker_groups[0].processes[0]
+    assert worker.port is not None and worker.port > busy
+    assert worker.argv[-4:] == ("--host", "127.0.0.1", "--port", str(worker.port))
+    assert worker.argv.count("--port") == 1  # the planner's port is replaced, not duplicated
+    assert worker.ready_url == f"http://127.0.0.1:{worker.port}/ready"
+    assert local.router.processes[0].argv[-2:] == ("--port", str(opts.port))
+
+
+def test_rank_env_points_at_loopback_and_a_cpu_fleet_sees_no_gpu():
+    local = build(default_topology(), FleetOptions(port=free_port()))
+    env = local.worker_groups[0].processes[0].env
+    assert env["FROTA_MASTER_ADDR"] == "127.0.0.1"
+    assert env["FROTA_RANK"] == "0" and env["FROTA_WORLD_SIZE"] == "1"
+    assert env["CUDA_VISIBLE_DEVICES"] == ""
+    assert env["FROTA_SERVED_MODEL_NAME"] == "smollm2"  # the planner's engine env is kept
+
+
+def test_router_gets_every_group_leader_and_the_manifest_policy():
+    isvc = topology.load(None)
+    spec = isvc.spec.model_copy(update={"replicas": 3})
+    topo = topology.plan(isvc.model_copy(update={"spec": spec}))
+    local = build(topo, FleetOptions(port=free_port()))
+    argv = local.router.processes[0].argv
+    urls = argv[argv.index("--workers") + 1].split(",")
+    assert urls == [f"http://127.0.0.1:{g.processes[0].port}" for g in local.worker_groups]
+    assert argv[argv.index("--policy") + 1] == "least-load"
+
+
+def test_gpu_ranks_each_get_their_own_devices(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(fleet, "count_local_accelerators", lambda _: 4)
+    topo = default_topology()
+    gpu = topology.LocalTopology(**{**topo.__dict__, "accelerators_per_rank": 2,
+                                    "accelerator_resource": "nvidia.com/gpu"})
+    gpu = topology.LocalTopology(**{**gpu.__dict__, "groups": topo.groups * 2})
+    local = build(gpu, FleetOptions(port=free_port()))
+    assert [g.processes[0].env["CUDA_VISIBLE_DEVICES"] for g in local.worker_groups] == ["0,1",
+                                                                                         "2,3"]
+
+
+def test_strip_flags_drops_both_spellings():
+    assert fleet._strip_flags(("a", "--port", "1", "--port=2", "--host", "h", "b"),
+                              {"--port", "--host"}) == ("a", "b")
+
+
+def test_free_ports_skips_a_listening_port_and_require_free_names_it():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        assert busy not in free_ports(2, busy)
+        with pytest.raises(PortInUseError, match=f"port {busy} on 127.0.0.1 is in use"):
+            require_free(busy, "127.0.0.1", "router")
+
+
+def test_parse_metrics_sums_label_sets():
+    text = ('# TYPE vllm:num_requests_running gauge\n'
+            'vllm:num_requests_running{model_name="a"} 2\n'
+            'vllm:num_requests_running{model_name="b"} 3\n'
+            '# TYPE vllm:generation_tokens counter\n'
+            'vllm:generation_tokens_total{model_name="a"} 10\n')
+    metrics = parse_metrics(text)
+    assert metrics["vllm:num_requests_running"] == 5
+    assert metrics["vllm:generation_tokens_total"] == 10
+
+
+def test_status_table_counts_ready_replicas():
+    state = FleetState(name="s", model="m", url="http://127.0.0.1:8000", port=8000)
+    rows = [Row("worker-0", "worker", 10, 8001, True, 0, 1, 0, 0.5, 12.0),
+            Row("worker-1", "worker", 11, 8002, False, 2),
+            Row("router", "router", 12, 8000, True, 0)]
+    text = render(state, rows)
+    assert "replicas ready 1/2" in text.splitlines()[0]
+    assert text.splitlines()[2].split() == ["worker-0", "worker", "yes", "10", "8001", "1", "0",
+                                           "50.0", "12.0", "0"]
