@@ -176,7 +176,8 @@ class Rollout(FrotaModel):
             "maxUnavailable and maxSurge cannot both be zero",
         ),
         CelRule(
-            "string(self.maxUnavailable).matches('^[0-9]+%?$') && string(self.maxSurge).matches('^[0-9]+%?$')",
+            "(type(self.maxUnavailable) != int || self.maxUnavailable >= 0)"
+            " && (type(self.maxSurge) != int || self.maxSurge >= 0)",
             "maxUnavailable and maxSurge must be non-negative counts or percentages",
         ),
     )

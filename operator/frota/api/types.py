@@ -37,6 +37,7 @@ IntOrPercent = Annotated[
         "x-kubernetes-int-or-string": True,
         "anyOf": [{"type": "integer"}, {"type": "string"}],
         "pattern": PERCENT_PATTERN,
+        "maxLength": 8,
     }),
 ]
 

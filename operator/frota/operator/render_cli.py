@@ -11,8 +11,8 @@ from frota.api.yamlio import dump_all, load_all
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", help="YAML file with one or more InferenceService documents ('-' for stdin)")
     parser.add_argument("-n", "--namespace", help="namespace for objects whose manifest names none")
-    parser.add_argument("--include-crd-object", action="store_true",
-                        help="also print the InferenceService itself, first")
+    parser.add_argument("--include-source", action="store_true",
+                        help="also print each InferenceService (defaults filled in) before its children")
 
 
 def read_documents(path: str) -> list:
@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
             topology, children = render(isvc)
             for warning in topology.warnings:
                 print(f"frota render: warning: {warning}", file=sys.stderr)
-            if args.include_crd_object:
+            if args.include_source:
                 objects.append(isvc.to_wire())
             objects += children
     except SpecError as exc:
