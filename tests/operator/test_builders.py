@@ -159,6 +159,16 @@ def test_router_discovers_rank_zero_endpoints_through_its_own_role():
     assert binding["subjects"][0]["name"] == deploy["spec"]["template"]["spec"]["serviceAccountName"]
 
 
+def test_router_reads_the_api_key_from_a_mounted_secret_file():
+    deploy = one(children(Spec().set("spec.router.apiKeySecret", {"name": "keys", "key": "k1"})), "Deployment")
+    pod = deploy["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert env_of(container)["FROTA_API_KEY_FILE"] == "/var/run/secrets/frota/api-key/api-key"
+    assert {"name": "api-key", "secret": {"secretName": "keys", "items": [{"key": "k1", "path": "api-key"}]}} \
+        in pod["volumes"]
+    assert all("secretKeyRef" not in str(e) for e in container["env"])
+
+
 def test_network_policy_admits_only_the_router_and_the_fleets_own_ranks():
     policy = one(children(Spec()), "NetworkPolicy")["spec"]
     workers = policy["podSelector"]

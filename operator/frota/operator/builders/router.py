@@ -21,6 +21,7 @@ from frota.operator.topology import Topology
 
 ROUTER_PORT = 8000
 SERVICE_PORT = 80
+API_KEY_DIR = "/var/run/secrets/frota/api-key"
 
 
 def router_name(isvc: InferenceService) -> str:
@@ -48,6 +49,7 @@ def router_args(isvc: InferenceService, topology: Topology) -> list[str]:
         "router", "--discovery", "kubernetes",
         "--namespace", "$(POD_NAMESPACE)",
         "--selector", discovery_selector(isvc),
+        "--port-name", "http",
         "--port", str(ROUTER_PORT),
         "--policy", topology.router.policy,
     ]
@@ -97,10 +99,16 @@ def deployment(isvc: InferenceService, topology: Topology) -> dict[str, Any]:
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
     ]
     env += [{"name": k, "value": v} for k, v in topology.router.env.items()]
-    if router.apiKeySecret is not None:
-        env.append({"name": "FROTA_API_KEY", "valueFrom": {"secretKeyRef": router.apiKeySecret.to_wire()}})
     env += WRITABLE_HOME_ENV
     tmp, tmp_mount = tmp_volume()
+    volumes, mounts = [tmp], [tmp_mount]
+    if router.apiKeySecret is not None:
+        # A file, not an env var: the key stays out of `kubectl describe` and process listings.
+        secret = router.apiKeySecret
+        volumes.append({"name": "api-key", "secret": {
+            "secretName": secret.name, "items": [{"key": secret.key, "path": "api-key"}]}})
+        mounts.append({"name": "api-key", "mountPath": API_KEY_DIR, "readOnly": True})
+        env.append({"name": "FROTA_API_KEY_FILE", "value": f"{API_KEY_DIR}/api-key"})
     pod_labels = labels(isvc, "router")
     return {
         "apiVersion": "apps/v1",
@@ -132,9 +140,9 @@ def deployment(isvc: InferenceService, topology: Topology) -> dict[str, Any]:
                         "startupProbe": http_probe("/health", period=2, failures=30),
                         "livenessProbe": http_probe("/health", period=10, failures=3),
                         "readinessProbe": http_probe("/ready", period=5, failures=2),
-                        "volumeMounts": [tmp_mount],
+                        "volumeMounts": mounts,
                     }],
-                    "volumes": [tmp],
+                    "volumes": volumes,
                 },
             },
         },
