@@ -48,7 +48,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -
     settings.persistence.finalizer = f"{ANNOTATION_PREFIX}/operator"
     settings.posting.loggers = False  # events are the transitions we post, not log lines
     settings.watching.server_timeout = 270
-    settings.batching.worker_limit = 64
+    settings.queueing.worker_limit = 64
     fleet: Fleet = memo.setdefault("fleet", Fleet())
     # Index kwargs are live views kopf keeps filled from the watches.
     fleet.indexes.update({k: v for k, v in kwargs.items() if k.startswith("frota_")})
@@ -105,7 +105,7 @@ def index_pod(
     return {(namespace or "default", labels[LABEL_INSTANCE]): slim}
 
 
-def poke_owner(memo: kopf.Memo, namespace: str, labels: kopf.Labels, **_: Any) -> None:
+async def poke_owner(memo: kopf.Memo, namespace: str, labels: kopf.Labels, **_: Any) -> None:
     """A child changed or vanished: its InferenceService may need work."""
     fleet: Fleet | None = memo.get("fleet")
     if fleet is not None:

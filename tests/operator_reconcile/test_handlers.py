@@ -1,0 +1,283 @@
+"""The operator's handlers against an emulated Kubernetes API (kmock)."""
+
+from __future__ import annotations
+
+from tests.operator_reconcile.conftest import (
+    Cluster,
+    FakeApiserver,
+    Operator,
+    sample,
+    wait_for,
+)
+
+CHILD_KINDS = ("StatefulSet", "Service", "Deployment", "ConfigMap", "ServiceAccount", "Role",
+               "RoleBinding", "PodDisruptionBudget", "NetworkPolicy")
+REVISION = "frota.dev/revision"
+
+
+def owned(cluster: Cluster, name: str) -> dict[str, dict[str, dict]]:
+    """Every child of one InferenceService: kind -> name -> object."""
+    return {
+        kind: {o["metadata"]["name"]: o for o in cluster.objects(kind)
+               if o["metadata"].get("labels", {}).get("app.kubernetes.io/instance") == name}
+        for kind in CHILD_KINDS
+    }
+
+
+def status_is(cluster: Cluster, name: str, type_: str, status: str, reason: str | None = None):
+    def check() -> bool:
+        cond = cluster.condition(name, type_)
+        return bool(cond and cond["status"] == status and (reason is None or cond["reason"] == reason))
+    return check
+
+
+def group_revisions(cluster: Cluster, name: str) -> dict[str, str]:
+    return {n: o["metadata"]["labels"][REVISION] for n, o in owned(cluster, name)["StatefulSet"].items()}
+
+
+def pods_of(cluster: Cluster, group: str) -> list[dict]:
+    return [p for p in cluster.objects("Pod") if p["metadata"]["name"].startswith(group + "-")]
+
+
+async def converge(cluster: Cluster, name: str, groups: int) -> None:
+    """Let every group and the router run, and wait for Ready=True."""
+    await wait_for(lambda: len(owned(cluster, name)["StatefulSet"]) == groups, what="groups")
+    await cluster.run_everything(name)
+    await wait_for(status_is(cluster, name, "Ready", "True"), what="Ready=True")
+
+
+async def test_create_renders_every_child_with_owner_references(
+    cluster: Cluster, operator: Operator
+) -> None:
+    created = await cluster.create_isvc(sample("tiny", replicas=2))
+    uid = created["metadata"]["uid"]
+    await wait_for(status_is(cluster, "tiny", "SpecValid", "True"), what="status")
+    children = owned(cluster, "tiny")
+    assert set(children["StatefulSet"]) == {"tiny-worker-0", "tiny-worker-1"}
+    for kind in CHILD_KINDS:
+        assert children[kind], kind
+        for obj in children[kind].values():
+            refs = obj["metadata"]["ownerReferences"]
+            assert [(r["uid"], r["controller"]) for r in refs] == [(uid, True)]
+    status = cluster.isvc("tiny")["status"]
+    assert status["observedGeneration"] == 1
+    assert status["url"].startswith("http://tiny.default.svc")
+    assert "app.kubernetes.io/instance=tiny" in status["selector"]
+    assert status["mode"] == "Colocated"
+    assert cluster.condition("tiny", "Ready")["status"] == "False"
+    assert cluster.condition("tiny", "Progressing")["status"] == "True"
+
+
+async def test_status_tells_the_truth_while_a_group_is_not_ready(
+    cluster: Cluster, operator: Operator
+) -> None:
+    await cluster.create_isvc(sample("tiny", replicas=2))
+    await wait_for(lambda: len(owned(cluster, "tiny")["StatefulSet"]) == 2, what="groups")
+    await cluster.run_router("tiny-router")
+    await cluster.run_pods("tiny-worker-0", ready=True)
+    await cluster.run_pods("tiny-worker-1", ready=False)
+
+    def one_of_two() -> bool:
+        status = cluster.isvc("tiny").get("status") or {}
+        return status.get("roles") == [
+            {"role": "worker", "replicas": 2, "readyReplicas": 1, "updatedReplicas": 2}
+        ]
+
+    await wait_for(one_of_two, what="1 of 2 ready")
+    ready = cluster.condition("tiny", "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "ReplicasNotReady")
+    assert cluster.isvc("tiny")["status"]["readyReplicas"] == 1
+
+    await cluster.set_pod("tiny-worker-1-0", ready=True)
+    await wait_for(status_is(cluster, "tiny", "Ready", "True", "AllReplicasReady"), what="Ready")
+    assert cluster.isvc("tiny")["status"]["readyReplicas"] == 2
+    assert status_is(cluster, "tiny", "Progressing", "False")()
+    assert status_is(cluster, "tiny", "Degraded", "False")()
+    await wait_for(lambda: cluster.events("ReadyTrue"), what="a ReadyTrue event")
+
+
+async def test_update_rolls_group_by_group_and_never_mixes_revisions(
+    cluster: Cluster, operator: Operator
+) -> None:
+    await cluster.create_isvc(sample("tiny", replicas=3, rollout={"maxUnavailable": 1,
+                                                                  "maxSurge": 0}))
+    await converge(cluster, "tiny", 3)
+    old = set(group_revisions(cluster, "tiny").values())
+    assert len(old) == 1
+
+    await cluster.patch_isvc("tiny", {"spec": {"engine": {"maxModelLen": 1024}}})
+    replaced_order = []
+    for _ in range(3):
+        # Exactly one more group moves to the new revision, and only once the
+        # previous one serves again: never more than maxUnavailable=1 down.
+        def next_group_replaced() -> str | None:
+            revs = group_revisions(cluster, "tiny")
+            new = [n for n, r in revs.items() if r not in old]
+            return new[-1] if len(new) == len(replaced_order) + 1 else None
+
+        await wait_for(next_group_replaced, what="the next group")
+        revs = group_revisions(cluster, "tiny")
+        new = sorted(n for n, r in revs.items() if r not in old)
+        assert len(new) == len(replaced_order) + 1, revs
+        group = next(n for n in new if n not in replaced_order)
+        replaced_order.append(group)
+        # The group's old pods went together: none of its ranks runs the old revision.
+        await wait_for(lambda g=group: not pods_of(cluster, g), what="old pods of the group gone")
+        await wait_for(status_is(cluster, "tiny", "Progressing", "True", "RollingUpdate"),
+                       what="RollingUpdate")
+        assert cluster.isvc("tiny")["status"]["roles"][0]["readyReplicas"] >= 2
+        await cluster.run_pods(group)
+    assert replaced_order == ["tiny-worker-0", "tiny-worker-1", "tiny-worker-2"]
+    await wait_for(status_is(cluster, "tiny", "Ready", "True"), what="Ready after the rollout")
+    assert cluster.isvc("tiny")["status"]["observedGeneration"] == 2
+    assert cluster.events("GroupUpdating")
+
+
+async def test_rollout_with_surge_keeps_every_replica_serving(
+    cluster: Cluster, operator: Operator
+) -> None:
+    await cluster.create_isvc(sample("tiny", replicas=2))  # maxUnavailable 0, maxSurge 1
+    await converge(cluster, "tiny", 2)
+    await cluster.patch_isvc("tiny", {"spec": {"engine": {"maxModelLen": 1024}}})
+    await wait_for(lambda: "tiny-worker-2" in owned(cluster, "tiny")["StatefulSet"],
+                   what="a surge group")
+    old = group_revisions(cluster, "tiny")["tiny-worker-0"]
+    assert group_revisions(cluster, "tiny")["tiny-worker-1"] == old  # nothing taken down yet
+    await cluster.run_pods("tiny-worker-2")
+    for group in ("tiny-worker-0", "tiny-worker-1"):
+        await wait_for(lambda g=group: group_revisions(cluster, "tiny")[g] != old, what=group)
+        await wait_for(lambda g=group: not pods_of(cluster, g), what="old pods of the group gone")
+        assert len([g for g, r in group_revisions(cluster, "tiny").items()
+                    if r != old and g != "tiny-worker-2"]) == 1 + (group == "tiny-worker-1")
+        await cluster.run_pods(group)
+    await wait_for(lambda: "tiny-worker-2" not in owned(cluster, "tiny")["StatefulSet"],
+                   what="the surge group removed")
+    await wait_for(status_is(cluster, "tiny", "Ready", "True"), what="Ready")
+
+
+async def test_scale_subresource_adds_and_removes_whole_groups(
+    cluster: Cluster, operator: Operator
+) -> None:
+    await cluster.create_isvc(sample("tiny", replicas=1))
+    await converge(cluster, "tiny", 1)
+
+    await cluster.patch_isvc("tiny", {"spec": {"replicas": 3}}, subresource="scale")
+    await wait_for(lambda: set(owned(cluster, "tiny")["StatefulSet"])
+                   == {"tiny-worker-0", "tiny-worker-1", "tiny-worker-2"}, what="3 groups")
+    assert {n for n in owned(cluster, "tiny")["Service"] if n.startswith("tiny-worker-")} == {
+        "tiny-worker-0", "tiny-worker-1", "tiny-worker-2"}
+    await wait_for(status_is(cluster, "tiny", "Progressing", "True", "Scaling"), what="scaling")
+    await cluster.run_everything("tiny")
+    await wait_for(lambda: cluster.isvc("tiny")["status"]["readyReplicas"] == 3, what="3 ready")
+
+    await cluster.patch_isvc("tiny", {"spec": {"replicas": 0}}, subresource="scale")
+    await wait_for(lambda: not owned(cluster, "tiny")["StatefulSet"], what="no groups")
+    assert "tiny-worker-0" not in owned(cluster, "tiny")["Service"]
+    assert "tiny-router" in owned(cluster, "tiny")["Deployment"]
+    await wait_for(status_is(cluster, "tiny", "Ready", "False", "ScaledToZero"), what="zero")
+    assert cluster.isvc("tiny")["status"]["replicas"] == 0
+
+
+async def test_delete_lets_the_garbage_collector_take_every_child(
+    cluster: Cluster, operator: Operator
+) -> None:
+    await cluster.create_isvc(sample("tiny", replicas=1))
+    await converge(cluster, "tiny", 1)
+    await cluster.delete("InferenceService", "tiny")
+    await wait_for(lambda: not any(owned(cluster, "tiny").values()), what="children gone")
+    await wait_for(lambda: not cluster.objects("Pod"), what="pods gone")
+    writes = len(cluster.server.writes)
+    # Nothing comes back once the owner is gone.
+    await cluster.create_isvc(sample("other", replicas=1))
+    await wait_for(lambda: owned(cluster, "other")["StatefulSet"], what="another isvc works")
+    assert not any(owned(cluster, "tiny").values())
+    assert writes < len(cluster.server.writes)
+
+
+async def test_deleted_or_edited_children_come_back(cluster: Cluster, operator: Operator) -> None:
+    await cluster.create_isvc(sample("tiny", replicas=1))
+    await converge(cluster, "tiny", 1)
+    before = owned(cluster, "tiny")
+
+    await cluster.delete("StatefulSet", "tiny-worker-0")
+    await wait_for(lambda: "tiny-worker-0" in owned(cluster, "tiny")["StatefulSet"],
+                   what="the StatefulSet back")
+    await cluster.call("PATCH", cluster.path("Service", "tiny"), {"spec": {"ports": []}})
+    await wait_for(lambda: owned(cluster, "tiny")["Service"]["tiny"]["spec"]["ports"]
+                   == before["Service"]["tiny"]["spec"]["ports"], what="the ports back")
+    await cluster.delete("ConfigMap", "tiny-engine")
+    await wait_for(lambda: "tiny-engine" in owned(cluster, "tiny")["ConfigMap"], what="config")
+
+
+async def test_restart_converges_without_duplicates_or_writes(
+    cluster: Cluster, apiserver: FakeApiserver
+) -> None:
+    first = Operator(apiserver)
+    await first.start()
+    try:
+        await cluster.create_isvc(sample("tiny", replicas=2))
+        await converge(cluster, "tiny", 2)
+    finally:
+        await first.stop()
+    snapshot = {kind: {n: o["metadata"]["uid"] for n, o in objs.items()}
+                for kind, objs in owned(cluster, "tiny").items()}
+    writes_before = len(apiserver.writes)
+
+    second = Operator(apiserver)
+    await second.start()
+    try:
+        await wait_for(lambda: second.fleet.metrics.reconciles.labels("converged")._value.get() >= 1,
+                       what="a reconcile by the new operator")
+        # A second pass (pokes from the initial listing of children) changes nothing either.
+        await wait_for(lambda: not second.fleet._tasks, what="queue drained")
+    finally:
+        await second.stop()
+    after = {kind: {n: o["metadata"]["uid"] for n, o in objs.items()}
+             for kind, objs in owned(cluster, "tiny").items()}
+    assert after == snapshot
+    child_writes = [w for w in apiserver.writes[writes_before:]
+                    if "/inferenceservices/" not in w[1] and "/events" not in w[1]]
+    assert child_writes == []
+
+
+async def test_invalid_spec_creates_nothing_and_names_the_field(
+    cluster: Cluster, operator: Operator
+) -> None:
+    await cluster.create_isvc(sample("bad", engine={"dtype": "float32", "maxModelLen": 999999}))
+    await wait_for(status_is(cluster, "bad", "SpecValid", "False", "InvalidSpec"), what="invalid")
+    assert "engine.maxModelLen" in cluster.condition("bad", "SpecValid")["message"]
+    assert not any(owned(cluster, "bad").values())
+    await wait_for(lambda: cluster.events("SpecValidFalse"), what="a warning event")
+
+
+async def test_invalid_update_leaves_healthy_children_untouched(
+    cluster: Cluster, operator: Operator
+) -> None:
+    await cluster.create_isvc(sample("tiny", replicas=1))
+    await converge(cluster, "tiny", 1)
+    versions = {n: o["metadata"]["resourceVersion"]
+                for n, o in owned(cluster, "tiny")["StatefulSet"].items()}
+    await cluster.patch_isvc("tiny", {"spec": {"engine": {"maxModelLen": 999999}}})
+    await wait_for(status_is(cluster, "tiny", "SpecValid", "False"), what="invalid")
+    assert cluster.condition("tiny", "SpecValid")["observedGeneration"] == 2
+    assert {n: o["metadata"]["resourceVersion"]
+            for n, o in owned(cluster, "tiny")["StatefulSet"].items()} == versions
+    assert not [p for p in cluster.objects("Pod") if p["metadata"].get("deletionTimestamp")]
+    assert len(cluster.objects("Pod")) == 1
+
+    await cluster.patch_isvc("tiny", {"spec": {"engine": {"maxModelLen": 2048}}})
+    await wait_for(status_is(cluster, "tiny", "SpecValid", "True"), what="valid again")
+
+
+async def test_a_dead_rank_restarts_its_whole_group(cluster: Cluster, operator: Operator) -> None:
+    await cluster.create_isvc(sample("tiny", replicas=1, parallelism={"pipeline": 2}))
+    await converge(cluster, "tiny", 1)
+    assert {p["metadata"]["name"] for p in cluster.objects("Pod")} == {
+        "tiny-worker-0-0", "tiny-worker-0-1"}
+
+    await cluster.set_pod("tiny-worker-0-1", ready=False, restarts=1)
+    await wait_for(lambda: not cluster.objects("Pod"), what="both ranks deleted together")
+    await wait_for(lambda: cluster.events("GroupRestarted"), what="a GroupRestarted event")
+    await wait_for(status_is(cluster, "tiny", "Ready", "False"), what="not ready meanwhile")
+    await cluster.run_pods("tiny-worker-0")
+    await wait_for(status_is(cluster, "tiny", "Ready", "True"), what="ready again")
