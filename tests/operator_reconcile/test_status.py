@@ -1,0 +1,188 @@
+"""Status from observed children: conditions, counts, transitions (pure)."""
+
+from __future__ import annotations
+
+import pytest
+from frota.operator.status import (
+    GroupView,
+    Intent,
+    Observed,
+    PodView,
+    RouterView,
+    compute_conditions,
+    compute_status,
+    invalid_status,
+    merge_conditions,
+    observe_groups,
+    pod_view,
+    transitions,
+)
+
+REV = "r2"
+
+
+def intent(units: int = 2, per_unit: dict[str, int] | None = None, unavailable: int = 0,
+           revisions: dict[str, str] | None = None) -> Intent:
+    per_unit = per_unit or {"worker": 1}
+    return Intent(
+        generation=3, revisions=revisions or dict.fromkeys(per_unit, REV), units=units,
+        groups_per_unit=per_unit, max_unavailable=dict.fromkeys(per_unit, unavailable),
+        selector="app.kubernetes.io/instance=x", url="http://x.ns.svc/v1",
+        serving_role="decode" if "decode" in per_unit else "worker",
+    )
+
+
+def pod(name: str, *, rev: str = REV, ready: bool = True, failed: bool = False,
+        restarts: int = 0, terminating: bool = False) -> PodView:
+    return PodView(name, rev, ready, failed, restarts, terminating)
+
+
+def group(index: int, *, role: str = "worker", rev: str = REV, ranks: int = 1,
+          pods: tuple[PodView, ...] | None = None) -> GroupView:
+    name = f"x-{role}-{index}"
+    if pods is None:
+        pods = tuple(pod(f"{name}-{r}", rev=rev) for r in range(ranks))
+    return GroupView(role, index, name, rev, ranks, pods)
+
+
+UP = RouterView(exists=True, replicas=1, ready_replicas=1)
+
+
+def conds(i: Intent, groups: tuple[GroupView, ...], router: RouterView = UP,
+          old: list[dict] | None = None) -> dict[str, dict]:
+    return {c["type"]: c for c in compute_conditions(i, Observed(groups, router), old)}
+
+
+def test_all_groups_serving_at_current_revision_is_ready() -> None:
+    c = conds(intent(), (group(0), group(1)))
+    assert c["Ready"]["status"] == "True" and c["Ready"]["reason"] == "AllReplicasReady"
+    assert c["Progressing"]["status"] == "False"
+    assert c["Degraded"]["status"] == "False"
+    assert c["SpecValid"]["status"] == "True"
+    assert all(x["observedGeneration"] == 3 for x in c.values())
+
+
+def test_a_group_with_an_unready_rank_does_not_serve() -> None:
+    g = group(1, ranks=2, pods=(pod("a"), pod("b", ready=False)))
+    assert not g.serving
+    c = conds(intent(), (group(0), g))
+    assert c["Ready"]["status"] == "False" and c["Ready"]["reason"] == "ReplicasNotReady"
+    assert c["Progressing"]["reason"] == "Scaling"
+
+
+def test_a_group_missing_a_rank_does_not_serve() -> None:
+    assert not group(0, ranks=2, pods=(pod("a"),)).serving
+
+
+def test_mixed_revisions_inside_a_group_never_serve_and_force_a_restart() -> None:
+    g = group(0, ranks=2, pods=(pod("a"), pod("b", rev="r1")))
+    assert not g.serving and g.needs_restart
+
+
+def test_old_revision_groups_are_not_ready_and_report_a_rolling_update() -> None:
+    c = conds(intent(), (group(0), group(1, rev="r1")))
+    assert c["Ready"]["status"] == "False"
+    assert c["Progressing"]["reason"] == "RollingUpdate"
+
+
+def test_router_down_means_not_ready_and_degraded() -> None:
+    c = conds(intent(), (group(0), group(1)), RouterView(exists=True, replicas=1))
+    assert c["Ready"]["reason"] == "RouterUnavailable"
+    assert c["Degraded"]["status"] == "True"
+
+
+def test_scaled_to_zero_keeps_the_router_and_says_so() -> None:
+    c = conds(intent(units=0), ())
+    assert (c["Ready"]["status"], c["Ready"]["reason"]) == ("False", "ScaledToZero")
+    assert "router" in c["Ready"]["message"]
+    assert c["Degraded"]["status"] == "False"
+
+
+def test_a_failed_or_restarted_rank_marks_the_group_for_restart() -> None:
+    assert group(0, pods=(pod("a", restarts=1),)).needs_restart
+    assert group(0, pods=(pod("a", failed=True),)).needs_restart
+    assert not group(0).needs_restart
+    # A restart under way (pods terminating) is not restarted again.
+    assert not group(0, ranks=2, pods=(pod("a", restarts=1), pod("b", terminating=True))).needs_restart
+    c = conds(intent(), (group(0, pods=(pod("a", restarts=2),)), group(1)))
+    assert c["Degraded"]["reason"] == "GroupRestarting"
+
+
+def test_creation_is_not_degradation_but_losing_serving_groups_is() -> None:
+    c = conds(intent(), (group(0, pods=()), group(1, pods=())))
+    assert c["Degraded"]["status"] == "False"
+    was_ready = [{"type": "Ready", "status": "True", "reason": "AllReplicasReady"}]
+    c = conds(intent(), (group(0), group(1, pods=())), old=was_ready)
+    assert (c["Degraded"]["status"], c["Degraded"]["reason"]) == ("True", "BelowMinAvailable")
+    c = conds(intent(unavailable=1), (group(0), group(1, pods=())), old=was_ready)
+    assert c["Degraded"]["status"] == "False"
+
+
+def test_status_counts_roles_and_whole_units() -> None:
+    i = intent(units=2, per_unit={"prefill": 1, "decode": 2})
+    groups = (group(0, role="prefill"), group(1, role="prefill"),
+              group(0, role="decode"), group(1, role="decode"),
+              group(2, role="decode", pods=()), group(3, role="decode"))
+    s = compute_status(i, Observed(groups, UP), old=None, now="T")
+    roles = {r["role"]: r for r in s["roles"]}
+    assert roles["prefill"] == {"role": "prefill", "replicas": 2, "readyReplicas": 2,
+                                "updatedReplicas": 2}
+    assert roles["decode"]["readyReplicas"] == 3
+    assert s["replicas"] == 2 and s["readyReplicas"] == 1  # 3 of 4 decode groups: one unit
+    assert s["observedGeneration"] == 3 and s["selector"] and s["url"]
+    assert s["revision"] == REV
+
+
+def test_unchanged_conditions_keep_their_transition_time() -> None:
+    first = merge_conditions([{"type": "Ready", "status": "False", "reason": "A"}], None, "T1")
+    again = merge_conditions([{"type": "Ready", "status": "False", "reason": "B"}], first, "T2")
+    flipped = merge_conditions([{"type": "Ready", "status": "True", "reason": "B"}], again, "T3")
+    assert [c["lastTransitionTime"] for c in (first[0], again[0], flipped[0])] == ["T1", "T1", "T3"]
+
+
+def test_only_changed_conditions_are_transitions() -> None:
+    old = [{"type": "Ready", "status": "False", "reason": "A"},
+           {"type": "Degraded", "status": "False", "reason": "AsExpected"}]
+    new = [{"type": "Ready", "status": "True", "reason": "B"},
+           {"type": "Degraded", "status": "False", "reason": "AsExpected"}]
+    assert [c["type"] for c in transitions(new, old)] == ["Ready"]
+    assert [c["type"] for c in transitions(new, None)] == ["Ready", "Degraded"]
+
+
+def test_invalid_spec_names_the_field_and_keeps_the_rest() -> None:
+    old = {"replicas": 2, "readyReplicas": 2,
+           "conditions": [{"type": "Ready", "status": "True", "reason": "AllReplicasReady",
+                           "observedGeneration": 1}]}
+    s = invalid_status(generation=2, field_path="engine.maxModelLen", message="too long", old=old)
+    c = {x["type"]: x for x in s["conditions"]}
+    assert c["SpecValid"]["status"] == "False"
+    assert c["SpecValid"]["message"] == "spec.engine.maxModelLen: too long"
+    assert c["Ready"]["status"] == "True" and c["Ready"]["observedGeneration"] == 2
+    assert s["readyReplicas"] == 2 and s["observedGeneration"] == 2
+
+
+@pytest.mark.parametrize(
+    ("status", "ready", "restarts", "phase", "deleting"),
+    [({"conditions": [{"type": "Ready", "status": "True"}], "phase": "Running",
+       "containerStatuses": [{"restartCount": 0}]}, True, 0, "Running", False),
+     ({"phase": "Failed", "containerStatuses": [{"restartCount": 2}, {"restartCount": 1}]},
+      False, 3, "Failed", True),
+     ({}, False, 0, None, False)],
+)
+def test_pods_are_read_from_their_status(status, ready, restarts, phase, deleting) -> None:
+    meta = {"name": "p", "labels": {"frota.dev/revision": REV}}
+    if deleting:
+        meta["deletionTimestamp"] = "T"
+    view = pod_view({"metadata": meta, "status": status})
+    assert (view.ready, view.restarts, view.failed, view.terminating) == (
+        ready, restarts, phase == "Failed", deleting)
+
+
+def test_groups_are_joined_from_statefulsets_and_pods_by_labels() -> None:
+    labels = {"frota.dev/role": "worker", "frota.dev/replica": "0", "frota.dev/revision": REV}
+    sts = {"metadata": {"name": "x-worker-0", "labels": labels}, "spec": {"replicas": 2}}
+    router = {"metadata": {"name": "x-router", "labels": {"frota.dev/role": "router"}}}
+    pods = [{"metadata": {"name": f"x-worker-0-{r}", "labels": labels},
+             "status": {"conditions": [{"type": "Ready", "status": "True"}]}} for r in range(2)]
+    (g,) = observe_groups([sts, router], pods)
+    assert (g.name, g.ranks, len(g.pods), g.serving) == ("x-worker-0", 2, 2, True)
