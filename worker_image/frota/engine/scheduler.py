@@ -69,6 +69,9 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = min(seq.num_uncomputed_tokens, budget)
+            if n == 0:
+                i += 1
+                continue
             while not bm.can_append(seq, n):
                 victim = self.running.pop()
                 self._preempt(victim)
