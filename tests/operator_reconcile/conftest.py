@@ -12,14 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+os.environ.setdefault("FROTA_AUTOSCALE_INTERVAL_SECONDS", "0.5")  # before the handlers load
+
 import aiohttp
+import aiohttp.web
 import attrs
 import frota.operator.handlers  # noqa: F401  (registers the handlers)
+import jsonpatch
 import kmock
 import kopf
 import pytest
@@ -58,13 +63,30 @@ class FakeApiserver(kmock.KubernetesEmulator):
     """kmock's emulator plus the apiserver behaviours the operator depends on."""
 
     writes: list[tuple[str, str]] = attrs.field(factory=list)
+    failures: list[list[Any]] = attrs.field(factory=list)  # [method, path part, status, times]
+
+    def fail(self, method: str, path_part: str, status: int, times: int) -> None:
+        """Answer the next `times` matching requests with an error (nothing is stored)."""
+        self.failures.append([method.upper(), path_part, status, times])
 
     async def _handle(self, request: kmock.Request) -> Any:
+        for failure in self.failures:
+            method, part, status, times = failure
+            if times > 0 and request.method.upper() == method and part in request.url.path:
+                failure[3] -= 1
+                return aiohttp.web.json_response(
+                    {"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": status,
+                     "reason": "Injected", "message": f"injected {status}"}, status=status)
         if request.method.upper() in ("POST", "PATCH", "PUT", "DELETE"):
             self.writes.append((request.method.upper(), request.url.path))
         if request.resource is not None and isinstance(request.data, dict):
             request = await self._prepare(request)
-        response = await super()._handle(request)
+        try:
+            response = await super()._handle(request)
+        except jsonpatch.JsonPatchTestFailed as exc:  # the apiserver answers 422, not 500
+            return aiohttp.web.json_response(
+                {"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 422,
+                 "reason": "Invalid", "message": str(exc)}, status=422)
         if request.resource is not None and request.action == enums.action.DELETE:
             await self._collect_garbage()
         return response

@@ -41,6 +41,9 @@ KINDS: dict[str, tuple[str, str]] = {
     "InferenceService": ("frota.dev/v1alpha1", "inferenceservices"),
 }
 
+# How long kopf waits before retrying a reconcile that hit a transient error.
+RETRY_DELAY_SECONDS = 5.0
+
 APIError = kopf_errors.APIError
 NotFound = kopf_errors.APINotFoundError
 
@@ -73,10 +76,11 @@ def classify(exc: Exception, what: str) -> Exception:
         if code in (409, 429) or code >= 500 or code in (401, 403):
             # 409: someone else moved the object; 401/403: credentials or RBAC
             # may be rotating. All of these clear up without a spec change.
-            return kopf.TemporaryError(f"{what}: {exc} (HTTP {code}); retrying", delay=5)
+            return kopf.TemporaryError(f"{what}: {exc} (HTTP {code}); retrying",
+                                       delay=RETRY_DELAY_SECONDS)
         return kopf.PermanentError(f"{what}: the API server refused it: {exc} (HTTP {code})")
     if isinstance(exc, TimeoutError | OSError):
-        return kopf.TemporaryError(f"{what}: {exc!r}; retrying", delay=5)
+        return kopf.TemporaryError(f"{what}: {exc!r}; retrying", delay=RETRY_DELAY_SECONDS)
     return exc
 
 

@@ -11,6 +11,7 @@ seen within the stabilization window. Each change is an event and a metric.
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -24,7 +25,9 @@ from prometheus_client.parser import text_string_to_metric_families
 if TYPE_CHECKING:
     from frota.operator.workqueue import Fleet
 
-INTERVAL_SECONDS = 15.0
+# Read once at import (kopf timers are registered then): `frota operator
+# --autoscale-interval` sets it before the handlers are imported.
+INTERVAL_SECONDS = float(os.environ.get("FROTA_AUTOSCALE_INTERVAL_SECONDS", "15"))
 TOLERANCE = 0.1  # no change while the metric is within 10% of the target
 
 
@@ -44,6 +47,7 @@ class History:
 
     recommendations: list[tuple[float, int]] = field(default_factory=list)
     ttft_totals: tuple[float, float] | None = None  # (sum, count)
+    last_scaled: tuple[float, int] | None = None  # (when, to how many replicas)
 
 
 def recommend(current: int, value: float | None, bounds: Bounds) -> int:
@@ -133,13 +137,19 @@ async def tick(body: Mapping[str, Any], *, fleet: Fleet, logger: Any) -> int | N
         logger.debug(f"autoscaling: router metrics unavailable at {url}; no decision")
         return None
     history = fleet.autoscale_history.setdefault((namespace, name), History())
+    now = time.monotonic()
+    if history.last_scaled is not None:
+        when, replicas = history.last_scaled
+        if replicas != current and now - when < 4 * INTERVAL_SECONDS:
+            return None  # our last change has not reached this body yet: judge it next time
     value = per_replica_value(text, spec["autoscaling"].get("metric", "queueDepth"), current,
                               history)
-    wanted = decide(current, recommend(current, value, bounds), history, bounds, time.monotonic())
+    wanted = decide(current, recommend(current, value, bounds), history, bounds, now)
     fleet.metrics.desired_replicas.labels(namespace, name).set(wanted)
     if wanted == current:
         return None
     await api.patch_spec_replicas(namespace, name, wanted, logger=logger)
+    history.last_scaled = (now, wanted)
     direction = "up" if wanted > current else "down"
     fleet.metrics.scale_decisions.labels(direction).inc()
     kopf.event(

@@ -27,6 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     peering.add_argument("--standalone", action="store_true",
                          help="run without peering (a single replica, or tests)")
+    parser.add_argument("--autoscale-interval", type=float, default=15.0, metavar="SECONDS",
+                        help="how often autoscaled InferenceServices read the router's metrics")
     parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
 
 

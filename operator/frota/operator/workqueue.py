@@ -95,6 +95,12 @@ class Fleet:
             except kopf.TemporaryError:
                 self.metrics.reconciles.labels("retry").inc()
                 raise
+            except kopf.PermanentError as exc:
+                # Retrying cannot help: say so where users look, then stop retrying.
+                self.metrics.reconciles.labels("error").inc()
+                kopf.event(dict(body), type="Warning", reason="ReconcileFailed",
+                           message=f"{exc}; not retrying until the spec or cluster changes")
+                raise
             except Exception:
                 self.metrics.reconciles.labels("error").inc()
                 raise
