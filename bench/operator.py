@@ -132,7 +132,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         health_port = free_port()
         operator = subprocess.Popen(
             [sys.executable, "-m", "frota.cli.main", "operator", "--namespace", NAMESPACE,
-             "--standalone", "--metrics-port", "0", "--health-port", str(health_port)],
+             "--standalone", "--metrics-port", "0",
+             "--liveness", f"http://127.0.0.1:{health_port}/healthz"],
             env=env, stdout=log, stderr=subprocess.STDOUT,
         )
         stack.callback(operator.wait, 15)

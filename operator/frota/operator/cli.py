@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -16,10 +17,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--all-namespaces", "-A", action="store_true",
         help="watch every namespace (the default when no --namespace is given)",
     )
-    parser.add_argument("--metrics-port", type=int, default=8080,
-                        help="port of the Prometheus /metrics endpoint (0: off)")
-    parser.add_argument("--health-port", type=int, default=8081,
-                        help="port of the liveness endpoint /healthz (0: off)")
+    parser.add_argument("--metrics-port", type=int,
+                        default=int(os.environ.get("FROTA_METRICS_PORT", "9090")),
+                        help="port of the Prometheus /metrics endpoint, 0 for none "
+                             "(env FROTA_METRICS_PORT; default 9090)")
+    parser.add_argument("--liveness", metavar="URL",
+                        default=os.environ.get("FROTA_LIVENESS", "http://0.0.0.0:8080/healthz"),
+                        help="kopf's health endpoint, empty for none "
+                             "(env FROTA_LIVENESS; default http://0.0.0.0:8080/healthz)")
     peering = parser.add_mutually_exclusive_group()
     peering.add_argument(
         "--peering", metavar="NAME", default=None,
@@ -34,6 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Start the operator: kopf with Frota's handlers, metrics and health endpoints."""
+    # The autoscaling timer's interval is fixed when the handlers register.
+    os.environ["FROTA_AUTOSCALE_INTERVAL_SECONDS"] = str(args.autoscale_interval)
     import frota.operator.handlers  # noqa: F401  (registers the handlers)
     import kopf
     from frota.operator.workqueue import Fleet
@@ -50,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         namespaces=namespaces,
         standalone=args.standalone or None,
         peering_name=args.peering,
-        liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz" if args.health_port else None,
+        liveness_endpoint=args.liveness or None,
         memo=kopf.Memo(fleet=fleet),
     )
     return 0
