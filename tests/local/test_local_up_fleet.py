@@ -81,10 +81,10 @@ def start(tmp_path: Path, *args: str) -> tuple[UpProcess, int]:
 
 def client(port: int) -> OpenAI:
     return OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0,
-                  timeout=120)
+                  timeout=300)
 
 
-def greedy(port: int, model: str, prompt: str = PROMPT, max_tokens: int = 12) -> str:
+def greedy(port: int, model: str, prompt: str = PROMPT, max_tokens: int = 8) -> str:
     out = client(port).completions.create(model=model, prompt=prompt, max_tokens=max_tokens,
                                           temperature=0)
     return out.choices[0].text
@@ -108,7 +108,7 @@ def reference_text(default_fleet: tuple[UpProcess, int]) -> str:
 def test_default_fleet_answers_a_chat_completion_through_the_router(default_fleet):
     _, port = default_fleet
     reply = client(port).chat.completions.create(
-        model="smollm2", max_tokens=16, temperature=0,
+        model="smollm2", max_tokens=8, temperature=0,
         messages=[{"role": "user", "content": "What is the capital of France?"}])
     assert reply.choices[0].message.content
     assert reply.usage is not None and reply.usage.completion_tokens > 0
@@ -116,7 +116,7 @@ def test_default_fleet_answers_a_chat_completion_through_the_router(default_flee
 
 def test_default_fleet_streams_a_completion_through_the_router(default_fleet, reference_text):
     _, port = default_fleet
-    stream = client(port).completions.create(model="smollm2", prompt=PROMPT, max_tokens=12,
+    stream = client(port).completions.create(model="smollm2", prompt=PROMPT, max_tokens=8,
                                              temperature=0, stream=True)
     text = "".join(chunk.choices[0].text for chunk in stream if chunk.choices)
     assert text == reference_text
@@ -194,7 +194,7 @@ def test_tensor_parallel_fleet_serves_the_single_process_greedy_output(tmp_path)
         manifest = {
             "apiVersion": "frota.dev/v1alpha1", "kind": "InferenceService",
             "metadata": {"name": f"tiny-tp{tensor}"},
-            "spec": {"model": {"name": "tiny", "uri": "synthetic:tiny"},
+            "spec": {"model": {"name": "tiny", "uri": "synthetic:dense-tiny"},
                      "parallelism": {"tensor": tensor}, "engine": {"dtype": "float32"}},
         }
         path = tmp_path / f"tp{tensor}.yaml"
