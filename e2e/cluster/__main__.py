@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster.start()
     except BaseException as exc:
         cluster.stop()
-        print(f"could not start the local cluster: {exc}\nlogs: {cluster.work}/logs", file=sys.stderr)
+        print(f"could not start the local cluster: {exc}\n{cluster.log_tails()}", file=sys.stderr)
         return 1
     print(f"local cluster up in {time.monotonic() - start:.1f}s (binaries: {bin_dir})")
     print(f"export KUBECONFIG={cluster.kubeconfig}")

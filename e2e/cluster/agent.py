@@ -374,6 +374,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--serving-key", default="")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(threadName)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     agent = NodeAgent(args)
 
     def stop(*_: object) -> None:

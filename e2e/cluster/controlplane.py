@@ -108,9 +108,9 @@ class LocalCluster:
     def __enter__(self) -> LocalCluster:
         try:
             self.start()
-        except BaseException:
+        except BaseException as exc:
             self.stop()
-            raise
+            raise RuntimeError(f"local cluster failed to start: {exc}\n{self.log_tails()}") from exc
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -168,6 +168,14 @@ class LocalCluster:
         netns.cleanup_all()
 
     # --- helpers ---------------------------------------------------------
+
+    def log_tails(self, lines: int = 15) -> str:
+        """The last lines of every component's log, for failure messages."""
+        out = []
+        for log in sorted((self.work / "logs").glob("*.log")):
+            tail = log.read_text(errors="replace").splitlines()[-lines:]
+            out.append(f"--- {log}\n" + "\n".join(tail))
+        return "\n".join(out)
 
     def kubectl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """Run the built kubectl against this cluster."""
