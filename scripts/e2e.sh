@@ -13,11 +13,14 @@ fi
 [ -x .venv/bin/python ] || source scripts/bootstrap.sh
 cleanup() { .venv/bin/python -m e2e.cluster down >/dev/null 2>&1 || true; }
 trap cleanup EXIT
-trap 'exit 130' INT TERM
 echo "== e2e: control-plane binaries"
 start=$SECONDS
 bin_dir=$(nice -n 19 bash e2e/cluster/build.sh)
 echo "binaries in $bin_dir ($((SECONDS - start))s)"
 echo "== e2e: pytest e2e/ (local control plane)"
-FROTA_E2E_BIN=$bin_dir timeout --kill-after=30 ${FROTA_E2E_TIMEOUT:-1800} \
-  .venv/bin/python -m pytest -q -p no:cacheprovider e2e/ "$@"
+# In the background so that a signal reaches the trap at once, not after pytest.
+FROTA_E2E_BIN=$bin_dir timeout --kill-after=30 "${FROTA_E2E_TIMEOUT:-1800}" \
+  .venv/bin/python -m pytest -q -p no:cacheprovider e2e/ "$@" &
+pid=$!
+trap 'kill -TERM $pid 2>/dev/null; wait $pid; exit 130' INT TERM
+wait $pid

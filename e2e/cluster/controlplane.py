@@ -124,6 +124,9 @@ class LocalCluster:
         self.stop()  # leftovers of an earlier run in the same work dir
         shutil.rmtree(self.work, ignore_errors=True)
         (self.work / "logs").mkdir(parents=True)
+        # Marks that this cluster owns the pod networking (one per machine),
+        # so stop() tears it down and a cluster without an agent does not.
+        (self.work / "network").touch()
         netns.ensure_bridge()
         pki = make_pki(
             self.work / "pki",
@@ -165,7 +168,9 @@ class LocalCluster:
         self._procs.clear()
         with contextlib.suppress(FileNotFoundError):
             (self.work / "pids").unlink()
-        netns.cleanup_all()
+        if (self.work / "network").exists():
+            netns.cleanup_all()
+            (self.work / "network").unlink()
 
     # --- helpers ---------------------------------------------------------
 
