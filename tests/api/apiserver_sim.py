@@ -40,6 +40,8 @@ def structural_problems(schema: dict[str, Any], path: str = "") -> Iterator[str]
         yield f"{path}: anyOf/oneOf only with x-kubernetes-int-or-string here"
     if "properties" in schema and "additionalProperties" in schema:
         yield f"{path}: properties and additionalProperties are mutually exclusive"
+    if not path and schema.get("properties", {}).get("metadata", {"type": "object"}) != {"type": "object"}:
+        yield ".metadata: must be exactly {type: object} (the apiserver owns metadata)"
     for name, sub in schema.get("properties", {}).items():
         yield from structural_problems(sub, f"{path}.{name}")
     if isinstance(schema.get("items"), dict):
@@ -109,3 +111,21 @@ def all_rules(schema: dict[str, Any]) -> Iterator[str]:
         yield from all_rules(sub)
     if isinstance(schema.get("items"), dict):
         yield from all_rules(schema["items"])
+
+
+def default_problems(schema: dict[str, Any], path: str = "") -> Iterator[str]:
+    """Defaults the apiserver would refuse: each is validated as written (no nested
+    defaulting first) against its own schema, CEL rules included."""
+    if "default" in schema:
+        value = copy.deepcopy(schema["default"])
+        for error in jsonschema.Draft4Validator(_closed(schema)).iter_errors(value):
+            yield f"{path}.default: {error.message}"
+        try:
+            for error in _cel_errors(schema, value, path, celpy.Environment()):
+                yield f"default: {error}"
+        except Exception as exc:  # celpy raises on a missing key, as the apiserver does
+            yield f"{path}.default: {exc}"
+    for name, sub in schema.get("properties", {}).items():
+        yield from default_problems(sub, f"{path}.{name}")
+    if isinstance(schema.get("items"), dict):
+        yield from default_problems(schema["items"], f"{path}[]")

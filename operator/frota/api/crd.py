@@ -79,8 +79,8 @@ def openapi_schema() -> dict[str, Any]:
     raw = InferenceService.model_json_schema(by_alias=True, mode="validation")
     schema = _structural(_inline(raw, raw.get("$defs", {})))
     props = schema["properties"]
-    # metadata is validated by the apiserver itself; a CRD may only describe name/generateName.
-    props["metadata"] = {"type": "object", "description": props["metadata"]["description"]}
+    # metadata belongs to the apiserver: a CRD may say nothing about it but its type.
+    props["metadata"] = {"type": "object"}
     props["apiVersion"] = {"type": "string", "description": "frota.dev/v1alpha1"}
     props["kind"] = {"type": "string", "description": KIND}
     schema["required"] = ["spec"]

@@ -146,15 +146,15 @@ class Engine(FrotaModel):
         description="Longest sequence (prompt plus output) in tokens; default: the model's context length.",
     )
     quantization: Quantization = Field(
-        default_factory=Quantization, json_schema_extra=nested_default(),
+        default_factory=Quantization, json_schema_extra=nested_default(Quantization),
         description="Weight and KV cache quantization.",
     )
     kvCache: KVCache = Field(
-        default_factory=KVCache, json_schema_extra=nested_default(),
+        default_factory=KVCache, json_schema_extra=nested_default(KVCache),
         description="Paged KV cache settings.",
     )
     scheduler: SchedulerLimits = Field(
-        default_factory=SchedulerLimits, json_schema_extra=nested_default(),
+        default_factory=SchedulerLimits, json_schema_extra=nested_default(SchedulerLimits),
         description="Continuous-batching limits per replica.",
     )
     extraArgs: list[str] = Field(

@@ -96,11 +96,11 @@ class Disaggregation(FrotaModel):
     """Split prefill and decode into separate groups that scale as one unit."""
 
     prefill: RoleSpec = Field(
-        default_factory=RoleSpec, json_schema_extra=nested_default(),
+        default_factory=RoleSpec, json_schema_extra=nested_default(RoleSpec),
         description="Prefill groups per unit: compute the prompt's KV cache and the first token.",
     )
     decode: RoleSpec = Field(
-        default_factory=RoleSpec, json_schema_extra=nested_default(),
+        default_factory=RoleSpec, json_schema_extra=nested_default(RoleSpec),
         description="Decode groups per unit: pull the KV blocks and generate the rest.",
     )
     minPromptTokens: int = Field(
@@ -127,7 +127,7 @@ class Router(FrotaModel):
         default="least-load", description="How a request picks a replica."
     )
     admission: Admission = Field(
-        default_factory=Admission, json_schema_extra=nested_default(), description="Admission limits."
+        default_factory=Admission, json_schema_extra=nested_default(Admission), description="Admission limits."
     )
     apiKeySecret: SecretKeyRef | None = Field(
         default=None, description="Secret key holding the API key clients must send as a Bearer token."

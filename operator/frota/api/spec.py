@@ -23,14 +23,14 @@ class InferenceServiceSpec(FrotaModel):
 
     model: ModelSource = Field(description="The model to serve.")
     engine: Engine = Field(
-        default_factory=Engine, json_schema_extra=nested_default(), description="Engine settings shared by all ranks."
+        default_factory=Engine, json_schema_extra=nested_default(Engine), description="Engine settings shared by all ranks."
     )
     parallelism: Parallelism = Field(
-        default_factory=Parallelism, json_schema_extra=nested_default(),
+        default_factory=Parallelism, json_schema_extra=nested_default(Parallelism),
         description="Sharding of each replica (of each role, unless the role overrides it).",
     )
     resources: Resources = Field(
-        default_factory=Resources, json_schema_extra=nested_default(),
+        default_factory=Resources, json_schema_extra=nested_default(Resources),
         description="Resources of each rank (of each role, unless the role overrides it).",
     )
     replicas: int = Field(
@@ -45,14 +45,14 @@ class InferenceServiceSpec(FrotaModel):
         default=None, description="Serve prefill and decode from separate groups; unset: colocated."
     )
     router: Router = Field(
-        default_factory=Router, json_schema_extra=nested_default(), description="The router in front of the workers."
+        default_factory=Router, json_schema_extra=nested_default(Router), description="The router in front of the workers."
     )
     autoscaling: Autoscaling | None = Field(default=None, description="Scale replicas on a serving metric.")
     rollout: Rollout = Field(
-        default_factory=Rollout, json_schema_extra=nested_default(), description="Rolling update limits."
+        default_factory=Rollout, json_schema_extra=nested_default(Rollout), description="Rolling update limits."
     )
     placement: Placement = Field(
-        default_factory=Placement, json_schema_extra=nested_default(), description="Scheduling of worker pods."
+        default_factory=Placement, json_schema_extra=nested_default(Placement), description="Scheduling of worker pods."
     )
 
     cel_rules = (

@@ -88,6 +88,11 @@ class FrotaModel(BaseModel):
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
-def nested_default() -> dict[str, Any]:
-    """`json_schema_extra` for an object field whose defaults the apiserver fills in (`{}`)."""
-    return {"default": {}}
+def nested_default(model: type[FrotaModel]) -> dict[str, Any]:
+    """`json_schema_extra` giving an object field its whole default value.
+
+    Not `{}`: the apiserver validates a default (CEL rules included) as written,
+    without filling in the nested defaults first, so rules like
+    `self.tensor % self.expert == 0` need the fields present.
+    """
+    return {"default": model().to_wire()}
