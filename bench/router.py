@@ -153,6 +153,13 @@ def serve_stand_in(args: argparse.Namespace) -> None:
 
 # --------------------------------------------------------------------------- processes
 
+def die_with_parent() -> None:
+    """Runs in the child: SIGTERM it when the benchmark dies, however it dies."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -167,7 +174,7 @@ class Proc:
         self.url = f"http://127.0.0.1:{port}"
         self.log = open(log_dir / f"{name}.log", "wb")  # noqa: SIM115 (lives with the process)
         self.popen = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT,
-                                      cwd=ROOT, start_new_session=True)
+                                      cwd=ROOT, preexec_fn=die_with_parent)
 
     async def wait_ready(self, timeout: float, path: str = "/ready") -> None:
         deadline = time.monotonic() + timeout

