@@ -79,3 +79,12 @@ async def test_zero_means_unlimited():
     for _ in range(1000):
         await adm.acquire()
     assert adm.num_inflight == 1000
+
+
+async def test_timed_out_waiters_do_not_pile_up_while_slots_are_stuck():
+    adm = controller(max_inflight=1, max_queue=2, queue_timeout=0.001)
+    await adm.acquire()  # never released
+    for _ in range(150):
+        with pytest.raises(Rejected):
+            await adm.acquire()
+    assert len(adm._waiters) <= 2 * adm.max_queue + 64 < 150

@@ -84,6 +84,11 @@ class AdmissionController:
     def _forget(self) -> None:
         self._num_waiting -= 1
         self._metrics.queue_depth.set(self._num_waiting)
+        # Timed-out waiters stay in the heap until popped; with no releases coming
+        # (every slot stuck) they would pile up, so compact now and then.
+        if len(self._waiters) > 2 * self._num_waiting + 64:
+            self._waiters = [w for w in self._waiters if not w[2].cancelled()]
+            heapq.heapify(self._waiters)
 
     def release(self) -> None:
         """Free a slot: hand it to the best waiter, or give it back."""
