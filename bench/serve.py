@@ -28,6 +28,9 @@ from typing import Any
 
 import aiohttp
 
+# The process helpers (spawned worker, tokenizer without weights) live with the tests.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 TEXT_FILES = ("/usr/share/common-licenses/GPL-3", "/usr/share/common-licenses/GPL")
 
 
@@ -195,10 +198,10 @@ def offline_throughput(engine_kwargs: dict[str, Any], requests: list[BenchReques
 
 
 def load_tokenizer(model: str) -> Any:
-    """The model's tokenizer, without loading weights when the engine allows it."""
-    from frota.engine.loader import load_tokenizer as engine_load_tokenizer
+    """The model's tokenizer, without loading its weights."""
+    from tests.server.harness import load_tokenizer as harness_load_tokenizer
 
-    return engine_load_tokenizer(model)
+    return harness_load_tokenizer(model)
 
 
 def _worker_parser() -> argparse.ArgumentParser:
@@ -243,7 +246,6 @@ def main(argv: list[str] | None = None) -> int:
                               "rate": args.rate}
     worker = None
     if args.target is None:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         from tests.server.harness import WorkerProcess
 
         log_path = Path("bench/out/serve_worker.log")

@@ -57,10 +57,17 @@ class FakeTokenizer:
 
 
 @dataclass
+class FakeTokenLogprob:
+    token_id: int
+    logprob: float
+    top_logprobs: dict[int, float]
+
+
+@dataclass
 class FakeOutput:
     new_token_ids: list[int]
     new_text: str
-    new_logprobs: list[dict[int, float]] | None
+    new_logprobs: list[FakeTokenLogprob] | None
     finished: bool
     finish_reason: str | None
     num_prompt_tokens: int
@@ -120,6 +127,8 @@ class FakeEngine:
         if self.reject_next:
             self.reject_next = False
             raise FakeInvalidRequestError("rejected by the engine", "prompt")
+        if any(not 0 <= t < self.tokenizer.vocab_size for t in ids):
+            raise FakeInvalidRequestError("prompt token ids out of range", "prompt")
         if len(ids) >= self.max_model_len:
             raise FakeInvalidRequestError("prompt too long", "prompt")
         if params.max_tokens < 1:
@@ -179,8 +188,7 @@ class FakeEngine:
             logprobs = None
             if params.logprobs is not None:
                 top = {t: -0.5 - i for i, t in enumerate(LETTERS[: max(params.logprobs, 1)])}
-                top[token] = -0.1
-                logprobs = [top]
+                logprobs = [FakeTokenLogprob(token, -0.1, top)]
             blocks = math.ceil((len(ids) + len(generated)) / self.block_size)
             self.running[request_id] = blocks
             yield FakeOutput([token], piece, logprobs, reason is not None, reason, len(ids),

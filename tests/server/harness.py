@@ -112,3 +112,25 @@ def engine_available() -> bool:
     except Exception:
         return False
     return True
+
+
+def load_tokenizer(model: str):  # type: ignore[no-untyped-def]
+    """The engine's tokenizer for `model` without loading its weights (GGUF or synthetic)."""
+    from frota.engine.loader import resolve_model
+
+    source = resolve_model(model)
+    if source.kind == "synthetic":
+        from frota.engine.loader.synthetic import parse_spec
+        from frota.engine.tokenizer import ByteTokenizer
+
+        return ByteTokenizer(parse_spec(source.path)[0].vocab_size)
+    if source.kind == "gguf":
+        import gguf
+        from frota.engine.loader.gguf import read_config, read_tokenizer
+
+        reader = gguf.GGUFReader(source.path)
+        return read_tokenizer(reader, read_config(reader))
+    import torch
+    from frota.engine.loader import load_model
+
+    return load_model(model, torch.float32, torch.device("meta"), verbose=False)[2]

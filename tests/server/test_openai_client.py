@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from tests.server.harness import WorkerProcess
+from tests.server.harness import WorkerProcess, load_tokenizer
 
 pytestmark = pytest.mark.slow
 PROMPT = "The capital of France is"
@@ -24,8 +24,6 @@ def oai(smollm2_worker: WorkerProcess) -> openai.OpenAI:
 
 @pytest.fixture(scope="module")
 def tokenizer(smollm2_worker: WorkerProcess):  # type: ignore[no-untyped-def]
-    from frota.engine.loader import load_tokenizer  # type: ignore[attr-defined]
-
     return load_tokenizer("smollm2")
 
 

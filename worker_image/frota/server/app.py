@@ -61,6 +61,12 @@ class WorkerState:
             return None
         return self.bindings.engine.stats()
 
+    def engine_alive(self) -> bool:
+        """False once a loaded engine's step loop has died (the pod should restart)."""
+        if self.bindings is None:
+            return True
+        return bool(getattr(self.bindings.engine, "is_running", True))
+
     def abort_all(self) -> None:
         if self.generation is not None:
             self.generation.abort_all()
@@ -218,13 +224,18 @@ async def models(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
+    """Liveness: the process answers and, once loaded, the engine loop is alive."""
+    if not request.app[STATE_KEY].engine_alive():
+        return web.json_response({"status": "engine stopped"}, status=503)
     return web.json_response({"status": "ok"})
 
 
 async def ready(request: web.Request) -> web.Response:
-    phase = request.app[STATE_KEY].lifecycle.phase
-    return web.json_response({"status": phase.value},
-                             status=200 if phase is Phase.READY else 503)
+    state = request.app[STATE_KEY]
+    phase = state.lifecycle.phase
+    is_ready = phase is Phase.READY and state.engine_alive()
+    return web.json_response({"status": phase.value if state.engine_alive() else "failed"},
+                             status=200 if is_ready else 503)
 
 
 async def metrics(request: web.Request) -> web.Response:

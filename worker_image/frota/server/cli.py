@@ -120,13 +120,17 @@ def run(args: argparse.Namespace) -> int:
     if args.role != "both":
         raise SystemExit(f"frota worker: --role {args.role} is not implemented yet")
 
-    async def load() -> EngineBindings:
+    def build() -> EngineBindings:
+        # Importing torch takes seconds: keep it off the event loop too.
         from frota.engine import AsyncEngine, EngineArgs, InvalidRequestError, SamplingParams
 
-        engine_args = EngineArgs(**engine_kwargs(args))
-        engine = await _in_daemon_thread(lambda: AsyncEngine(engine_args))
-        await engine.start()
+        engine = AsyncEngine(EngineArgs(**engine_kwargs(args)))
         return EngineBindings(engine, SamplingParams, InvalidRequestError)
+
+    async def load() -> EngineBindings:
+        bindings = await _in_daemon_thread(build)
+        await bindings.engine.start()  # type: ignore[attr-defined]
+        return bindings
 
     options = ServerOptions(
         served_model_name=args.served_model_name or args.model,

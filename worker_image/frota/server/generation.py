@@ -57,21 +57,12 @@ class _Progress:
 
 
 def token_logprobs(out: EngineOutput) -> list[TokenLogprob]:
-    """The engine's `new_logprobs` as (token, logprob, top) triples.
-
-    The engine gives one entry per new token: a mapping token id -> logprob
-    holding the top-n tokens plus the sampled one.
-    TODO(engine contract): docs/internals.md does not pin the shape of
-    `new_logprobs`; this accepts a mapping or a sequence of (id, logprob) pairs.
-    """
-    entries = out.new_logprobs or []
+    """The engine's `new_logprobs` (TokenLogprob objects) as (token, logprob, top) triples."""
     result: list[TokenLogprob] = []
-    for token_id, entry in zip(out.new_token_ids, entries, strict=False):
-        pairs = list(entry.items()) if hasattr(entry, "items") else [tuple(p) for p in entry]
-        pairs = [(int(t), float(v)) for t, v in pairs]
-        sampled = dict(pairs).get(int(token_id), float("nan"))
-        top = sorted(pairs, key=lambda p: -p[1])
-        result.append((int(token_id), sampled, top))
+    for entry in out.new_logprobs or []:
+        top = sorted(entry.top_logprobs.items(), key=lambda p: -p[1])
+        result.append((int(entry.token_id), float(entry.logprob),
+                       [(int(t), float(v)) for t, v in top]))
     return result
 
 

@@ -24,17 +24,6 @@ async def _encode(bindings: EngineBindings, text: str) -> list[int]:
     return list(await asyncio.to_thread(tokenizer.encode, text))
 
 
-def _vocab_size(bindings: EngineBindings) -> int | None:
-    # TODO(engine contract): docs/internals.md does not name the vocabulary
-    # size; token-id prompts are range-checked when the tokenizer exposes one.
-    tokenizer = bindings.engine.tokenizer
-    for name in ("vocab_size", "n_vocab"):
-        value = getattr(tokenizer, name, None)
-        if isinstance(value, int):
-            return value
-    return None
-
-
 def _check_length(bindings: EngineBindings, ids: list[int], max_tokens: int | None,
                   prompt_param: str) -> int:
     """The max_tokens to use; 400 when the prompt (plus max_tokens) exceeds the context."""
@@ -89,16 +78,14 @@ def _check_supported(req: SamplingFields, served: str) -> None:
 async def completion_job(bindings: EngineBindings, req: CompletionRequest,
                          served: str) -> Job:
     _check_supported(req, served)
-    vocab = _vocab_size(bindings)
     prompts: list[list[int]] = []
     for i, prompt in enumerate(req.prompts()):
         param = "prompt" if not isinstance(req.prompt, list) or i == 0 else f"prompt[{i}]"
         if isinstance(prompt, str):
             prompts.append(await _encode(bindings, prompt))
             continue
-        if any(t < 0 or (vocab is not None and t >= vocab) for t in prompt):
-            raise errors.invalid("Token ids in the prompt must lie in [0, vocab size).",
-                                 param=param)
+        if any(t < 0 for t in prompt):  # the engine checks the upper bound
+            raise errors.invalid("Token ids in the prompt must not be negative.", param=param)
         prompts.append(prompt)
     max_tokens = [_check_length(bindings, ids, req.max_tokens, "prompt") for ids in prompts]
     params = [_params(bindings, req, max_tokens[p], req.logprobs, p * req.n + i)
