@@ -3,6 +3,7 @@
 import asyncio
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -232,3 +233,35 @@ def test_in_cluster_config_reads_the_service_account(tmp_path, monkeypatch):
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST")
     with pytest.raises(RuntimeError, match="kubeconfig"):
         KubeApi.in_cluster(tmp_path)
+
+
+def test_kubeconfig_with_embedded_ca_and_client_certificate(tmp_path):
+    import base64
+    import ssl
+    import subprocess
+
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=test", "-keyout", str(tmp_path / "key.pem"),
+                    "-out", str(tmp_path / "cert.pem")], check=True, capture_output=True)
+
+    def b64(name: str) -> str:
+        return base64.b64encode((tmp_path / name).read_bytes()).decode()
+
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(f"""
+current-context: kind
+clusters:
+- name: kind
+  cluster: {{server: "https://127.0.0.1:6443", certificate-authority-data: {b64("cert.pem")}}}
+users:
+- name: admin
+  user: {{client-certificate-data: {b64("cert.pem")}, client-key-data: {b64("key.pem")}}}
+contexts:
+- name: kind
+  context: {{cluster: kind, user: admin}}
+""")
+    api = KubeApi.from_kubeconfig(kubeconfig)
+    assert api.server == "https://127.0.0.1:6443"
+    assert isinstance(api.ssl_context, ssl.SSLContext)
+    assert "Authorization" not in api.headers()
+    assert not any(Path(p).exists() for p in api._tempfiles)  # key material not left behind
