@@ -7,11 +7,11 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-from fixtures import Spec
 from frota.api import InferenceService
 from frota.operator.builders import build_children
 from frota.operator.planner import plan
 from frota.operator.render import planned_status
+from isvc_fixtures import Spec
 
 SAMPLES = sorted((Path(__file__).resolve().parents[2] / "manifests" / "samples").glob("*.yaml"))
 KUBERNETES_VERSIONS = ["1.33.0", "1.34.0", "1.35.0"]

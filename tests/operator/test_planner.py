@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from fixtures import Spec
 from frota.operator.model_shapes import SMOLLM2_135M, locate
 from frota.operator.planner import plan
 from frota.operator.topology import LocalAddressing
 from frota.operator.validation import SpecError
+from isvc_fixtures import Spec
 
 
 def _errors(spec: Spec) -> list[str]:
