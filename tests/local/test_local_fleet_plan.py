@@ -106,3 +106,14 @@ def test_status_table_counts_ready_replicas():
     assert "replicas ready 1/2" in text.splitlines()[0]
     assert text.splitlines()[2].split() == ["worker-0", "worker", "yes", "10", "8001", "1", "0",
                                            "50.0", "12.0", "0"]
+
+
+def test_frota_up_and_status_never_import_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, frota.local.up, frota.local.status; "
+            "frota.local.up.plan(frota.local.up.load(None)); "
+            "assert 'torch' not in sys.modules, 'torch was imported'")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
