@@ -18,8 +18,8 @@ from frota.engine.sequence import Sequence
 class AsyncEngine:
     """Streams per-request deltas from a background step loop; `abort` is thread-safe."""
 
-    def __init__(self, args: EngineArgs) -> None:
-        self.engine = LLMEngine(args)
+    def __init__(self, args: EngineArgs, loaded: tuple | None = None) -> None:
+        self.engine = LLMEngine(args, loaded=loaded)
         self.tokenizer = self.engine.tokenizer
         self.max_model_len = self.engine.max_model_len
         self.model_config = self.engine.model_config

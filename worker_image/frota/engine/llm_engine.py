@@ -23,7 +23,7 @@ from frota.engine.sequence import Sequence
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _DEFAULT_CPU_KV_FRACTION = 0.2
-_DEFAULT_CPU_KV_CAP = 4 << 30
+_DEFAULT_CPU_KV_CAP = 1 << 30  # several workers often share one host on CPU
 _DEFAULT_GPU_KV_FRACTION = 0.85
 
 
