@@ -187,11 +187,9 @@ def test_disruption_budget_per_role():
     assert all(b["spec"]["maxUnavailable"] == 1 for b in budgets)
 
 
-def test_autoscaling_targets_the_scale_subresource():
+def test_autoscaling_renders_no_hpa_because_the_operator_scales_itself():
     spec = Spec().set("spec.autoscaling", {"minReplicas": 1, "maxReplicas": 4, "target": 8})
-    hpa = one(children(spec), "HorizontalPodAutoscaler")["spec"]
-    assert hpa["scaleTargetRef"] == {"apiVersion": "frota.dev/v1alpha1", "kind": "InferenceService", "name": "tiny"}
-    assert hpa["metrics"][0]["pods"]["target"]["averageValue"] == "8"
+    assert all(o["kind"] != "HorizontalPodAutoscaler" for o in children(spec))
 
 
 def test_engine_settings_live_in_a_configmap_the_workers_load():

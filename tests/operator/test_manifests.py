@@ -23,7 +23,6 @@ RESOURCES = {
     "Role": ("rbac.authorization.k8s.io", "roles"), "RoleBinding": ("rbac.authorization.k8s.io", "rolebindings"),
     "PodDisruptionBudget": ("policy", "poddisruptionbudgets"),
     "NetworkPolicy": ("networking.k8s.io", "networkpolicies"),
-    "HorizontalPodAutoscaler": ("autoscaling", "horizontalpodautoscalers"),
 }
 
 

@@ -140,7 +140,7 @@ class Router(FrotaModel):
 
 
 class Autoscaling(FrotaModel):
-    """Scale spec.replicas on a serving metric (a HorizontalPodAutoscaler on the scale subresource)."""
+    """Scale spec.replicas on a serving metric read from the router (the operator does it, HPA-style)."""
 
     minReplicas: int = Field(default=1, ge=1, le=1000, description="Fewest replicas (units when disaggregated).")
     maxReplicas: int = Field(ge=1, le=1000, description="Most replicas (units when disaggregated).")

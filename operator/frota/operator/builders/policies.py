@@ -1,10 +1,15 @@
-"""Policies around the fleet: disruption budgets, network isolation, autoscaling."""
+"""Policies around the fleet: disruption budgets and network isolation.
+
+No HorizontalPodAutoscaler: `spec.autoscaling` is carried out by the operator
+itself, from the router's metrics, through the scale subresource (no metrics
+adapter needed); `frota render` prints only what the operator applies.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from frota.api import API_VERSION, KIND, InferenceService
+from frota.api import InferenceService
 from frota.operator.builders.common import (
     ROLE_LABEL,
     WORKER_ROLES,
@@ -13,12 +18,6 @@ from frota.operator.builders.common import (
     selector_labels,
 )
 from frota.operator.topology import Topology
-
-# Scaling metrics as a Prometheus adapter exposes the workers' vLLM-named metrics.
-AUTOSCALING_METRICS = {
-    "queueDepth": "vllm_num_requests_waiting",
-    "ttft": "vllm_time_to_first_token_seconds",
-}
 
 
 def disruption_budget(isvc: InferenceService, role: str) -> dict[str, Any]:
@@ -59,38 +58,6 @@ def network_policy(isvc: InferenceService) -> dict[str, Any]:
     }
 
 
-def autoscaler(isvc: InferenceService) -> dict[str, Any] | None:
-    """A HorizontalPodAutoscaler on the InferenceService's scale subresource, when asked for."""
-    scaling = isvc.spec.autoscaling
-    if scaling is None:
-        return None
-    target = scaling.target
-    value = f"{int(target * 1000)}m" if scaling.metric == "ttft" or target != int(target) else str(int(target))
-    return {
-        "apiVersion": "autoscaling/v2",
-        "kind": "HorizontalPodAutoscaler",
-        "metadata": metadata(isvc, isvc.metadata.name, labels(isvc)),
-        "spec": {
-            "scaleTargetRef": {"apiVersion": API_VERSION, "kind": KIND, "name": isvc.metadata.name},
-            "minReplicas": scaling.minReplicas,
-            "maxReplicas": scaling.maxReplicas,
-            "metrics": [{
-                "type": "Pods",
-                "pods": {
-                    "metric": {"name": AUTOSCALING_METRICS[scaling.metric]},
-                    "target": {"type": "AverageValue", "averageValue": value},
-                },
-            }],
-            "behavior": {"scaleDown": {"stabilizationWindowSeconds": scaling.stabilizationWindowSeconds}},
-        },
-    }
-
-
 def policy_children(isvc: InferenceService, topology: Topology) -> list[dict[str, Any]]:
-    """PodDisruptionBudgets (per worker role and the router), NetworkPolicy, optional HPA."""
-    out = [disruption_budget(isvc, role) for role in (*topology.roles, "router")]
-    out.append(network_policy(isvc))
-    hpa = autoscaler(isvc)
-    if hpa is not None:
-        out.append(hpa)
-    return out
+    """PodDisruptionBudgets (per worker role and the router) and the NetworkPolicy."""
+    return [*(disruption_budget(isvc, role) for role in (*topology.roles, "router")), network_policy(isvc)]
