@@ -72,7 +72,9 @@ class WorkerProcess:
         self.log_path = log_path
         cmd = [str(Path(sys.executable).with_name("frota")), "worker", "--model", model,
                "--host", "127.0.0.1", "--port", str(self.port), *args]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # One intra-op thread: test workers share a few cores with everything else, and
+        # oversubscribed torch threads slow a tiny model down by an order of magnitude.
+        env = {"OMP_NUM_THREADS": "1", **os.environ, "PYTHONUNBUFFERED": "1"}
         self._log = open(log_path, "wb")  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env,
                                      cwd=REPO)
