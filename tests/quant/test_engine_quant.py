@@ -1,0 +1,109 @@
+"""The engine with quantized weights and KV cache, on synthetic dense and MoE models (fast)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from frota.engine import EngineArgs, SamplingParams
+from frota.engine.llm_engine import LLMEngine
+from frota.engine.loader import load_model
+from frota.engine.quant.apply import QuantEmbedding
+from frota.engine.quant.linear import QuantLinear
+
+PROMPTS = [[5, 17, 99, 3], list(range(40, 77)), [200, 201] * 9, [42]]
+GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+
+
+def generate(engine: LLMEngine, prompts=PROMPTS, params=GREEDY) -> list[list[int]]:  # type: ignore[no-untyped-def]
+    for i, p in enumerate(prompts):
+        engine.add_request(f"r{i}", p, params)
+    tokens: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}
+    while engine.has_unfinished:
+        for out in engine.step():
+            tokens[out.request_id] += out.new_token_ids
+    return [tokens[f"r{i}"] for i in range(len(prompts))]
+
+
+def dequantized_twin(spec: str, quantized: torch.nn.Module):  # type: ignore[no-untyped-def]
+    """The float model whose weights are exactly what the quantized model holds."""
+    model, cfg, tokenizer = load_model(spec, torch.float32, torch.device("cpu"), verbose=False)
+    modules = dict(model.named_modules())
+    with torch.no_grad():
+        for name, module in quantized.named_modules():
+            if isinstance(module, QuantLinear) and ".quant_experts." not in name:
+                modules[name].weight.copy_(module.dequantized_weight())
+            if hasattr(module, "quant_experts"):
+                for e, layer in enumerate(module.quant_experts.quant_w13):
+                    modules[name].w13[e].copy_(layer.dequantized_weight())
+                for e, layer in enumerate(module.quant_experts.quant_w2):
+                    modules[name].w2[e].copy_(layer.dequantized_weight())
+    return model, cfg, tokenizer
+
+
+@pytest.mark.parametrize("preset", ["dense-tiny", "moe-tiny"])
+@pytest.mark.parametrize("method", ["int8", "int4", "fp8"])
+def test_quantized_engine_equals_its_dequantized_float_twin(preset: str, method: str) -> None:
+    spec = f"synthetic:{preset},layers=2,seed=3"
+    args = dict(num_kv_blocks=64, block_size=4, verbose=False)
+    engine = LLMEngine(EngineArgs(model=spec, quantization=method, **args))
+    model = engine.runner.model
+    quantized = [n for n, m in model.named_modules() if isinstance(m, QuantLinear)]
+    assert any("qkv_proj" in n for n in quantized) and "lm_head" in quantized
+    if preset == "moe-tiny":
+        assert any("quant_experts" in n for n in quantized)
+    twin = LLMEngine(EngineArgs(model=spec, **args), loaded=dequantized_twin(spec, model))
+    assert generate(engine) == generate(twin)
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_bfloat16_quantized_engine_runs_the_fused_kernels(method: str) -> None:
+    spec = "synthetic:dense-tiny,layers=2,seed=3"
+    engine = LLMEngine(EngineArgs(model=spec, dtype="bfloat16", quantization=method,
+                                  num_kv_blocks=64, block_size=4, verbose=False))
+    layer = engine.runner.model.layers[0].self_attn.qkv_proj
+    x = torch.zeros(1, layer.in_features, dtype=torch.bfloat16)
+    assert layer.kernel_name(x) in ("int8pack_mm", "int4pack_mm_cpu")
+    outs = generate(engine)
+    assert all(len(o) == GREEDY.max_tokens for o in outs)
+
+
+def test_tied_int8_head_serves_the_embedding_from_one_copy() -> None:
+    spec = "synthetic:dense-tiny,layers=1,seed=3,tie=1"
+    try:
+        engine = LLMEngine(EngineArgs(model=spec, quantization="int8", num_kv_blocks=16,
+                                      block_size=4, verbose=False))
+    except ValueError:
+        pytest.skip("this synthetic loader has no tied-embedding option")
+    model = engine.runner.model
+    if not model.cfg.tie_word_embeddings:
+        pytest.skip("this synthetic loader has no tied-embedding option")
+    assert isinstance(model.embed_tokens, QuantEmbedding)
+    ids = torch.tensor([1, 2, 3])
+    torch.testing.assert_close(model.embed_tokens(ids), model.lm_head.dequantized_weight()[ids])
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8"])
+def test_quantized_kv_cache_keeps_greedy_output_on_most_prompts(kv_cache_dtype: str) -> None:
+    spec = "synthetic:dense-tiny,layers=2,seed=3"
+    loaded = load_model(spec, torch.float32, torch.device("cpu"), verbose=False)
+    args = dict(model=spec, num_kv_blocks=64, block_size=4, verbose=False)
+    base = generate(LLMEngine(EngineArgs(**args), loaded=loaded))
+    quant = generate(LLMEngine(EngineArgs(**args, kv_cache_dtype=kv_cache_dtype), loaded=loaded))
+    assert sum(a == b for a, b in zip(base, quant, strict=True)) >= 3
+
+
+def test_int8_kv_cache_fits_about_twice_the_blocks_of_bfloat16() -> None:
+    # head_dim 64 (SmolLM2's): a float16 scale per 64 int8 values
+    spec = "synthetic:dense-tiny,layers=2,head_dim=64,seed=3"
+    loaded = load_model(spec, torch.bfloat16, torch.device("cpu"), verbose=False)
+    args = dict(model=spec, dtype="bfloat16", kv_cache_memory=1 << 20, verbose=False)
+    auto = LLMEngine(EngineArgs(**args), loaded=loaded)
+    int8 = LLMEngine(EngineArgs(**args, kv_cache_dtype="int8"), loaded=loaded)
+    assert int8.block_manager.num_blocks >= 1.9 * auto.block_manager.num_blocks
+
+
+def test_engine_args_reject_unknown_quantization() -> None:
+    with pytest.raises(ValueError, match="quantization"):
+        EngineArgs(quantization="int3")
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        EngineArgs(kv_cache_dtype="int4")
