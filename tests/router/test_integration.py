@@ -313,7 +313,7 @@ def test_killing_a_worker_under_load_loses_no_unstarted_request(workers, router_
             outcomes.append(outcome)
             try:
                 raw = await aclient.completions.with_raw_response.create(
-                    model="smollm2", prompt=f"Tell a long story number {i}.", max_tokens=48,
+                    model="smollm2", prompt=f"Tell a long story number {i}.", max_tokens=24,
                     stream=True, extra_body={"ignore_eos": True})
                 outcome["worker"] = raw.headers["x-frota-worker"]
                 async for chunk in raw.parse():
