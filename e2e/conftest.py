@@ -3,7 +3,8 @@
 ``FROTA_E2E_KUBECONFIG`` set: the tests run against that cluster (kind), with
 ``FROTA_E2E_ADDRESS`` (default ``port-forward``) saying how to reach pods and
 ``FROTA_E2E_IMAGE`` the image pods declare. Unset: a local control plane is
-started for the session from the cached binaries (``e2e/cluster/build.sh``;
+started for the session (``FROTA_E2E_NODES`` nodes, default 2, each
+with ``FROTA_E2E_GPUS`` fake GPUs, default 2) from the cached binaries (``e2e/cluster/build.sh``;
 ``FROTA_E2E_BUILD=1`` builds them when missing) and stopped afterwards, also
 after a failure.
 """
@@ -41,7 +42,7 @@ def cluster() -> Iterator[Cluster]:
             image=os.environ.get("FROTA_E2E_IMAGE", "frota-worker:e2e"),
         )
         return
-    from e2e.cluster import LocalCluster, build_binaries, find_binaries
+    from e2e.cluster import ClusterOptions, LocalCluster, build_binaries, find_binaries
     from e2e.cluster.netns import ensure_iproute2, unavailable_reason
 
     ensure_iproute2()
@@ -54,7 +55,11 @@ def cluster() -> Iterator[Cluster]:
             pytest.skip("control-plane binaries not built: run e2e/cluster/build.sh "
                         "(or set FROTA_E2E_BUILD=1)")
         bin_dir = build_binaries()
-    with LocalCluster(bin_dir) as local:
+    options = ClusterOptions(
+        nodes=int(os.environ.get("FROTA_E2E_NODES", "2")),
+        gpus_per_node=int(os.environ.get("FROTA_E2E_GPUS", "2")),
+    )
+    with LocalCluster(bin_dir, options) as local:
         yield Cluster(
             kubeconfig=str(local.kubeconfig),
             kubectl_path=str(Path(bin_dir) / "kubectl"),

@@ -88,6 +88,8 @@ class NodeAgent:
         self.apiserver_host, _, port = hostport.rpartition(":")
         self.apiserver_port = int(port or 443)
         venv_bin = str(Path(sys.executable).parent)
+        # Paths a volume mount must not cover: the containers' commands live there.
+        self.must_stay_visible = [venv_bin, str(Path(__file__).resolve().parents[2])]
         self.container_path = f"{venv_bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
         self.default_entrypoint = shlex.split(os.environ.get("FROTA_E2E_DEFAULT_ENTRYPOINT", "frota"))
         self.stopping = threading.Event()

@@ -27,6 +27,7 @@ import httpx
 from e2e.cluster import netns
 from e2e.cluster.kubeapi import ApiError, KubeClient
 from e2e.cluster.pki import Pki, make_pki
+from e2e.cluster.podrunner import MOUNTPOINTS_FILE
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = Path(__file__).with_name("build.sh")
@@ -170,6 +171,7 @@ class LocalCluster:
             (self.work / "pids").unlink()
         if (self.work / "network").exists():
             netns.cleanup_all()
+            netns.remove_created_paths(self.work / "pods" / MOUNTPOINTS_FILE)
             (self.work / "network").unlink()
 
     # --- helpers ---------------------------------------------------------

@@ -132,6 +132,20 @@ def cleanup_all_pods() -> None:
             shutil.rmtree(d, ignore_errors=True)
 
 
+def remove_created_paths(record: Path) -> None:
+    """Remove the empty mount points listed in ``record`` (deepest first), then the list."""
+    if not record.exists():
+        return
+    for line in sorted(set(record.read_text().splitlines()), key=len, reverse=True):
+        p = Path(line)
+        with contextlib.suppress(OSError):
+            if p.is_dir() and not p.is_mount():
+                p.rmdir()  # only when empty
+            elif p.is_file() and p.stat().st_size == 0:
+                p.unlink()
+    record.unlink()
+
+
 def cleanup_all() -> None:
     """Remove every pod netns and the bridge."""
     cleanup_all_pods()

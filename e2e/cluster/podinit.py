@@ -18,25 +18,54 @@ import sys
 from pathlib import Path
 
 
-def _bind(src: str, dst: str, read_only: bool) -> None:
-    target = Path(dst)
-    if Path(src).is_dir():
+def _create(target: Path, is_dir: bool, record: Path) -> None:
+    """Create a missing mount point, recording each new path for the harness to remove."""
+    missing = [p for p in [target, *target.parents] if not p.exists()]
+    if not missing:
+        return
+    with record.open("a") as f:
+        for p in reversed(missing):
+            f.write(f"{p}\n")
+    if is_dir:
         target.mkdir(parents=True, exist_ok=True)
     else:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.touch(exist_ok=True)
-    subprocess.run(["mount", "--bind", src, dst], check=True)
-    if read_only:
-        subprocess.run(["mount", "-o", "remount,bind,ro", dst], check=True)
+
+
+def _bind(src: str, handle: str, dst: str, read_only: bool, record: Path) -> None:
+    """Bind-mount ``src`` (reached through ``handle``) at ``dst``, creating ``dst``.
+
+    A missing mount point is created on the host's filesystem (an empty
+    directory or file), as ip netns exec shares it; it is listed in
+    ``record`` so the harness removes it when the cluster stops.
+    """
+    _create(Path(dst), os.path.isdir(handle), record)
+    proc = subprocess.run(["mount", "--bind", handle, dst], capture_output=True, text=True)
+    if proc.returncode == 0 and read_only:
+        proc = subprocess.run(["mount", "-o", "remount,bind,ro", dst], capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"podinit: cannot mount a volume at {dst}: {proc.stderr.strip()}")
 
 
 def main() -> None:
     """Apply the spec written by the agent and exec the container command."""
     spec = json.loads(Path(sys.argv[1]).read_text())
     socket.sethostname(spec["hostname"])
-    for src, dst, read_only in spec["mounts"]:
-        _bind(src, dst, read_only)
-    os.chdir(spec["cwd"])
+    # Sources may live under a path a mount hides (mountPath /work over a source
+    # under /work/main): open them all first, mount through /proc/<pid>/fd.
+    fds = [os.open(src, os.O_PATH) for src, _, _ in spec["mounts"]]
+    # The pod's scratch dir (the default working dir) may be hidden the same way.
+    scratch = os.open(spec["scratch"], os.O_RDONLY | os.O_DIRECTORY)
+    for fd, (src, dst, read_only) in zip(fds, spec["mounts"], strict=True):
+        _bind(src, f"/proc/{os.getpid()}/fd/{fd}", dst, read_only, Path(spec["record"]))
+    for fd in fds:
+        os.close(fd)
+    if spec.get("cwd"):
+        os.chdir(spec["cwd"])
+    else:
+        os.fchdir(scratch)
+    os.close(scratch)
     argv = spec["argv"]
     try:
         os.execvpe(argv[0], argv, spec["env"])

@@ -36,6 +36,8 @@ log = logging.getLogger("frota.e2e.agent")
 REPO = Path(__file__).resolve().parents[2]
 TICK_S = 0.25
 MAX_BACKOFF_S = 20.0
+# Mount points podinit had to create on the host, removed when the cluster stops.
+MOUNTPOINTS_FILE = "created-mountpoints"
 
 
 def now() -> str:
@@ -181,13 +183,11 @@ class PodRunner(threading.Thread):
                 if not c.started:
                     return
                 continue
-            if c.done:
-                continue
-            self._step_container(c, "Never" if self._policy() == "Never" else "OnFailure")
+            if not c.done:
+                self._step_container(c, "Never" if self._policy() == "Never" else "OnFailure")
             if not c.done:
                 return
-            code = c.state["terminated"]["exitCode"]
-            if code != 0:
+            if c.state["terminated"]["exitCode"] != 0:
                 self.phase, self.reason = "Failed", "InitContainerFailed"
                 return
         self.initialized = True
@@ -262,17 +262,25 @@ class PodRunner(threading.Thread):
         argv = [expand(a, c.env) for a in [*command, *spec.get("args", [])]]
         mounts = []
         for m in spec.get("volumeMounts", []):
+            hidden = [p for p in self.agent.must_stay_visible
+                      if (p + "/").startswith(m["mountPath"].rstrip("/") + "/")]
+            if hidden:
+                c.state = {"waiting": {"reason": "CreateContainerConfigError", "message": (
+                    f"mountPath {m['mountPath']} would hide {hidden[0]}, which the local node "
+                    "agent runs containers from; choose another mountPath")}}
+                c.restart_at = time.monotonic() + 5.0
+                return
             src = self.mounts[m["name"]]
             if m.get("subPath"):
                 src = src / m["subPath"]
                 if not src.exists():
                     src.mkdir(parents=True)
             mounts.append([str(src), m["mountPath"], bool(m.get("readOnly"))])
-        cwd = spec.get("workingDir") or str(self.dir)
-        Path(cwd).mkdir(parents=True, exist_ok=True)
         shim = {
             "hostname": self.pod["spec"].get("hostname") or self.pod_name,
-            "mounts": mounts, "cwd": cwd, "env": c.env, "argv": argv,
+            "mounts": mounts, "cwd": spec.get("workingDir", ""), "scratch": str(self.dir),
+            "record": str(self.agent.work_dir / MOUNTPOINTS_FILE),
+            "env": c.env, "argv": argv,
         }
         shim_path = self.dir / f"{c.name}.json"
         shim_path.write_text(json.dumps(shim))
