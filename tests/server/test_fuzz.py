@@ -155,5 +155,5 @@ def test_fuzzed_bodies_never_5xx_fake_engine() -> None:
 @pytest.mark.slow
 def test_fuzzed_bodies_never_5xx_real_worker(synthetic_worker) -> None:  # type: ignore[no-untyped-def]
     run_fuzz(synthetic_worker.url, "synthetic-worker", synthetic_worker.model,
-             max_examples=int(os.environ.get("FROTA_FUZZ_EXAMPLES_REAL", "80")), bounded=True)
+             max_examples=int(os.environ.get("FROTA_FUZZ_EXAMPLES_REAL", "300")), bounded=True)
     assert synthetic_worker.proc.poll() is None
