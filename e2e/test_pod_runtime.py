@@ -20,8 +20,8 @@ out["namespace"] = open(sa + "/namespace").read()
 out["config"] = open("/etc/frota-e2e/config/greeting").read()
 ctx = ssl.create_default_context(cafile=sa + "/ca.crt")
 host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ["KUBERNETES_SERVICE_PORT"]
-def call(path):
-    req = urllib.request.Request(f"https://{host}:{port}{path}",
+def call(path, base=f"https://{host}:{port}"):
+    req = urllib.request.Request(base + path,
                                  headers={"Authorization": "Bearer " + open(sa + "/token").read()})
     try:
         return urllib.request.urlopen(req, context=ctx, timeout=10).status
@@ -29,6 +29,7 @@ def call(path):
         return e.code
 out["get_own_namespace_pods"] = call(f"/api/v1/namespaces/{out['namespace']}/pods")
 out["get_version"] = call("/version")
+out["get_version_by_service_name"] = call("/version", "https://kubernetes.default.svc")
 print(json.dumps(out), flush=True)
 """
 
@@ -94,6 +95,7 @@ def test_pod_sees_downward_api_config_and_its_own_service_account(cluster: Clust
     assert seen["namespace"] == namespace
     # RBAC is enforced: the default account may read /version but not list pods.
     assert (seen["get_version"], seen["get_own_namespace_pods"]) == (200, 403)
+    assert seen["get_version_by_service_name"] == 200
 
 
 def test_pod_asking_for_gpus_gets_distinct_fake_devices(cluster: Cluster, namespace: str) -> None:

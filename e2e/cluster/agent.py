@@ -159,6 +159,8 @@ class NodeAgent:
         lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
         if runner.ip:
             lines.append(f"{runner.ip}\t{' '.join(own)}")
+        # No kube-proxy: the apiserver's Service name points at the apiserver itself.
+        lines.append(f"{self.apiserver_host}\t{' '.join(_dns_names('kubernetes', 'default', ns))}")
         with self.lock:
             pods, services = list(self.pods.values()), list(self.services)
         for svc in services:

@@ -138,7 +138,8 @@ class LocalCluster:
             ],
         )
         etcd_port, peer_port = free_port(), free_port()
-        api_port = 6443 if self._port_free(self.host_ip, 6443) else free_port(self.host_ip)
+        # 443 as in a cluster, so https://kubernetes.default.svc works from pods.
+        api_port = 443 if self._port_free(self.host_ip, 443) else free_port(self.host_ip)
         self.server = f"https://{self.host_ip}:{api_port}"
         self._write_kubeconfig(pki)
         self._start_etcd(etcd_port, peer_port)
