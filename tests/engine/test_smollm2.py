@@ -132,7 +132,8 @@ def test_greedy_matches_transformers_with_small_prefill_chunks(engine, prompt_id
 
 def test_greedy_matches_transformers_with_prefix_cache_hits(engine, prompt_ids, hf_greedy):
     cached = engine_with(engine, num_kv_blocks=256, block_size=4)
-    generate(cached, prompt_ids[:5], [GREEDY] * 5)  # warm the cache; 4 and 5 share SYSTEM
+    # Warm the cache with the prompts alone (prompts 4 and 5 also share SYSTEM).
+    generate(cached, prompt_ids[:5], [SamplingParams(max_tokens=1, temperature=0)] * 5)
     hits_before = cached.block_manager.prefix_cache_hits
     outs = generate(cached, prompt_ids, [GREEDY] * len(prompt_ids))
     assert cached.block_manager.prefix_cache_hits > hits_before

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from frota.engine.quant.config import add_quant_arguments
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="smollm2", help="alias, .gguf path, HF dir or synthetic:...")
@@ -14,6 +16,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     parser.add_argument("--ignore-eos", action="store_true")
+    add_quant_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -24,7 +27,8 @@ def run(args: argparse.Namespace) -> int:
     from frota.engine.errors import UnsupportedModelError
 
     try:
-        llm = LLM(model=args.model, dtype=args.dtype)
+        llm = LLM(model=args.model, dtype=args.dtype, quantization=args.quantization,
+                  kv_cache_dtype=args.kv_cache_dtype)
         prompt = args.prompt
         if args.chat:
             prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])

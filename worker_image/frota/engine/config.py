@@ -21,6 +21,8 @@ class EngineArgs:
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda
     verbose: bool = True  # print loading progress
+    quantization: str = "none"  # none | int8 | int4 | fp8 (weights; see frota.engine.quant)
+    kv_cache_dtype: str = "auto"  # auto (the model dtype) | int8 | fp8
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -31,6 +33,10 @@ class EngineArgs:
             raise ValueError("block_size must be >= 1")
         if self.dtype not in ("float32", "bfloat16", "float16", "auto"):
             raise ValueError(f"dtype {self.dtype!r}: use float32, bfloat16, float16 or auto")
+        if self.quantization not in ("none", "int8", "int4", "fp8"):
+            raise ValueError(f"quantization {self.quantization!r}: use none, int8, int4 or fp8")
+        if self.kv_cache_dtype not in ("auto", "int8", "fp8"):
+            raise ValueError(f"kv_cache_dtype {self.kv_cache_dtype!r}: use auto, int8 or fp8")
 
 
 @dataclass

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from frota.engine.quant.config import add_quant_arguments
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="eval_command", metavar="TASK", required=True)
@@ -14,6 +16,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ppl.add_argument("--window", type=int, default=None,
                      help="tokens per window (default: the context length, at most 1024)")
     ppl.add_argument("--max-tokens", type=int, default=None, help="evaluate at most this many tokens")
+    add_quant_arguments(ppl)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -28,7 +31,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         with open(args.text, encoding="utf-8") as f:
             text = f.read()
-        engine = LLMEngine(EngineArgs(model=args.model, dtype=args.dtype, verbose=False))
+        engine = LLMEngine(EngineArgs(model=args.model, dtype=args.dtype, verbose=False,
+                                      quantization=args.quantization,
+                                      kv_cache_dtype=args.kv_cache_dtype))
     except (OSError, ValueError) as exc:
         print(f"frota eval: {exc}", file=sys.stderr)
         return 2

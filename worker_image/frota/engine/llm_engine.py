@@ -52,7 +52,11 @@ def _available_memory(device: torch.device) -> int:
 def num_kv_blocks_for(args: EngineArgs, cfg: ModelConfig, dtype: torch.dtype,
                       device: torch.device, max_model_len: int) -> int:
     """Blocks from an explicit count, a byte budget, or a share of the memory that is left."""
-    bytes_per_block = cfg.kv_bytes_per_token(torch.finfo(dtype).bits // 8) * args.block_size
+    from frota.engine.quant.accounting import kv_bytes_per_token
+
+    per_token = kv_bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
+                                   args.kv_cache_dtype, str(dtype).removeprefix("torch."))
+    bytes_per_block = per_token * args.block_size
     if args.num_kv_blocks is not None:
         return args.num_kv_blocks
     if args.kv_cache_memory is not None:
@@ -71,7 +75,7 @@ class LLMEngine:
         self.device = resolve_device(args.device)
         self.dtype = resolve_dtype(args.dtype, self.device)
         if loaded is None:
-            loaded = load_model(args.model, self.dtype, self.device, args.verbose)
+            loaded = self._load(args)
         model, cfg, tokenizer = loaded
         self.loaded = loaded
         self.model_config = cfg
@@ -88,11 +92,24 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, args.block_size, args.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, args.max_num_seqs,
                                    args.max_num_batched_tokens, max_model_len)
-        self.runner = ModelRunner(model, cfg, num_blocks, args.block_size, self.dtype, self.device)
+        self.runner = ModelRunner(model, cfg, num_blocks, args.block_size, self.dtype, self.device,
+                                  args.kv_cache_dtype)
         self.sampler = Sampler(args.seed)
         self.requests: dict[str, tuple[Sequence, IncrementalDetokenizer]] = {}
         progress(args.verbose, f"KV cache: {num_blocks} blocks of {args.block_size} tokens; "
                                f"max_model_len {max_model_len}; device {self.device}")
+
+    def _load(self, args: EngineArgs) -> tuple:
+        """(model, config, tokenizer); a quantized model is loaded in float32 and quantized
+        from there (GGUF Q4_0/Q4_1/Q8_0 tensors are kept exactly), see frota.engine.quant."""
+        if args.quantization == "none":
+            return load_model(args.model, self.dtype, self.device, args.verbose)
+        from frota.engine.quant.apply import quantize_loaded_model
+
+        model, cfg, tokenizer = load_model(args.model, torch.float32, self.device, args.verbose)
+        model = quantize_loaded_model(model, cfg, args.model, args.quantization, self.dtype)
+        progress(args.verbose, f"quantized the weights to {args.quantization}")
+        return model, cfg, tokenizer
 
     def make_sequence(self, request_id: str, prompt: str | list[int],
                       params: SamplingParams) -> Sequence:

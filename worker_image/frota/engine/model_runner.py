@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from frota.engine.attention import AttentionMetadata, PrefillSpan
 from frota.engine.config import ModelConfig
+from frota.engine.quant.kv import allocate_kv_pool
 from frota.engine.scheduler import ScheduledBatch
 from frota.engine.sequence import Sequence
 
@@ -14,7 +15,7 @@ class ModelRunner:
     """The model plus its KV pool (one `[num_blocks, kv_heads, block_size, head_dim]` pair per layer)."""
 
     def __init__(self, model, cfg: ModelConfig, num_blocks: int, block_size: int,
-                 dtype: torch.dtype, device: torch.device) -> None:
+                 dtype: torch.dtype, device: torch.device, kv_cache_dtype: str = "auto") -> None:
         self.model = model
         self.cfg = cfg
         self.block_size = block_size
@@ -24,7 +25,8 @@ class ModelRunner:
         self.kv_caches = [
             (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
             for _ in range(cfg.num_layers)
-        ]
+        ] if kv_cache_dtype == "auto" else allocate_kv_pool(
+            cfg.num_layers, *shape, kv_cache_dtype=kv_cache_dtype, dtype=dtype, device=device)
 
     def _tensor(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)
