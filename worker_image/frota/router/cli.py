@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--port", type=int, default=_env("--port", 8000), help="port to listen on")
     g.add_argument("--api-key-file", default=_env("--api-key-file", None),
                    help="file with accepted API keys, one per line; without it, no auth")
-    g.add_argument("--log-level", default=_env("--log-level", "info"),
+    g.add_argument("--log-level", default=_env("--log-level", "info"), type=str.lower,
                    choices=["debug", "info", "warning", "error"])
 
     g = parser.add_argument_group("discovery")
