@@ -17,7 +17,7 @@ from typing import Any
 
 ENGINE_FLAGS = ("model", "dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
                 "block_size", "num_kv_blocks", "kv_cache_memory", "enable_prefix_caching",
-                "seed")
+                "seed", "quantization", "kv_cache_dtype")
 
 _SIZE_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
                "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
@@ -77,6 +77,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _flag(parser, "--enable-prefix-caching", type=parse_bool,
           help="reuse KV blocks of shared prompt prefixes (true/false)")
     _flag(parser, "--seed", type=int, help="engine seed for unseeded requests")
+    _flag(parser, "--quantization", choices=["none", "int8", "int4", "fp8"],
+          help="weight quantization; a GGUF's Q4_0/Q4_1/Q8_0 tensors are kept as they are "
+          "(default: none)")
+    _flag(parser, "--kv-cache-dtype", choices=["auto", "int8", "fp8"],
+          help="KV-cache storage: auto (the model dtype), int8 or fp8 (about half of bfloat16)")
     _flag(parser, "--max-queue", type=int, default=256,
           help="most requests waiting for their first token; beyond it 429 (0: unbounded)")
     _flag(parser, "--shutdown-grace-period", type=float, default=30.0,

@@ -168,10 +168,16 @@ def prepare_kernels(model: nn.Module, dtype: torch.dtype) -> None:
 
 
 def quantized_weight_bytes(model: nn.Module) -> int:
-    """Bytes of every weight in the model as it is held now (each tensor counted once)."""
+    """Bytes of the model's weights as held now: parameters and quantized storage (with
+    scales), each tensor counted once (a tied embedding is the LM head). Caches such as
+    rotary tables are not weights and are left out."""
+    tensors = list(model.parameters())
+    for module in model.modules():
+        if isinstance(module, QuantLinear):
+            tensors.extend(b for b in module.buffers(recurse=False))
     seen: set[int] = set()
     total = 0
-    for tensor in [*model.parameters(), *model.buffers()]:
+    for tensor in tensors:
         key = tensor.data_ptr()
         if key in seen or tensor.device.type == "meta":
             continue
