@@ -24,6 +24,8 @@ def main() -> None:
     parser.add_argument("--exit-after", type=float, default=None)
     parser.add_argument("--exit-code", type=int, default=3)
     parser.add_argument("--ignore-term", action="store_true")
+    parser.add_argument("--unhealthy-after", type=float, default=None,
+                        help="/health answers 500 from this many seconds on")
     parser.add_argument("--grandchild", default=None, help="start a sleeper; write its pid here")
     args = parser.parse_args()
     started = time.monotonic()
@@ -42,8 +44,10 @@ def main() -> None:
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            is_ready = time.monotonic() - started >= args.ready_after
-            status = 200 if self.path != "/ready" or is_ready else 503
+            age = time.monotonic() - started
+            status = 503 if self.path == "/ready" and age < args.ready_after else 200
+            if self.path == "/health" and args.unhealthy_after is not None:
+                status = 500 if age >= args.unhealthy_after else 200
             body = f"pid {os.getpid()}\n".encode()
             self.send_response(status)
             self.send_header("Content-Length", str(len(body)))

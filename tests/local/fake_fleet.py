@@ -98,6 +98,7 @@ def router_app(args: argparse.Namespace) -> web.Application:
 
     app = web.Application()
     app.router.add_get("/ready", ready)
+    app.router.add_get("/health", lambda _: web.Response(text="ok"))
     app.router.add_get("/metrics", lambda _: web.Response(text="frota_router_queue_depth 0\n"))
     app.router.add_post("/v1/chat/completions", proxy)
     return app

@@ -154,3 +154,24 @@ def test_children_die_when_the_supervisor_is_sigkilled(tmp_path: Path):
         wait_until(lambda: is_port_free(port), 5, "the child's port to be freed")
     finally:
         parent.kill()
+
+
+async def test_process_failing_its_liveness_probe_is_killed_and_restarted():
+    port = free_port()
+    spec = ProcessSpec(name="hung", argv=child_argv(port, "--unhealthy-after", "0.5"), port=port,
+                       ready_url=f"http://127.0.0.1:{port}/ready",
+                       live_url=f"http://127.0.0.1:{port}/health")
+    events: list[str] = []
+    sup = Supervisor([GroupSpec("g", (spec,))], backoff_initial=0.1, liveness_period=0.2,
+                     on_event=lambda kind, _m, _d: events.append(kind))
+    await sup.start(timeout=20)
+    first = sup.processes[0].pid
+    task = asyncio.create_task(sup.supervise())
+    for _ in range(200):
+        if sup.processes[0].num_restarts >= 1 and sup.processes[0].is_ready:
+            break
+        await asyncio.sleep(0.05)
+    task.cancel()
+    await sup.stop()
+    assert "unhealthy" in events and sup.processes[0].pid != first
+    assert first is not None and is_gone(first)

@@ -93,6 +93,7 @@ def build(topology: LocalTopology, opts: FleetOptions) -> LocalFleet:
                 argv=argv, env=env, port=port, role=group.role, replica=group.replica,
                 rank=rank.rank,
                 ready_url=f"http://{_connect_host(opts.host)}:{port}/ready" if is_leader else None,
+                live_url=f"http://{_connect_host(opts.host)}:{port}/health" if is_leader else None,
             ))
             index += 1
         worker_groups.append(GroupSpec(group.name, tuple(procs)))
@@ -117,6 +118,7 @@ def _router_spec(topology: LocalTopology, groups: list[GroupSpec], opts: FleetOp
         name="router", argv=argv, env={**topology.router_env, "FROTA_LOG_LEVEL": opts.log_level},
         port=opts.port,
         role="router", ready_url=f"http://{_connect_host(opts.host)}:{opts.port}/ready",
+        live_url=f"http://{_connect_host(opts.host)}:{opts.port}/health",
     )
 
 

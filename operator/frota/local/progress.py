@@ -109,6 +109,8 @@ class Progress:
             self.info(f"{name} ready in {detail}")
         elif kind == "exited":
             self.info(f"{name} exited ({detail})")
+        elif kind == "unhealthy":
+            self.info(f"{name} is not live: {detail}")
         elif kind == "killed":
             self.info(f"{name} killed: {detail}")
 

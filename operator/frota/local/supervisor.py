@@ -40,6 +40,9 @@ class ProcessSpec:
     # GET this URL until it answers 200. None: ready as soon as it runs
     # (follower ranks, which serve no HTTP; their leader's probe covers them).
     ready_url: str | None = None
+    # Liveness, probed once ready: failing `liveness_failures` times in a row
+    # kills the process (and so restarts its group), as a kubelet would.
+    live_url: str | None = None
     port: int | None = None
     role: str = "worker"
     replica: int | None = None
@@ -120,6 +123,9 @@ class Supervisor:
         backoff_max: float = 30.0,
         backoff_reset_after: float = 60.0,
         grace_period: float = 10.0,
+        liveness_period: float = 10.0,
+        liveness_timeout: float = 5.0,
+        liveness_failures: int = 3,
     ) -> None:
         self.groups = groups
         self.members: dict[str, list[ManagedProcess]] = {
@@ -132,6 +138,9 @@ class Supervisor:
         self.backoff_max = backoff_max
         self.backoff_reset_after = backoff_reset_after
         self.grace_period = grace_period
+        self.liveness_period = liveness_period
+        self.liveness_timeout = liveness_timeout
+        self.liveness_failures = liveness_failures
         self._is_stopping = False
         self._tasks: list[asyncio.Task[None]] = []
         self._session: aiohttp.ClientSession | None = None
@@ -210,20 +219,40 @@ class Supervisor:
                 member.is_ready = True
                 member.ready_at = time.monotonic()
                 self._on_event("ready", member, f"{member.ready_at - member.started_at:.1f} s")
+                if member.spec.live_url:
+                    self._tasks.append(asyncio.create_task(self._watch_liveness(member, proc)))
                 return
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(proc.wait()), self.probe_interval)
 
-    async def _probe(self, member: ManagedProcess) -> bool:
-        url = member.spec.ready_url
+    async def _probe(self, member: ManagedProcess, url: str | None = None,
+                     timeout: float = 2.0) -> bool:
+        url = url or member.spec.ready_url
         if url is None:
             return member.is_running
         assert self._session is not None
         try:
-            async with self._session.get(url) as resp:
-                return resp.status == 200
+            async with self._session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as r:
+                return r.status == 200
         except (aiohttp.ClientError, TimeoutError, OSError):
             return False
+
+    async def _watch_liveness(self, member: ManagedProcess,
+                              proc: asyncio.subprocess.Process) -> None:
+        num_failures = 0
+        while member.proc is proc and proc.returncode is None and not self._is_stopping:
+            await asyncio.sleep(self.liveness_period)
+            if member.proc is not proc or proc.returncode is not None or self._is_stopping:
+                return
+            if await self._probe(member, member.spec.live_url, self.liveness_timeout):
+                num_failures = 0
+                continue
+            num_failures += 1
+            if num_failures >= self.liveness_failures:
+                self._on_event("unhealthy", member,
+                               f"{member.spec.live_url} failed {num_failures} times; killing it")
+                _killpg(proc.pid, signal.SIGKILL)
+                return
 
     # -- supervision --------------------------------------------------------
 
