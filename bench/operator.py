@@ -80,10 +80,17 @@ def expected_children(manifest: dict[str, Any]) -> set[tuple[str, str]]:
     return {(o["kind"], o["metadata"]["name"]) for o in objs}
 
 
+# Metadata-only lists: the benchmark's polling should cost the API server little.
+METADATA_ONLY = {"Accept": "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"}
+
+
 def existing_children(client: Any) -> set[tuple[str, str]]:
     found = set()
     for kind, path in CHILD_PATHS.items():
-        data = client.get(path.format(ns=NAMESPACE), labelSelector="app.kubernetes.io/name=frota")
+        resp = client.http.get(path.format(ns=NAMESPACE), headers=METADATA_ONLY,
+                               params={"labelSelector": "app.kubernetes.io/name=frota"})
+        resp.raise_for_status()
+        data = resp.json()
         found |= {(kind, item["metadata"]["name"]) for item in data.get("items", [])}
     return found
 
@@ -114,7 +121,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with ExitStack() as stack:
         kubeconfig = args.kubeconfig
         if kubeconfig is None:
-            kubeconfig = stack.enter_context(local_cluster())
+            kubeconfig = stack.enter_context(local_cluster(args.bin_dir))
         client = KubeClient(kubeconfig)
         stack.callback(client.close)
         kubectl = os.environ.get("KUBECTL", "kubectl")
@@ -124,8 +131,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for node in client.get("/api/v1/nodes").get("items", []):
             client.merge_patch(f"/api/v1/nodes/{node['metadata']['name']}",
                                {"spec": {"unschedulable": True}})
-        subprocess.run([kubectl, "apply", "-f", str(REPO / "crds")], env=env, check=True,
+        subprocess.run([kubectl, "apply", "-f", args.crd], env=env, check=True,
                        stdout=subprocess.DEVNULL)
+        wait_established(client)
         subprocess.run([kubectl, "create", "namespace", NAMESPACE], env=env, check=False,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         log = stack.enter_context(tempfile.NamedTemporaryFile("w+", suffix=".log"))
@@ -157,7 +165,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             timeline.append((time.monotonic() - started, len(seen)))
             if seen == wanted:
                 break
-            time.sleep(0.25)
+            time.sleep(0.5)
         elapsed = time.monotonic() - started
         sampler.sample()
         result = {
@@ -202,22 +210,70 @@ def wait_healthy(port: int, proc: subprocess.Popen[bytes], timeout: float = 60.0
     raise TimeoutError("the operator did not become healthy")
 
 
-def local_cluster() -> Any:
-    """The e2e local control plane, in a work directory of its own."""
-    from e2e.cluster import ClusterOptions, LocalCluster, build_binaries, find_binaries
+def wait_established(client: Any, timeout: float = 60.0) -> None:
+    path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/inferenceservices.frota.dev"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        conds = (client.get(path).get("status") or {}).get("conditions") or []
+        if any(c["type"] == "Established" and c["status"] == "True" for c in conds):
+            try:  # the new resource's storage answers 429 while it initializes
+                client.get("/apis/frota.dev/v1alpha1/inferenceservices")
+                return
+            except Exception:
+                pass
+        time.sleep(0.2)
+    raise TimeoutError("the CRD was not established")
 
-    bin_dir = find_binaries() or build_binaries()
+
+def local_cluster(bin_dir: str | None) -> Any:
+    """The e2e local control plane in a work directory of its own.
+
+    With --bin-dir holding only etcd and kube-apiserver, just those two run:
+    enough to measure the operator, which needs no controller or kubelet to
+    create children.
+    """
+    from e2e.cluster import ClusterOptions, LocalCluster, build_binaries, find_binaries
+    from e2e.cluster.controlplane import free_port as cp_free_port
+    from e2e.cluster.controlplane import wait_for
+    from e2e.cluster.kubeapi import KubeClient
+    from e2e.cluster.pki import make_pki
+
+    full = Path(bin_dir) if bin_dir else (find_binaries() or None)
+    minimal = full is not None and not (full / "kube-controller-manager").exists()
+    if full is None:
+        full = build_binaries()
     work = Path(tempfile.mkdtemp(prefix="frota-bench-operator-"))
-    cluster = LocalCluster(bin_dir, ClusterOptions(work_dir=work))
-    os.environ["PATH"] = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
+    cluster = LocalCluster(full, ClusterOptions(work_dir=work))
+    os.environ["PATH"] = f"{full}{os.pathsep}{os.environ['PATH']}"
 
     class _Ctx:
         def __enter__(self) -> Path:
-            cluster.__enter__()
+            if not minimal:
+                cluster.__enter__()
+                return cluster.kubeconfig
+            # etcd + kube-apiserver only, on loopback (the e2e cluster's own steps).
+            cluster.host_ip = "127.0.0.1"
+            (work / "logs").mkdir(parents=True, exist_ok=True)
+            pki = make_pki(work / "pki", ips=["127.0.0.1"], dns_names=["localhost"])
+            etcd_port, peer_port, api_port = cp_free_port(), cp_free_port(), cp_free_port()
+            cluster.server = f"https://127.0.0.1:{api_port}"
+            cluster._write_kubeconfig(pki)
+            cluster._start_etcd(etcd_port, peer_port)
+            cluster._start_apiserver(pki, etcd_port, api_port)
+            client = KubeClient(cluster.kubeconfig)
+            try:
+                wait_for("kube-apiserver /readyz", lambda: cluster._readyz(client), 120)
+            finally:
+                client.close()
             return cluster.kubeconfig
 
         def __exit__(self, *exc: object) -> None:
-            cluster.__exit__(*exc)
+            if not minimal:
+                cluster.__exit__(*exc)
+                return
+            for pids in cluster._read_pids().values():
+                for pid in pids:
+                    cluster._terminate(pid, 5)
 
     return _Ctx()
 
@@ -246,6 +302,11 @@ def main() -> int:
     p.add_argument("--timeout", type=float, default=180.0, help="give up after this many seconds")
     p.add_argument("--kubeconfig", default=None, help="use this cluster instead of starting one")
     p.add_argument("--kubectl-dir", default=None, help="directory holding kubectl")
+    p.add_argument("--bin-dir", default=None,
+                   help="control-plane binaries (default: the e2e cache); etcd and "
+                        "kube-apiserver alone are enough")
+    p.add_argument("--crd", default=str(REPO / "crds" / "frota.dev_inferenceservices.yaml"),
+                   help="the CRD file to install")
     p.add_argument("--png", default=None, help="draw children over time into this PNG")
     result = run(p.parse_args())
     print(json.dumps(result, indent=2))

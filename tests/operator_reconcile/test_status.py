@@ -85,10 +85,14 @@ def test_old_revision_groups_are_not_ready_and_report_a_rolling_update() -> None
     assert c["Progressing"]["reason"] == "RollingUpdate"
 
 
-def test_router_down_means_not_ready_and_degraded() -> None:
-    c = conds(intent(), (group(0), group(1)), RouterView(exists=True, replicas=1))
+def test_router_down_means_not_ready_and_once_it_served_degraded() -> None:
+    down = RouterView(exists=True, replicas=1)
+    c = conds(intent(), (group(0), group(1)), down)
     assert c["Ready"]["reason"] == "RouterUnavailable"
-    assert c["Degraded"]["status"] == "True"
+    assert c["Degraded"]["status"] == "False"  # still starting up
+    was_ready = [{"type": "Ready", "status": "True", "reason": "AllReplicasReady"}]
+    c = conds(intent(), (group(0), group(1)), down, old=was_ready)
+    assert (c["Degraded"]["status"], c["Degraded"]["reason"]) == ("True", "RouterUnavailable")
 
 
 def test_scaled_to_zero_keeps_the_router_and_says_so() -> None:

@@ -9,9 +9,11 @@ retried by kopf with backoff) and permanent ones (`kopf.PermanentError`).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import urllib.parse
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -43,6 +45,14 @@ KINDS: dict[str, tuple[str, str]] = {
 
 # How long kopf waits before retrying a reconcile that hit a transient error.
 RETRY_DELAY_SECONDS = 5.0
+# Requests of the operator's own in flight at once, across all reconciles. Each
+# concurrent request can open a TLS connection (about 130 KiB of buffers), and
+# a burst of creates would otherwise open hundreds; a few suffice to keep the
+# API server busy.
+MAX_CONCURRENT_REQUESTS = 8
+_limits: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+    weakref.WeakKeyDictionary()
+)
 
 APIError = kopf_errors.APIError
 NotFound = kopf_errors.APINotFoundError
@@ -93,11 +103,14 @@ async def _request(
     content_type: str | None = None,
 ) -> dict[str, Any]:
     headers = {"Content-Type": content_type} if content_type else None
+    loop = asyncio.get_running_loop()
+    limit = _limits.setdefault(loop, asyncio.Semaphore(MAX_CONCURRENT_REQUESTS))
     try:
-        response = await kopf_api.request(
-            method, path, payload=payload, headers=headers, settings=_SETTINGS, logger=logger
-        )
-        text = await response.text()
+        async with limit:
+            response = await kopf_api.request(
+                method, path, payload=payload, headers=headers, settings=_SETTINGS, logger=logger
+            )
+            text = await response.text()
     except Exception as exc:
         raise classify(exc, f"{method} {path}") from exc
     return json.loads(text) if text else {}
@@ -110,40 +123,6 @@ async def apply(obj: Mapping[str, Any], *, logger: Any) -> dict[str, Any]:
         "PATCH", f"{object_path(obj)}?{query}",
         payload=obj, content_type=APPLY_CONTENT_TYPE, logger=logger,
     )
-
-
-async def list_objects(
-    kind: str, namespace: str, selector: Mapping[str, str], *, logger: Any
-) -> list[dict[str, Any]]:
-    """List objects of a kind in a namespace by label selector."""
-    api_version, plural = KINDS[kind]
-    query = urllib.parse.urlencode(
-        {"labelSelector": ",".join(f"{k}={v}" for k, v in selector.items())}
-    )
-    data = await _request("GET", f"{collection_path(api_version, plural, namespace)}?{query}",
-                          logger=logger)
-    items = data.get("items") or []
-    wanted = dict(selector)
-    # Filter again: a selector is a request, and test API servers may ignore it.
-    return [
-        {"kind": kind, "apiVersion": api_version, **item}
-        for item in items
-        if all(((item.get("metadata") or {}).get("labels") or {}).get(k) == v
-               for k, v in wanted.items())
-    ]
-
-
-async def get(kind: str, namespace: str, name: str, *, logger: Any) -> dict[str, Any] | None:
-    """Read one object, or None when it does not exist."""
-    api_version, plural = KINDS[kind]
-    try:
-        return await _request(
-            "GET", f"{collection_path(api_version, plural, namespace)}/{name}", logger=logger
-        )
-    except kopf.PermanentError as exc:
-        if isinstance(exc.__cause__, NotFound):
-            return None
-        raise
 
 
 async def delete(obj: Mapping[str, Any], *, logger: Any, namespace: str | None = None) -> None:

@@ -280,11 +280,14 @@ async def _write_status(
     if dict(status) == dict(old or {}):
         return
     await api.patch_status(KIND, namespace, name, status, logger=logger)
+    first = not (old or {}).get("conditions")
     for cond in transitions(status.get("conditions", []), (old or {}).get("conditions")):
         warn = (cond["type"] == "Degraded" and cond["status"] == "True") or (
             cond["type"] in ("Ready", "SpecValid") and cond["status"] == "False"
-            and cond["reason"] not in ("ReplicasNotReady", "ScaledToZero")
+            and cond["reason"] not in ("ReplicasNotReady", "ScaledToZero", "RouterUnavailable")
         )
+        if first and not warn:
+            continue  # a new object's initial conditions are not transitions worth an event
         kopf.event(
             dict(body),
             type="Warning" if warn else "Normal",

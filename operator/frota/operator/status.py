@@ -271,8 +271,8 @@ def _was_serving(old_conditions: Sequence[Mapping[str, Any]] | None) -> bool:
     for c in old_conditions or []:
         if c.get("type") == "Ready" and c.get("status") == TRUE:
             return True
-        if c.get("type") == "Degraded" and c.get("reason") == "BelowMinAvailable":
-            return True
+        if c.get("type") == "Degraded" and c.get("status") == TRUE:
+            return True  # stays degraded until it recovers
     return False
 
 
@@ -291,10 +291,11 @@ def compute_conditions(
         if c["updatedReadyReplicas"] < c["replicas"] or c["currentReplicas"] != c["replicas"]
     }
     outdated = sum(c["currentReplicas"] - c["updatedReplicas"] for c in counts.values())
+    was_serving = _was_serving(old_conditions)
     floor_broken = [
         role for role, c in counts.items()
         if c["readyReplicas"] < c["replicas"] - intent.max_unavailable.get(role, 0)
-    ] if _was_serving(old_conditions) else []
+    ] if was_serving else []
 
     if not router.serving:
         ready = condition("Ready", False, "RouterUnavailable", "the router has no ready pod", gen)
@@ -335,7 +336,7 @@ def compute_conditions(
             "fewer groups serve than replicas - maxUnavailable for "
             + ", ".join(floor_broken), gen,
         )
-    elif not router.serving:
+    elif not router.serving and was_serving:
         degraded = condition("Degraded", True, "RouterUnavailable", "the router has no ready pod", gen)
     else:
         degraded = condition("Degraded", False, "AsExpected", "serving capacity is as planned", gen)
