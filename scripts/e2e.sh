@@ -11,7 +11,16 @@ if [ "${FROTA_E2E:-1}" = 0 ]; then
   exit 0
 fi
 [ -x .venv/bin/python ] || source scripts/bootstrap.sh
-cleanup() { .venv/bin/python -m e2e.cluster down >/dev/null 2>&1 || true; }
+# A work dir of this run's own: the cleanup touches nothing another run made.
+own_work=
+if [ -z "${FROTA_E2E_WORK:-}" ]; then
+  own_work=$(mktemp -d /tmp/frota-e2e.XXXXXX)
+  export FROTA_E2E_WORK=$own_work
+fi
+cleanup() {
+  .venv/bin/python -m e2e.cluster down --work-dir "$FROTA_E2E_WORK" >/dev/null 2>&1 || true
+  [ -z "$own_work" ] || rm -rf "$own_work"
+}
 trap cleanup EXIT
 echo "== e2e: control-plane binaries"
 start=$SECONDS

@@ -11,6 +11,7 @@ works from another process too (``python -m e2e.cluster down``).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import signal
@@ -35,6 +36,8 @@ SERVICE_CIDR = "10.96.0.0/16"
 SERVICE_IP = "10.96.0.1"
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
 # Stopped in this order: the agent first (it kills the pods), etcd last.
+# Held while a cluster with pod networking (bridge, 10.244.0.0/24) lives.
+LOCK_FILE = "/run/frota-e2e.lock"
 STOP_ORDER = ("agent", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd")
 
 
@@ -103,6 +106,7 @@ class LocalCluster:
         self.kubeconfig = self.work / "kubeconfig"
         self.host_ip = netns.GATEWAY
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._lock_fd: int | None = None
 
     # --- lifecycle -------------------------------------------------------
 
@@ -122,7 +126,8 @@ class LocalCluster:
         reason = netns.unavailable_reason()
         if reason:
             raise RuntimeError(reason)
-        self.stop()  # leftovers of an earlier run in the same work dir
+        self._lock_machine()
+        self._stop_recorded()  # leftovers of an earlier run in the same work dir
         shutil.rmtree(self.work, ignore_errors=True)
         (self.work / "logs").mkdir(parents=True)
         # Marks that this cluster owns the pod networking (one per machine),
@@ -158,8 +163,44 @@ class LocalCluster:
         finally:
             client.close()
 
+    def _lock_machine(self) -> None:
+        """Take the machine-wide lock on pod networking (one such cluster at a time).
+
+        The agent inherits the descriptor, so the lock lives as long as the
+        cluster does, also after ``python -m e2e.cluster up`` returns.
+        """
+        fd = os.open(LOCK_FILE, os.O_CREAT | os.O_RDWR, 0o644)
+        wait = float(os.environ.get("FROTA_E2E_LOCK_WAIT", "1800"))
+        deadline = time.monotonic() + wait
+        told = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    os.close(fd)
+                    raise RuntimeError(
+                        f"another local e2e cluster holds {LOCK_FILE} (waited {wait:.0f}s); "
+                        "let it finish, or stop it with python -m e2e.cluster down --work-dir DIR"
+                    ) from None
+                if not told:
+                    print(f"waiting for another local e2e cluster to finish ({LOCK_FILE})",
+                          file=sys.stderr, flush=True)
+                    told = True
+                time.sleep(2)
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+        self._lock_fd = fd
+
     def stop(self) -> None:
-        """Stop every recorded process (agent first), then remove pod networking."""
+        """Stop every recorded process (agent first), remove pod networking, unlock."""
+        self._stop_recorded()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _stop_recorded(self) -> None:
         pids = self._read_pids()
         for name in STOP_ORDER:
             for pid in pids.get(name, []):
@@ -192,11 +233,14 @@ class LocalCluster:
             capture_output=True, text=True, check=check,
         )
 
-    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+    def _spawn(
+        self, name: str, argv: list[str], env: dict[str, str] | None = None,
+        pass_fds: tuple[int, ...] = (),
+    ) -> None:
         log = (self.work / "logs" / f"{name}.log").open("ab")
         proc = subprocess.Popen(
             argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, env=env, cwd=self.work,
+            start_new_session=True, env=env, cwd=self.work, pass_fds=pass_fds,
         )
         self._procs[name] = proc
         with (self.work / "pids").open("a") as f:
@@ -326,7 +370,8 @@ class LocalCluster:
             "--apiserver", self.server,
             "--serving-cert", str(self.work / "pki/kubelet.crt"),
             "--serving-key", str(self.work / "pki/kubelet.key"),
-        ], env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"})
+        ], env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"},
+           pass_fds=(self._lock_fd,) if self._lock_fd is not None else ())
 
     @staticmethod
     def _readyz(client: KubeClient) -> bool:
