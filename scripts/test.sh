@@ -10,3 +10,5 @@ echo "== ruff"
 .venv/bin/ruff check .
 echo "== pytest (unit + integration)"
 .venv/bin/python -m pytest -q "$@"
+echo "== e2e (local Kubernetes control plane; FROTA_E2E=0 skips it)"
+bash scripts/e2e.sh
