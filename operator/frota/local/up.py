@@ -124,12 +124,10 @@ async def _serve(topology: LocalTopology, fleet: LocalFleet, args: argparse.Name
     progress = Progress(names, show_logs=not args.quiet)
     fleet_state = state.FleetState(name=topology.name, model=topology.served_model_name,
                                    url=fleet.url, port=args.port)
-    is_serving = False
 
     def on_event(kind: str, member: ManagedProcess, detail: str) -> None:
         progress.event(kind, member, detail)
-        if is_serving:
-            _save_state(fleet_state, sup)
+        _save_state(fleet_state, sup)  # `frota status` sees loading processes too
 
     sup = Supervisor(fleet.groups, on_event=on_event, on_log=progress.log)
     stop = asyncio.Event()
@@ -168,7 +166,6 @@ async def _serve(topology: LocalTopology, fleet: LocalFleet, args: argparse.Name
                     if list(member.log_tail) == exc.log_tail:
                         progress.tail(member.spec.name, exc.log_tail)
             return _fail(str(exc))
-        is_serving = True
         _save_state(fleet_state, sup)
         _print_banner(topology, fleet, time.monotonic() - started)
         supervise = asyncio.create_task(sup.supervise())
