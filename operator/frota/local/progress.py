@@ -105,6 +105,8 @@ class Progress:
             where = f", port {member.spec.port}" if member.spec.port else ""
             again = f" (restart {member.num_restarts})" if member.num_restarts else ""
             self.info(f"{name} starting ({detail}{where}){again}")
+        elif kind == "ready" and member.spec.ready_url is None:
+            self.info(f"{name} running (rank {member.spec.rank}: ready with its group's rank 0)")
         elif kind == "ready":
             self.info(f"{name} ready in {detail}")
         elif kind == "exited":
