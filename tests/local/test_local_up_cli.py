@@ -222,3 +222,28 @@ def test_sigkill_of_frota_up_leaves_no_orphans(tmp_path: Path):
         wait_until(lambda: is_port_free(port), 10, "the router port to be freed")
     finally:
         up.kill_everything()
+
+
+def test_killing_one_rank_of_a_sharded_replica_restarts_the_whole_group(tmp_path: Path):
+    path = manifest(tmp_path, "model: {name: tiny, uri: 'synthetic:dense-tiny'}\n"
+                              "parallelism: {tensor: 2}")
+    port = free_port()
+    up = UpProcess(path, "--port", str(port), "--launcher", FAKE_LAUNCHER, state_dir=tmp_path)
+    try:
+        up.wait_for(BANNER, 60)
+        assert "worker-0.1 running (rank 1" in up.output
+        state_file = tmp_path / f"up-{port}.json"
+        procs = {p["name"]: p for p in json.loads(state_file.read_text())["processes"]}
+        assert procs["worker-0.0"]["rank"] == 0 and procs["worker-0.1"]["url"] is None
+        os.kill(procs["worker-0.1"]["pid"], signal.SIGKILL)
+        up.wait_for("worker-0.1 exited (code -9; restarting group in 1 s)", 20)
+
+        def both_restarted() -> bool:
+            now = {p["name"]: p for p in json.loads(state_file.read_text())["processes"]}
+            return all(now[n]["num_restarts"] == 1 and now[n]["pid"] != procs[n]["pid"]
+                       for n in procs if n.startswith("worker"))
+
+        wait_until(both_restarted, 30, "rank 0 and rank 1 to be restarted together")
+    finally:
+        up.stop()
+        up.kill_everything()
