@@ -84,7 +84,7 @@ def paged_attention(
 
 
 def _gather_context(cache: torch.Tensor, span: PrefillSpan) -> torch.Tensor:
-    blocks = cache[span.block_table]  # [nb, KVH, bs, D]
+    blocks = cache.index_select(0, span.block_table)  # [nb, KVH, bs, D]
     nb, kvh, bs, d = blocks.shape
     return blocks.transpose(0, 1).reshape(kvh, nb * bs, d)[:, : span.context_len].unsqueeze(0)
 
@@ -98,14 +98,15 @@ def decode_attention(
     kvh = k_cache.shape[1]
     g = h // kvh
     owner = meta.decode_block_owner
-    keys = k_cache[meta.decode_block_ids]  # [NB, KVH, bs, D]
-    values = v_cache[meta.decode_block_ids]
-    qb = q.view(b, kvh, g, d)[owner]  # [NB, KVH, G, D]
+    # index_select: an order of magnitude faster than advanced indexing on CPU.
+    keys = k_cache.index_select(0, meta.decode_block_ids)  # [NB, KVH, bs, D]
+    values = v_cache.index_select(0, meta.decode_block_ids)
+    qb = q.view(b, kvh, g, d).index_select(0, owner)  # [NB, KVH, G, D]
     scores = torch.matmul(qb, keys.transpose(-1, -2)).float() * scale + meta.decode_mask
     block_max = scores.amax(-1)  # [NB, KVH, G]
     seq_max = torch.full((b, kvh, g), float("-inf"), dtype=torch.float32, device=q.device)
     seq_max.scatter_reduce_(0, owner.view(-1, 1, 1).expand_as(block_max), block_max, "amax")
-    probs = torch.exp(scores - seq_max[owner].unsqueeze(-1))
+    probs = torch.exp(scores - seq_max.index_select(0, owner).unsqueeze(-1))
     denom = torch.zeros((b, kvh, g), dtype=torch.float32, device=q.device)
     denom.index_add_(0, owner, probs.sum(-1))
     block_out = torch.matmul(probs.to(values.dtype), values)  # [NB, KVH, G, D]

@@ -1,0 +1,234 @@
+"""Engine throughput: Frota's engine vs transformers `generate()` (static batches of 8, left padding)
+on the same requests, in one process, same dtype. Prints one JSON object per dtype.
+
+    python bench/engine_throughput.py [--quick] [--dtypes float32,bfloat16] [--plot out.png]
+    python bench/engine_throughput.py --shared-prefix [--quick]
+
+Workload: 64 requests, prompt lengths uniform in [32, 512] tokens cut from a fixed English text,
+output lengths uniform in [16, 256] (ignore_eos), all submitted at once.
+`--shared-prefix`: 32 requests sharing a 400-token system prompt; TTFT with prefix caching on/off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+TEXT = Path("/usr/share/common-licenses/GPL-3")
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
+
+
+def make_requests(tokenizer, n: int, prompt_range, output_range, seed: int = 0):
+    ids = tokenizer.encode(TEXT.read_text())
+    rng = random.Random(seed)
+    requests = []
+    for _ in range(n):
+        length = rng.randint(*prompt_range)
+        start = rng.randint(0, len(ids) - length - 1)
+        requests.append((ids[start : start + length], rng.randint(*output_range)))
+    return requests
+
+
+def run_frota(engine, requests, tag: str = "") -> dict:
+    """Submit everything at once, step to the end; per-token timestamps give TTFT and ITL."""
+    from frota.engine import SamplingParams
+
+    t0 = time.perf_counter()
+    last: dict[str, float] = {}
+    ttft: list[float] = []
+    itl: list[float] = []
+    waste: list[float] = []
+    bs = engine.block_manager.block_size
+    for i, (prompt, out_len) in enumerate(requests):
+        engine.add_request(f"{tag}{i}", prompt, SamplingParams(max_tokens=out_len, temperature=0,
+                                                               ignore_eos=True))
+    generated = 0
+    while engine.has_unfinished:
+        outs = engine.step()
+        now = time.perf_counter()
+        running = engine.scheduler.running
+        allocated = sum(len(s.block_table) for s in running) * bs
+        if allocated:
+            used = sum(s.num_computed_tokens for s in running)
+            waste.append(100.0 * (allocated - used) / allocated)
+        for out in outs:
+            generated += len(out.new_token_ids)
+            if out.request_id in last:
+                itl.append(now - last[out.request_id])
+            else:
+                ttft.append(now - t0)
+            last[out.request_id] = now
+    elapsed = time.perf_counter() - t0
+    return {
+        "tokens": generated, "seconds": elapsed, "tok_per_s": generated / elapsed,
+        "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
+        "itl_p50_s": percentile(itl, 50), "itl_p99_s": percentile(itl, 99),
+        "kv_waste_pct": statistics.fmean(waste) if waste else 0.0,
+        "preemptions": engine.scheduler.num_preemptions,
+    }
+
+
+def run_hf(model, requests, pad_id: int, batch_size: int = 8) -> dict:
+    """Static batches in arrival order; each batch runs to its longest output."""
+    import torch
+
+    t0 = time.perf_counter()
+    useful = 0
+    for b in range(0, len(requests), batch_size):
+        batch = requests[b : b + batch_size]
+        width = max(len(p) for p, _ in batch)
+        ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, (prompt, _) in enumerate(batch):
+            ids[row, width - len(prompt) :] = torch.tensor(prompt)
+            mask[row, width - len(prompt) :] = 1
+        new = max(n for _, n in batch)
+        with torch.inference_mode():
+            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new,
+                           min_new_tokens=new, do_sample=False, pad_token_id=pad_id)
+        useful += sum(n for _, n in batch)
+    elapsed = time.perf_counter() - t0
+    return {"tokens": useful, "seconds": elapsed, "tok_per_s": useful / elapsed}
+
+
+def load_hf(dtype_name: str):
+    import torch
+    import transformers
+
+    from frota.engine.loader import resolve_model
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    path = Path(resolve_model("smollm2").path)
+    # Dequantized at load, like Frota's engine: both run the same dense weights.
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=getattr(torch, dtype_name),
+        quantization_config=transformers.GgufConfig(dequantize=True))
+    return model.eval()
+
+
+def throughput(args) -> list[dict]:
+    from frota.engine import EngineArgs
+    from frota.engine.llm_engine import LLMEngine
+
+    results = []
+    n = 16 if args.quick else 64
+    out_range = (16, 64) if args.quick else (16, 256)
+    for dtype in args.dtypes.split(","):
+        engine = LLMEngine(EngineArgs(model=args.model, dtype=dtype, verbose=False,
+                                      max_num_seqs=64, max_num_batched_tokens=args.max_batched_tokens))
+        requests = make_requests(engine.tokenizer, n, (32, 512), out_range)
+        run_frota(engine, requests[:2], tag="warm")  # first-call costs stay out of the numbers
+        frota = run_frota(engine, requests)
+        del engine
+        hf_model = load_hf(dtype)
+        run_hf(hf_model, requests[:1], pad_id=2)
+        hf = run_hf(hf_model, requests, pad_id=2)
+        del hf_model
+        result = {
+            "dtype": dtype, "requests": n, "frota_tok_per_s": round(frota["tok_per_s"], 2),
+            "hf_tok_per_s": round(hf["tok_per_s"], 2),
+            "speedup": round(frota["tok_per_s"] / hf["tok_per_s"], 2),
+            **{k: round(v, 4) for k, v in frota.items() if k.startswith(("ttft", "itl", "kv_"))},
+            "frota_seconds": round(frota["seconds"], 2), "hf_seconds": round(hf["seconds"], 2),
+            "preemptions": frota["preemptions"],
+            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        }
+        print(json.dumps(result), flush=True)
+        results.append(result)
+    return results
+
+
+def shared_prefix(args) -> dict:
+    from frota.engine import EngineArgs
+    from frota.engine.llm_engine import LLMEngine
+
+    n = 8 if args.quick else 32
+    dtype = args.dtypes.split(",")[0]
+    first = LLMEngine(EngineArgs(model=args.model, dtype=dtype, verbose=False))
+    ids = first.tokenizer.encode(TEXT.read_text())
+    system = ids[:400]
+    rng = random.Random(1)
+    requests = []
+    for _ in range(n):
+        start = rng.randint(1000, len(ids) - 100)
+        requests.append((system + ids[start : start + rng.randint(16, 64)], 16))
+    ttft = {}
+    for caching in (False, True):
+        engine = LLMEngine(EngineArgs(model=args.model, dtype=dtype, verbose=False,
+                                      enable_prefix_caching=caching,
+                                      max_num_batched_tokens=args.max_batched_tokens),
+                           loaded=first.loaded)
+        run_frota(engine, [(ids[5000:5040], 2)], tag="warm")
+        ttft[caching] = run_frota(engine, requests)["ttft_p50_s"]
+    result = {"mode": "shared-prefix", "dtype": dtype, "requests": n,
+              "ttft_p50_s_cache_off": round(ttft[False], 4), "ttft_p50_s_cache_on": round(ttft[True], 4),
+              "ttft_ratio": round(ttft[False] / ttft[True], 2)}
+    print(json.dumps(result), flush=True)
+    return result
+
+
+def plot(results: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    labels = [r["dtype"] for r in results]
+    x = range(len(results))
+    left.bar([i - 0.2 for i in x], [r["frota_tok_per_s"] for r in results], 0.4, label="frota")
+    left.bar([i + 0.2 for i in x], [r["hf_tok_per_s"] for r in results], 0.4, label="transformers (batch 8)")
+    left.set_xticks(list(x), labels)
+    left.set_ylabel("output tokens / s")
+    left.set_title("throughput")
+    left.legend()
+    metrics = ["ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s"]
+    for j, r in enumerate(results):
+        right.bar([m + 0.4 * j for m in range(len(metrics))], [r[k] for k in metrics], 0.4, label=r["dtype"])
+    right.set_xticks([m + 0.2 for m in range(len(metrics))], metrics)
+    right.set_yscale("log")
+    right.set_ylabel("seconds")
+    right.set_title("frota latency")
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--quick", action="store_true", help="fewer, shorter requests (a smoke run)")
+    parser.add_argument("--shared-prefix", action="store_true")
+    parser.add_argument("--max-batched-tokens", type=int, default=2048)
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    parser.add_argument("--plot", default=None, help="write a PNG: throughput and latency side by side")
+    args = parser.parse_args()
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.shared_prefix:
+        shared_prefix(args)
+        return 0
+    results = throughput(args)
+    if args.plot:
+        plot(results, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
