@@ -28,7 +28,7 @@ def percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
     values = sorted(values)
-    return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
+    return values[min(len(values) - 1, round(q / 100 * (len(values) - 1)))]
 
 
 def make_requests(tokenizer, n: int, prompt_range, output_range, seed: int = 0):
@@ -107,7 +107,6 @@ def run_hf(model, requests, pad_id: int, batch_size: int = 8) -> dict:
 def load_hf(dtype_name: str):
     import torch
     import transformers
-
     from frota.engine.loader import resolve_model
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
