@@ -16,7 +16,8 @@ def is_port_free(port: int, host: str = "127.0.0.1") -> bool:
     SO_REUSEADDR matches what the servers set, so a port that only has
     connections in TIME_WAIT (a fleet that just stopped) counts as free.
     """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
