@@ -140,3 +140,13 @@ def test_real_worker_and_router_accept_the_planned_flags_and_env(sample: str | N
             pytest.skip(f"frota {command} is not available yet")
         assert out.returncode == 0, f"{command}: {out.stderr}"
         checked[command] = True
+
+
+def test_tokens_per_second_sees_requests_still_running():
+    from frota.local.status import tokens_per_second
+
+    before = {"vllm:time_to_first_token_seconds_count": 1, "vllm:inter_token_latency_seconds_count": 9}
+    after = {"vllm:time_to_first_token_seconds_count": 1, "vllm:inter_token_latency_seconds_count": 29}
+    assert tokens_per_second(before, after, 2.0) == 10.0
+    assert tokens_per_second({}, {"vllm:generation_tokens_total": 40}, 2.0) == 20.0
+    assert tokens_per_second({}, {}, 1.0) is None

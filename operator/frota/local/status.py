@@ -84,9 +84,9 @@ async def _collect(fleets: list[state.FleetState],
                 row.waiting = m1.get("vllm:num_requests_waiting",
                                      m1.get("frota_router_queue_depth"))
                 row.kv_usage = m1.get("vllm:kv_cache_usage_perc")
-                name = "vllm:generation_tokens_total"
-                if name in m1 and name in m0:
-                    row.tokens_per_s = max(0.0, (m1[name] - m0[name]) / dt)
+                # A worker that has made no token yet exports no token series.
+                rate = tokens_per_second(m0, m1, dt)
+                row.tokens_per_s = 0.0 if rate is None and p.role != "router" else rate
             rows.append(row)
         out.append((fleet, rows))
     return out
@@ -105,6 +105,27 @@ async def _scrape(session: aiohttp.ClientSession,
     except (aiohttp.ClientError, TimeoutError, OSError):
         return False, {}
     return is_ready, parse_metrics(text)
+
+
+def tokens_per_second(before: dict[str, float], after: dict[str, float],
+                      seconds: float) -> float | None:
+    """Generated tokens per second between two scrapes.
+
+    `vllm:generation_tokens_total` grows when a request finishes; the time to
+    first token and inter-token latency histograms count one observation per
+    token as it is made, so they show the rate of long requests still running.
+    The larger of the two is the better estimate.
+    """
+    def delta(*names: str) -> float | None:
+        if not all(n in after for n in names):
+            return None
+        return sum(after[n] - before.get(n, 0.0) for n in names)
+
+    rates = [d / seconds for d in (
+        delta("vllm:generation_tokens_total"),
+        delta("vllm:time_to_first_token_seconds_count", "vllm:inter_token_latency_seconds_count"),
+    ) if d is not None]
+    return max(0.0, *rates) if rates else None
 
 
 def parse_metrics(text: str) -> dict[str, float]:
