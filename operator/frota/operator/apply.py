@@ -49,7 +49,7 @@ RETRY_DELAY_SECONDS = 5.0
 # concurrent request can open a TLS connection (about 130 KiB of buffers), and
 # a burst of creates would otherwise open hundreds; a few suffice to keep the
 # API server busy.
-MAX_CONCURRENT_REQUESTS = 8
+MAX_CONCURRENT_REQUESTS = 16
 _limits: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
     weakref.WeakKeyDictionary()
 )

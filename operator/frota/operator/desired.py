@@ -9,7 +9,8 @@ When the builders' shapes change, this module is the only one to adjust.
 
 from __future__ import annotations
 
-import copy
+import json
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -89,8 +90,40 @@ def _group_key(obj: Mapping[str, Any]) -> tuple[str, int] | None:
     return None
 
 
+# Rendering validates, plans and builds every child (milliseconds each); the
+# children's watches ask for a reconcile many times per spec change, so the
+# result is kept per (uid, generation, spec). Entries are never mutated.
+_CACHE_SIZE = 1024
+_cache: OrderedDict[str, Desired | InvalidSpec] = OrderedDict()
+
+
 def desired_state(body: Mapping[str, Any]) -> Desired:
-    """Validate, plan and render. Raises InvalidSpec when the spec is semantically wrong."""
+    """Validate, plan and render (cached). Raises InvalidSpec when the spec is wrong.
+
+    The returned objects are shared with the cache: callers must not mutate them.
+    """
+    meta = body.get("metadata") or {}
+    key = json.dumps(
+        [meta.get("uid"), meta.get("namespace"), meta.get("name"), meta.get("generation"),
+         body.get("spec")], sort_keys=True, default=str,
+    )
+    found = _cache.get(key)
+    if found is None:
+        try:
+            found = _desired_state(body)
+        except InvalidSpec as exc:
+            found = exc
+        _cache[key] = found
+        while len(_cache) > _CACHE_SIZE:
+            _cache.popitem(last=False)
+    else:
+        _cache.move_to_end(key)
+    if isinstance(found, InvalidSpec):
+        raise InvalidSpec(found.field, found.message)
+    return found
+
+
+def _desired_state(body: Mapping[str, Any]) -> Desired:
     isvc = validate(body)
     try:
         topology, children = render(isvc)
@@ -141,7 +174,7 @@ def desired_state(body: Mapping[str, Any]) -> Desired:
                 if key is not None:
                     by_group.setdefault(key, []).append(obj)
             rendered[needed] = by_group
-        return copy.deepcopy(rendered[needed].get((role, index), []))
+        return list(rendered[needed].get((role, index), []))
 
     return Desired(
         name=isvc.metadata.name,

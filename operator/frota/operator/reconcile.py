@@ -9,6 +9,7 @@ re-applied, and an unchanged status is not re-written.
 from __future__ import annotations
 
 import asyncio
+import copy
 import datetime
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -157,10 +158,18 @@ async def _apply_all(
     for role, plan in plans.items():
         for index in plan.apply:
             objs.extend(desired.render_group(role, index))
-    kopf.adopt(objs, owner=dict(owner))
+    # The builders set owner references from the uid; adopt only what lacks one
+    # (on a copy: desired objects are shared with the render cache).
+    objs = [o if o["metadata"].get("ownerReferences") else _adopted(o, owner) for o in objs]
     stale = [o for o in objs if not contains(children.find(o["kind"], o["metadata"]["name"]), o)]
     await asyncio.gather(*(api.apply(o, logger=logger) for o in stale))
     outcome.applied.extend(_ref(o) for o in stale)
+
+
+def _adopted(obj: Mapping[str, Any], owner: Mapping[str, Any]) -> dict[str, Any]:
+    copied = copy.deepcopy(dict(obj))
+    kopf.append_owner_reference(copied, owner=dict(owner))
+    return copied
 
 
 async def _delete_groups(
