@@ -152,13 +152,17 @@ def test_disconnect_mid_stream_frees_the_kv_cache(smollm2_worker: WorkerProcess)
     idle = metric(url, "vllm:kv_cache_usage_perc")
     body = {"model": "smollm2", "prompt": "Once upon a time " * 40, "max_tokens": 1500,
             "ignore_eos": True, "stream": True, "temperature": 0}
+    seen: list[str] = []
     with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as resp:
-        for i, _ in enumerate(resp.iter_lines()):
-            if i >= 6:
-                break
-        assert metric(url, "vllm:kv_cache_usage_perc") > idle
+        assert resp.status_code == 200
+        lines = resp.iter_lines()
+        deadline = time.monotonic() + 30
+        while metric(url, "vllm:kv_cache_usage_perc") <= idle:
+            seen.append(next(lines))
+            assert time.monotonic() < deadline and "[DONE]" not in seen[-1], seen[-4:]
+        assert metric(url, "vllm:num_requests_running") == 1
     # The client hung up mid-stream: the engine request is aborted and its blocks freed.
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 15
     while metric(url, "vllm:kv_cache_usage_perc") > idle and time.monotonic() < deadline:
         time.sleep(0.05)
     assert metric(url, "vllm:kv_cache_usage_perc") <= idle
