@@ -265,7 +265,7 @@ def test_overload_at_5x_gets_quick_429s_and_bounded_memory(workers, router_facto
     import psutil
 
     router = router_factory("least-load", "--max-inflight", "4", "--max-queue", "4",
-                            "--queue-timeout", "60")
+                            "--queue-timeout", "600")
     admitted_limit = 8
 
     async def burst() -> list[tuple[int, float]]:
@@ -273,7 +273,7 @@ def test_overload_at_5x_gets_quick_429s_and_bounded_memory(workers, router_facto
             async def one(i: int) -> tuple[int, float]:
                 started = time.perf_counter()
                 async with session.post(router.url + "/v1/completions", json={
-                        "model": "smollm2", "prompt": f"Story {i}:", "max_tokens": 16}) as r:
+                        "model": "smollm2", "prompt": f"Story {i}:", "max_tokens": 8}) as r:
                     await r.read()
                     if r.status == 429:
                         assert r.headers["Retry-After"]
@@ -287,7 +287,7 @@ def test_overload_at_5x_gets_quick_429s_and_bounded_memory(workers, router_facto
     assert statuses[200] >= admitted_limit and statuses[200] + statuses[429] == len(results)
     assert statuses[429] >= 3 * admitted_limit
     assert max(t for s, t in results if s == 429) < 1.0  # rejected at once, not after a wait
-    for _ in range(3):
+    for _ in range(2):
         asyncio.run(burst())
     assert process.memory_info().rss - rss_after_first < 32 * 2**20
 
