@@ -1,0 +1,138 @@
+"""The operator against a real control plane: children, status, scale, drift, invalid spec, GC.
+
+The operator runs as a local process (`frota operator -n NS --standalone`)
+with the cluster's kubeconfig. Worker pods are pinned to a node that does not
+exist, so they stay Pending: what is tested is the operator and the real
+controllers around it (StatefulSet, garbage collector), not the engine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from e2e.kube import Cluster, wait_until
+
+REPO = Path(__file__).resolve().parents[1]
+CRD = REPO / "crds" / "frota.dev_inferenceservices.yaml"
+INSTANCE = "app.kubernetes.io/instance"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def operator(cluster: Cluster, namespace: str) -> Iterator[subprocess.Popen[bytes]]:
+    """The CRD installed, and `frota operator` watching the test's namespace."""
+    cluster.kubectl("apply", "--server-side", "--field-manager=frota-e2e", "-f", str(CRD))
+    cluster.kubectl("wait", "--for=condition=Established", "crd/inferenceservices.frota.dev",
+                    "--timeout=60s")
+    port = _free_port()
+    with tempfile.NamedTemporaryFile("w+", prefix="frota-operator-", suffix=".log") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "frota.cli.main", "operator", "--namespace", namespace,
+             "--standalone", "--metrics-port", "0",
+             "--liveness", f"http://127.0.0.1:{port}/healthz"],
+            env={**os.environ, "KUBECONFIG": cluster.kubeconfig}, stdout=log,
+            stderr=subprocess.STDOUT, cwd=REPO,
+        )
+
+        def healthy() -> bool:
+            assert proc.poll() is None, "the operator exited"
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2):
+                return True
+
+        try:
+            wait_until("the operator's /healthz", healthy, timeout=60)
+            yield proc
+        except BaseException:
+            log.seek(0)
+            print(log.read()[-5000:])
+            raise
+        finally:
+            proc.terminate()
+            proc.wait(15)
+
+
+def _isvc(name: str, namespace: str, replicas: int) -> dict:
+    return {
+        "apiVersion": "frota.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "model": {"name": "smollm2", "uri": "alias:smollm2"},
+            "engine": {"dtype": "float32", "maxModelLen": 2048},
+            "resources": {"cpu": "1", "memory": "3Gi"},
+            "replicas": replicas,
+            "placement": {"nodeSelector": {"frota.dev/e2e": "nowhere"}},
+        },
+    }
+
+
+def _groups(cluster: Cluster, namespace: str, name: str) -> list[str]:
+    return sorted(s["metadata"]["name"]
+                  for s in cluster.get("statefulsets", namespace=namespace, **{INSTANCE: name}))
+
+
+def _condition(cluster: Cluster, namespace: str, name: str, type_: str) -> dict | None:
+    status = cluster.get("inferenceservice", name, namespace).get("status") or {}
+    return next((c for c in status.get("conditions", []) if c["type"] == type_), None)
+
+
+def test_operator_converges_scales_repairs_and_is_garbage_collected(
+    cluster: Cluster, namespace: str, operator: subprocess.Popen[bytes]
+) -> None:
+    name = "tiny"
+    cluster.apply(_isvc(name, namespace, replicas=2), namespace=namespace)
+    wait_until("both groups", lambda: _groups(cluster, namespace, name)
+               == ["tiny-worker-0", "tiny-worker-1"], timeout=60)
+    # The StatefulSet controller made the rank pods; they cannot schedule, and
+    # status says so: not Ready, generation observed, the spec valid.
+    wait_until("rank pods", lambda: len(cluster.get("pods", namespace=namespace,
+                                                    **{"frota.dev/role": "worker"})) == 2)
+    wait_until("status", lambda: _condition(cluster, namespace, name, "SpecValid"), timeout=30)
+    isvc = cluster.get("inferenceservice", name, namespace)
+    assert isvc["status"]["observedGeneration"] == isvc["metadata"]["generation"]
+    assert _condition(cluster, namespace, name, "Ready")["status"] == "False"
+    assert isvc["status"]["readyReplicas"] == 0
+    sts = json.loads(cluster.kubectl("get", "statefulset", "tiny-worker-0", "-n", namespace,
+                                     "--show-managed-fields", "-o", "json"))
+    assert ("frota-operator", "Apply") in {
+        (m["manager"], m["operation"]) for m in sts["metadata"]["managedFields"]}
+    assert sts["spec"]["updateStrategy"]["type"] == "OnDelete"
+
+    # The scale subresource adds whole groups.
+    cluster.kubectl("scale", "inferenceservice", name, "-n", namespace, "--replicas", "3")
+    wait_until("3 groups", lambda: len(_groups(cluster, namespace, name)) == 3, timeout=60)
+
+    # A deleted child comes back.
+    cluster.kubectl("delete", "statefulset", "tiny-worker-1", "-n", namespace, "--wait=false")
+    wait_until("the group back", lambda: "tiny-worker-1" in _groups(cluster, namespace, name)
+               and not cluster.get("statefulset", "tiny-worker-1", namespace)["metadata"]
+               .get("deletionTimestamp"), timeout=60)
+
+    # An invalid spec is reported with its field and changes nothing.
+    cluster.kubectl("patch", "inferenceservice", name, "-n", namespace, "--type=merge",
+                    "-p", '{"spec": {"engine": {"maxModelLen": 999999}}}')
+    wait_until("SpecValid=False", lambda: _condition(cluster, namespace, name, "SpecValid")
+               ["status"] == "False", timeout=30)
+    assert "engine.maxModelLen" in _condition(cluster, namespace, name, "SpecValid")["message"]
+    assert len(_groups(cluster, namespace, name)) == 3
+
+    # Deleting the InferenceService lets the garbage collector take every child.
+    cluster.kubectl("delete", "inferenceservice", name, "-n", namespace, "--wait=false")
+    for kind in ("statefulsets", "services", "deployments", "configmaps", "roles"):
+        wait_until(f"{kind} collected", lambda kind=kind: not cluster.get(
+            kind, namespace=namespace, **{INSTANCE: name}), timeout=90)
