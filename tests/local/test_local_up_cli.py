@@ -142,7 +142,9 @@ def test_worker_that_cannot_start_fails_the_fleet_and_leaves_nothing_running(tmp
         up.kill_everything()
 
 
-def test_sigterm_stops_every_process_frees_the_ports_and_removes_the_state(tmp_path: Path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
+def test_signal_stops_every_process_frees_the_ports_and_removes_the_state(
+        tmp_path: Path, sig: signal.Signals):
     port = free_port()
     up = UpProcess("--port", str(port), "--launcher", FAKE_LAUNCHER, state_dir=tmp_path)
     try:
@@ -155,7 +157,7 @@ def test_sigterm_stops_every_process_frees_the_ports_and_removes_the_state(tmp_p
         reply = client.chat.completions.create(model="smollm2", max_tokens=4,
                                                messages=[{"role": "user", "content": "hi"}])
         assert reply.choices[0].message.content.startswith("hello from")
-        assert up.stop(signal.SIGTERM) == 0
+        assert up.stop(sig) == 0
         assert all_gone(children)
         assert all(is_port_free(p) for p in ports)
         assert not (tmp_path / f"up-{port}.json").exists()
