@@ -136,3 +136,69 @@ def test_operator_converges_scales_repairs_and_is_garbage_collected(
     for kind in ("statefulsets", "services", "deployments", "configmaps", "roles"):
         wait_until(f"{kind} collected", lambda kind=kind: not cluster.get(
             kind, namespace=namespace, **{INSTANCE: name}), timeout=90)
+
+
+def _mark_ready(cluster: Cluster, namespace: str, selector: dict[str, str]) -> int:
+    """Be the kubelet: mark the selected live pods Running and Ready (they never schedule)."""
+    marked = 0
+    for pod in cluster.get("pods", namespace=namespace, **selector):
+        if pod["metadata"].get("deletionTimestamp"):
+            continue
+        if any(c["type"] == "Ready" and c["status"] == "True"
+               for c in pod.get("status", {}).get("conditions", [])):
+            continue
+        status = {"status": {"phase": "Running", "conditions": [
+            {"type": "Ready", "status": "True"}, {"type": "ContainersReady", "status": "True"}]}}
+        cluster.kubectl("patch", "pod", pod["metadata"]["name"], "-n", namespace,
+                        "--subresource=status", "--type=merge", "-p", json.dumps(status))
+        marked += 1
+    return marked
+
+
+def _revisions(cluster: Cluster, namespace: str, name: str) -> dict[str, str]:
+    return {s["metadata"]["name"]: s["metadata"]["labels"]["frota.dev/revision"]
+            for s in cluster.get("statefulsets", namespace=namespace, **{INSTANCE: name})}
+
+
+def test_rollout_replaces_one_whole_group_at_a_time(
+    cluster: Cluster, namespace: str, operator: subprocess.Popen[bytes]
+) -> None:
+    name = "roll"
+    manifest = _isvc(name, namespace, replicas=2)
+    manifest["spec"]["rollout"] = {"maxUnavailable": 1, "maxSurge": 0}
+    cluster.apply(manifest, namespace=namespace)
+    wait_until("both groups", lambda: len(_groups(cluster, namespace, name)) == 2, timeout=60)
+
+    def ready() -> bool:
+        _mark_ready(cluster, namespace, {INSTANCE: name})
+        cond = _condition(cluster, namespace, name, "Ready")
+        return bool(cond and cond["status"] == "True")
+
+    wait_until("Ready=True", ready, timeout=90)
+    old = set(_revisions(cluster, namespace, name).values())
+
+    cluster.kubectl("patch", "inferenceservice", name, "-n", namespace, "--type=merge",
+                    "-p", '{"spec": {"engine": {"maxModelLen": 1024}}}')
+    replaced: list[str] = []
+    for _ in range(2):
+        def next_group() -> str | None:
+            new = sorted(g for g, r in _revisions(cluster, namespace, name).items() if r not in old)
+            return new[len(replaced)] if len(new) == len(replaced) + 1 else None
+
+        group = wait_until("the next group on the new revision", next_group, timeout=60)
+        # The other group keeps serving on its old revision meanwhile.
+        assert len([g for g, r in _revisions(cluster, namespace, name).items()
+                    if r in old]) == 1 - len(replaced)
+        # The StatefulSet controller recreates the group's ranks from the new template.
+        new_rev = _revisions(cluster, namespace, name)[group]
+        wait_until("the group's pods at the new revision", lambda g=group, r=new_rev: [
+            p for p in cluster.get("pods", namespace=namespace,
+                                   **{"frota.dev/replica": g.rsplit("-", 1)[1], INSTANCE: name})
+            if not p["metadata"].get("deletionTimestamp")
+            and p["metadata"]["labels"]["frota.dev/revision"] == r], timeout=60)
+        replaced.append(group)
+        _mark_ready(cluster, namespace, {INSTANCE: name, "frota.dev/replica": group[-1]})
+    assert replaced == ["roll-worker-0", "roll-worker-1"]
+    wait_until("Ready=True at the new revision", ready, timeout=90)
+    status = cluster.get("inferenceservice", name, namespace)["status"]
+    assert status["revision"] not in old
