@@ -202,3 +202,35 @@ def test_rollout_replaces_one_whole_group_at_a_time(
     wait_until("Ready=True at the new revision", ready, timeout=90)
     status = cluster.get("inferenceservice", name, namespace)["status"]
     assert status["revision"] not in old
+
+
+def test_a_rank_that_restarted_takes_its_whole_group_down_and_back(
+    cluster: Cluster, namespace: str, operator: subprocess.Popen[bytes]
+) -> None:
+    name = "heal"
+    manifest = _isvc(name, namespace, replicas=1)
+    manifest["spec"]["parallelism"] = {"pipeline": 2}
+    cluster.apply(manifest, namespace=namespace)
+
+    def ready() -> bool:
+        _mark_ready(cluster, namespace, {INSTANCE: name})
+        cond = _condition(cluster, namespace, name, "Ready")
+        return bool(cond and cond["status"] == "True")
+
+    wait_until("Ready=True", ready, timeout=90)
+    pods = cluster.get("pods", namespace=namespace, **{"frota.dev/role": "worker", INSTANCE: name})
+    assert len(pods) == 2
+    uids = {p["metadata"]["uid"] for p in pods}
+    crashed = {"status": {"containerStatuses": [{
+        "name": "worker", "image": "frota-worker:e2e", "imageID": "", "ready": False,
+        "restartCount": 1, "state": {"running": {}}}]}}
+    cluster.kubectl("patch", "pod", "heal-worker-0-1", "-n", namespace, "--subresource=status",
+                    "--type=merge", "-p", json.dumps(crashed))
+    # Both ranks are replaced, not just the one that restarted.
+    wait_until("both ranks recreated", lambda: not uids & {
+        p["metadata"]["uid"] for p in cluster.get(
+            "pods", namespace=namespace, **{"frota.dev/role": "worker", INSTANCE: name})},
+        timeout=60)
+    events = cluster.get("events", namespace=namespace)
+    assert any(e["reason"] == "GroupRestarted" for e in events)
+    wait_until("Ready=True again", ready, timeout=90)
