@@ -281,3 +281,37 @@ async def test_a_dead_rank_restarts_its_whole_group(cluster: Cluster, operator: 
     await wait_for(status_is(cluster, "tiny", "Ready", "False"), what="not ready meanwhile")
     await cluster.run_pods("tiny-worker-0")
     await wait_for(status_is(cluster, "tiny", "Ready", "True"), what="ready again")
+
+
+async def test_disaggregated_units_count_prefill_and_decode_groups(
+    cluster: Cluster, operator: Operator
+) -> None:
+    await cluster.create_isvc(sample("pd", replicas=2, disaggregation={
+        "prefill": {"replicas": 1}, "decode": {"replicas": 2}}))
+    await wait_for(lambda: len(owned(cluster, "pd")["StatefulSet"]) == 6, what="6 groups")
+    assert set(owned(cluster, "pd")["StatefulSet"]) == {
+        "pd-prefill-0", "pd-prefill-1", "pd-decode-0", "pd-decode-1", "pd-decode-2",
+        "pd-decode-3"}
+    await cluster.run_router("pd-router")
+    for group in ("pd-prefill-0", "pd-decode-0", "pd-decode-1", "pd-decode-2"):
+        await cluster.run_pods(group)
+
+    def one_unit_ready() -> bool:
+        status = cluster.isvc("pd").get("status") or {}
+        return status.get("readyReplicas") == 1 and status.get("replicas") == 2
+
+    await wait_for(one_unit_ready, what="one whole unit ready")  # prefill-1 missing
+    assert cluster.isvc("pd")["status"]["mode"] == "Disaggregated"
+    assert cluster.condition("pd", "Ready")["status"] == "False"
+    await cluster.run_pods("pd-prefill-1")
+    await cluster.run_pods("pd-decode-3")
+    await wait_for(status_is(cluster, "pd", "Ready", "True"), what="Ready")
+
+    # A decode-only change rolls decode groups and leaves prefill groups alone.
+    before = group_revisions(cluster, "pd")
+    await cluster.patch_isvc("pd", {"spec": {"disaggregation": {
+        "decode": {"replicas": 2, "resources": {"cpu": "3", "memory": "3Gi"}}}}})
+    await wait_for(lambda: group_revisions(cluster, "pd")["pd-decode-4"]
+                   != before["pd-decode-0"], what="a decode surge group")
+    after = group_revisions(cluster, "pd")
+    assert all(after[g] == before[g] for g in ("pd-prefill-0", "pd-prefill-1"))
