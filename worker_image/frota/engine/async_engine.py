@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from frota.engine.config import EngineArgs
 from frota.engine.llm_engine import LLMEngine
@@ -43,15 +44,21 @@ class AsyncEngine:
             self._thread = None
 
     async def generate(self, request_id: str, prompt: str | list[int],
-                       params: SamplingParams) -> AsyncIterator[RequestOutput]:
-        """Yield the deltas of one request until it finishes; raises InvalidRequestError up front."""
+                       params: SamplingParams, *,
+                       seq: Sequence | None = None) -> AsyncIterator[RequestOutput]:
+        """Yield the deltas of one request until it finishes; raises InvalidRequestError up front.
+
+        `seq`: an already built sequence (from `engine.make_sequence`), e.g. one whose prompt
+        KV was imported by `frota.engine.kv_transfer`; `prompt` and `params` are then unused.
+        """
         if self._error is not None:
             raise RuntimeError(f"the engine loop failed: {self._error!r}")
         if request_id in self._streams:
             from frota.engine.errors import InvalidRequestError
 
             raise InvalidRequestError(f"request id {request_id!r} is already in use", "request_id")
-        seq = self.engine.make_sequence(request_id, prompt, params)
+        if seq is None:
+            seq = self.engine.make_sequence(request_id, prompt, params)
         stream: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = (asyncio.get_running_loop(), stream)
         self._send(("add", seq))
@@ -77,6 +84,14 @@ class AsyncEngine:
     def stats(self) -> EngineStats:
         return self.engine.stats()
 
+    async def call(self, fn: Callable[[LLMEngine], Any]) -> Any:
+        """Run `fn(engine)` on the engine thread between steps (block pool changes); its result."""
+        if self._error is not None or not self.is_running:
+            raise RuntimeError("the engine loop is not running")
+        future = asyncio.get_running_loop().create_future()
+        self._send(("call", (fn, future)))
+        return await future
+
     @property
     def is_running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -99,18 +114,46 @@ class AsyncEngine:
                 return
             if kind == "add":
                 seq: Sequence = arg
-                if seq.request_id in self._streams:
+                if seq.request_id not in self._streams:
+                    self.engine.block_manager.deallocate(seq)  # imported KV, if any
+                elif seq.num_generated_tokens:  # KV imported with its first token
+                    from frota.engine.kv_transfer import admit_imported
+
+                    self._deliver(admit_imported(self.engine, seq), seq.request_id)
+                else:
                     self.engine.add_sequence(seq)
+            elif kind == "call":
+                self._run_call(*arg)
             else:
                 out = self.engine.abort(arg)
                 if out is not None:
                     self._deliver(out, arg)
+
+    @staticmethod
+    def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    def _run_call(self, fn: Callable[[LLMEngine], Any], future: asyncio.Future) -> None:
+        result, error = None, None
+        try:
+            result = fn(self.engine)
+        except Exception as exc:
+            error = exc
+        future.get_loop().call_soon_threadsafe(self._settle, future, result, error)
 
     def _loop(self) -> None:
         try:
             while not self._stopping:
                 self._apply_commands()
                 if not self.engine.has_unfinished:
+                    idle = getattr(self.engine.runner, "idle", None)
+                    if idle is not None:  # parallel ranks: a heartbeat to the followers
+                        idle()
                     self._wakeup.wait(timeout=0.5)
                     self._wakeup.clear()
                     continue

@@ -137,7 +137,8 @@ class Scheduler:
             self.waiting.remove(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
-        self.block_manager.deallocate(seq)
+        if not seq.keep_kv:  # pinned blocks are freed by frota.engine.kv_transfer
+            self.block_manager.deallocate(seq)
 
     def check_stop_tokens(self, seq: Sequence, eos_token_ids: tuple[int, ...]) -> str | None:
         """The finish reason a freshly appended token implies, if any."""

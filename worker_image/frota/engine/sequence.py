@@ -38,6 +38,7 @@ class Sequence:
         self.num_hashed_blocks = 0
         self.num_preemptions = 0
         self.finish_reason: str | None = None
+        self.keep_kv = False  # disaggregated prefill: blocks stay pinned at finish (kv_transfer)
         self.arrival_time = time.perf_counter()
         self.first_token_time: float | None = None
 
