@@ -315,3 +315,19 @@ async def test_disaggregated_units_count_prefill_and_decode_groups(
                    != before["pd-decode-0"], what="a decode surge group")
     after = group_revisions(cluster, "pd")
     assert all(after[g] == before[g] for g in ("pd-prefill-0", "pd-prefill-1"))
+
+
+async def test_children_are_not_recreated_while_the_owner_is_being_deleted(
+    cluster: Cluster, operator: Operator
+) -> None:
+    manifest = sample("tiny", replicas=1)
+    manifest["metadata"]["finalizers"] = ["example.com/hold"]  # like foreground deletion
+    await cluster.create_isvc(manifest)
+    await converge(cluster, "tiny", 1)
+    await cluster.delete("InferenceService", "tiny")
+    await wait_for(lambda: cluster.isvc("tiny")["metadata"].get("deletionTimestamp"),
+                   what="marked for deletion")
+    await cluster.delete("StatefulSet", "tiny-worker-0")
+    deleting = operator.fleet.metrics.reconciles.labels("deleting")
+    await wait_for(lambda: deleting._value.get() >= 1, what="a reconcile that stands back")
+    assert "tiny-worker-0" not in owned(cluster, "tiny")["StatefulSet"]

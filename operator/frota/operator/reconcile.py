@@ -54,7 +54,7 @@ class Children:
 class Outcome:
     """What one reconcile did (for metrics, logs and tests)."""
 
-    result: str = "converged"  # converged | progressing | invalid
+    result: str = "converged"  # converged | progressing | invalid | deleting
     applied: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
     restarted: list[str] = field(default_factory=list)
@@ -97,6 +97,11 @@ async def reconcile(
     name, namespace = meta["name"], meta.get("namespace") or "default"
     old_status = old_status if old_status is not None else (body.get("status") or {})
     outcome = Outcome()
+    if meta.get("deletionTimestamp"):
+        # Being deleted (maybe foreground, children first): recreating children
+        # now would keep the deletion from ever finishing.
+        outcome.result = "deleting"
+        return outcome
 
     try:
         desired = desired_state(body)

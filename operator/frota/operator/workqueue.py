@@ -106,7 +106,8 @@ class Fleet:
                 raise
             finally:
                 self.metrics.duration.observe(time.perf_counter() - started)
-            self._last_status[key] = outcome.status
+            if outcome.status:
+                self._last_status[key] = outcome.status
             self.metrics.reconciles.labels(outcome.result).inc()
             for ref in outcome.applied:
                 self.metrics.applied.labels(ref.split("/", 1)[0]).inc()
