@@ -297,7 +297,8 @@ def test_killing_a_worker_under_load_loses_no_unstarted_request(workers, router_
     import openai
 
     victim, survivor = workers[1], workers[0]
-    router = router_factory("round-robin", "--max-inflight", "16", "--eject-after", "2")
+    router = router_factory("round-robin", "--max-inflight", "16", "--eject-after", "2",
+                            "--queue-timeout", "900")
     outcomes: list[dict] = []
 
     async def main() -> None:
