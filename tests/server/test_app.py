@@ -251,3 +251,17 @@ async def test_client_disconnect_mid_stream_aborts_the_engine_request() -> None:
         assert 'vllm:kv_cache_usage_perc{model_name="fake-model"} 0.0' in text
     finally:
         await client.close()
+
+
+async def test_one_structured_log_line_per_request(client: TestClient, caplog) -> None:  # type: ignore[no-untyped-def]
+    with caplog.at_level("INFO", logger="frota.server.requests"):
+        await client.post("/v1/completions", json=completion(n=2))
+    records = [r for r in caplog.records if r.name == "frota.server.requests"]
+    assert len(records) == 1
+    fields = records[0].fields
+    assert fields["status"] == "ok" and fields["n"] == 2
+    assert fields["prompt_tokens"] == 3 and fields["generation_tokens"] == 10
+    assert fields["ttft_s"] is not None and fields["total_s"] >= fields["ttft_s"]
+    assert fields["finish_reason"] == ["length", "length"]
+    from frota.server.logs import JsonFormatter
+    assert json.loads(JsonFormatter().format(records[0]))["id"].startswith("cmpl-")
