@@ -142,11 +142,15 @@ def test_operator_converges_scales_repairs_and_is_garbage_collected(
     assert "engine.maxModelLen" in _condition(cluster, namespace, name, "SpecValid")["message"]
     assert len(_groups(cluster, namespace, name)) == 3
 
-    # Deleting the InferenceService lets the garbage collector take every child.
-    cluster.kubectl("delete", "inferenceservice", name, "-n", namespace, "--wait=false")
+    # Deleting the InferenceService (foreground: children first) lets the
+    # garbage collector take every child, and the operator does not fight it.
+    cluster.kubectl("delete", "inferenceservice", name, "-n", namespace,
+                    "--cascade=foreground", "--wait=false")
     for kind in ("statefulsets", "services", "deployments", "configmaps", "roles"):
         wait_until(f"{kind} collected", lambda kind=kind: not cluster.get(
             kind, namespace=namespace, **{INSTANCE: name}), timeout=90)
+    wait_until("the InferenceService gone", lambda: not cluster.get(
+        "inferenceservices", namespace=namespace), timeout=90)
 
 
 def _mark_ready(cluster: Cluster, namespace: str, selector: dict[str, str]) -> int:
