@@ -55,6 +55,8 @@ class WorkerState:
         self.generation: Generation | None = None
         self.metrics = ServerMetrics(options.served_model_name, self.stats)
         self.created = int(time.time())
+        # Decode role: turns a request's KV handle header into `job.kv_seq` (kv_routes).
+        self.kv_import: Callable[[web.Request, Job], Awaitable[None]] | None = None
 
     def stats(self) -> EngineStats | None:
         if self.bindings is None:
@@ -181,6 +183,8 @@ async def _generate(request: web.Request, job_builder, model_cls) -> web.StreamR
         raise errors.invalid("The request body is nested too deeply.", param="body") from exc
     job: Job = await job_builder(bindings, req, state.options.served_model_name)
     generation.admit(job.num_choices)
+    if state.kv_import is not None:
+        await state.kv_import(request, job)
     with state.lifecycle.in_flight():
         if not req.stream:
             return web.json_response(await generation.run(job, None))

@@ -87,7 +87,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _flag(parser, "--shutdown-grace-period", type=float, default=30.0,
           help="seconds in-flight requests get to finish after SIGTERM")
     _flag(parser, "--role", choices=["both", "prefill", "decode"], default="both",
-          help="disaggregation role (only `both` for now)")
+          help="disaggregation role: prefill (runs prompts, keeps their KV for a decode worker "
+          "to pull), decode (continues requests from a KV handle), both (either, and whole "
+          "requests)")
+    _flag(parser, "--advertise-url",
+          help="URL decode workers use to pull KV from this worker (default: the URL the "
+          "router reached it at)")
+    _flag(parser, "--kv-handle-ttl", type=float, default=30.0,
+          help="seconds a prefill keeps unfetched KV blocks pinned before freeing them")
+    _flag(parser, "--kv-max-pinned-handles", type=int, default=64,
+          help="most prefills whose KV is pinned at once; beyond it the oldest is freed")
     _flag(parser, "--log-level", default="info", help="debug, info, warning, error")
 
 
@@ -119,11 +128,10 @@ def run(args: argparse.Namespace) -> int:
     from frota.server import logs
     from frota.server.app import ServerOptions, create_app
     from frota.server.engine_api import EngineBindings
+    from frota.server.kv_routes import KVOptions, add_kv_routes
     from frota.server.lifecycle import serve
 
     logs.setup(args.log_level)
-    if args.role != "both":
-        raise SystemExit(f"frota worker: --role {args.role} is not implemented yet")
 
     def build() -> EngineBindings:
         # Importing torch takes seconds: keep it off the event loop too.
@@ -145,6 +153,8 @@ def run(args: argparse.Namespace) -> int:
 
     async def main() -> int:
         app = create_app(options, load)
+        add_kv_routes(app, KVOptions(args.role, args.advertise_url, args.kv_handle_ttl,
+                                     args.kv_max_pinned_handles))
         from frota.server.app import STATE_KEY
 
         state = app[STATE_KEY]

@@ -31,6 +31,7 @@ class Job:
     n: int
     fmt: Format
     include_usage: bool = False
+    kv_seq: Any = None  # decode role: an engine sequence with imported prompt KV (kv_routes)
 
     @property
     def num_choices(self) -> int:
@@ -182,7 +183,8 @@ class Generation:
 
     async def _events(self, job: Job) -> AsyncIterator[tuple[int, EngineOutput]]:
         """Every choice's outputs, tagged with the choice index, as they arrive."""
-        gens = [self._checked(self.engine.generate(job.engine_id(i), job.prompt_of(i), p))
+        extra = {} if job.kv_seq is None else {"seq": job.kv_seq}
+        gens = [self._checked(self.engine.generate(job.engine_id(i), job.prompt_of(i), p, **extra))
                 for i, p in enumerate(job.params)]
         if len(gens) == 1:
             async for out in gens[0]:

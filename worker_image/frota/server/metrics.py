@@ -85,27 +85,32 @@ class ServerMetrics:
                                          labels, registry=self.registry)
         self.request_success = Counter("vllm:request_success", "Finished requests.",
                                        ["model_name", "finished_reason"], registry=self.registry)
+        # Label children resolved once: `labels()` takes a lock on every call.
+        self._ttft = self.ttft.labels(model_name)
+        self._itl = self.itl.labels(model_name)
+        self._e2e = self.e2e.labels(model_name)
+        self._prompt_tokens = self.prompt_tokens.labels(model_name)
+        self._generation_tokens = self.generation_tokens.labels(model_name)
         self.rejected = Counter("frota_worker_rejected_requests", "Requests refused before "
                                 "reaching the engine, by HTTP status.", ["model_name", "status"],
                                 registry=self.registry)
 
     def observe_first_token(self, seconds: float) -> None:
-        self.ttft.labels(self.model_name).observe(seconds)
+        self._ttft.observe(seconds)
 
     def observe_tokens(self, seconds: float, num_tokens: int) -> None:
         """A delta of `num_tokens` tokens arrived `seconds` after the previous one."""
         if num_tokens <= 0:
             return
         per_token = seconds / num_tokens
-        child = self.itl.labels(self.model_name)
         for _ in range(num_tokens):
-            child.observe(per_token)
+            self._itl.observe(per_token)
 
     def observe_finished(self, seconds: float, prompt_tokens: int, generation_tokens: int,
                          finish_reason: str) -> None:
-        self.e2e.labels(self.model_name).observe(seconds)
-        self.prompt_tokens.labels(self.model_name).inc(prompt_tokens)
-        self.generation_tokens.labels(self.model_name).inc(generation_tokens)
+        self._e2e.observe(seconds)
+        self._prompt_tokens.inc(prompt_tokens)
+        self._generation_tokens.inc(generation_tokens)
         self.request_success.labels(self.model_name, finish_reason).inc()
 
     def observe_rejected(self, status: int) -> None:

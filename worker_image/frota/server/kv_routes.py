@@ -1,0 +1,384 @@
+"""Disaggregated prefill/decode on the worker: the `/internal/kv/` routes and the decode hook.
+
+Prefill role (`--role prefill|both`):
+- `POST /internal/kv/prefill/v1/completions` (and `.../v1/chat/completions`) takes the
+  client's OpenAI body, runs the prompt with max_tokens=1 and answers with the first
+  token and a KV handle; the prompt's blocks stay pinned until fetched, released, or
+  `--kv-handle-ttl` seconds pass (then they are freed and counted as expired). At most
+  `--kv-max-pinned-handles` handles are pinned at once; beyond that the oldest is evicted.
+- `GET /internal/kv/blocks/{id}` streams the pinned blocks (framing below) once and frees them.
+- `DELETE /internal/kv/blocks/{id}` frees them without a transfer.
+
+Decode role (`--role decode|both`): an OpenAI request carrying the `x-frota-kv-handle`
+header (JSON: url, id, fingerprint, prompt_digest, num_prompt_tokens, first_token) pulls
+the blocks from the prefill worker into freshly allocated blocks of its own pool and
+continues decoding from the first token. A layout mismatch answers 409; a prefill peer
+that is gone or forgot the handle answers 424 (`kv_transfer_failed`), so the router can
+run the request colocated instead.
+
+Framing of a block stream: 4 bytes big-endian header length, the JSON header
+(`fingerprint`, `layout`, `num_prompt_tokens`, `num_blocks`, `parts`: shape/dtype/nbytes
+of each storage tensor, per layer K then V), then each part's raw bytes in that order.
+The decode side reads part by part and copies each into its blocks as it arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import struct
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from frota.server import errors
+from frota.server.app import STATE_KEY, WorkerState, _read_json
+from frota.server.generation import Job
+from frota.server.jobs import chat_job, completion_job
+from frota.server.protocol import ChatCompletionRequest, CompletionRequest
+from prometheus_client import Counter, Gauge, Histogram
+from pydantic import ValidationError
+
+log = logging.getLogger("frota.server.kv")
+
+HANDLE_HEADER = "x-frota-kv-handle"
+FINGERPRINT_HEADER = "x-frota-kv-fingerprint"
+ROLES = ("both", "prefill", "decode")
+TRANSFER_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_BUILDERS = {"completions": (completion_job, CompletionRequest),
+             "chat/completions": (chat_job, ChatCompletionRequest)}
+
+
+@dataclass
+class KVOptions:
+    """The worker's disaggregation settings (`frota worker --role ...`)."""
+
+    role: str = "both"
+    advertise_url: str | None = None  # None: the router fills in the URL it reached us at
+    handle_ttl_s: float = 30.0
+    max_pinned_handles: int = 64
+
+
+class KVMetrics:
+    """`frota_kv_*` metrics, on the worker's registry."""
+
+    def __init__(self, registry: Any, pinned: Any) -> None:
+        self.bytes = Counter("frota_kv_transfer_bytes", "KV bytes moved between workers.",
+                             ["direction"], registry=registry)
+        self.seconds = Histogram("frota_kv_transfer_seconds", "Time to move one request's KV "
+                                 "blocks (decode side: request to last byte copied).",
+                                 ["direction"], buckets=TRANSFER_BUCKETS, registry=registry)
+        self.handles = Counter("frota_kv_handles", "KV handles by how they ended: fetched, "
+                               "expired (TTL), evicted (too many pinned), released.",
+                               ["outcome"], registry=registry)
+        self.failures = Counter("frota_kv_transfer_failures", "Decode-side imports that failed, "
+                                "by reason.", ["reason"], registry=registry)
+        self.recomputed = Counter("frota_kv_imports_recomputed", "Imports skipped because the "
+                                  "decode pool was full; the prompt was recomputed.",
+                                  registry=registry)
+        gauge = Gauge("frota_kv_handles_pinned", "KV handles whose blocks are pinned now.",
+                      registry=registry)
+        gauge.set_function(pinned)
+
+
+@dataclass
+class _Pinned:
+    seq: Any  # frota.engine.sequence.Sequence
+    expires_at: float
+
+
+class KVService:
+    """Pinned handles, the reaper, and the HTTP client a decode worker pulls with."""
+
+    def __init__(self, state: WorkerState, options: KVOptions) -> None:
+        self.state = state
+        self.options = options
+        self.pinned: OrderedDict[str, _Pinned] = OrderedDict()
+        self.metrics = KVMetrics(state.metrics.registry, lambda: len(self.pinned))
+        self.session: aiohttp.ClientSession | None = None
+        self._reaper: asyncio.Task[None] | None = None
+
+    # -- engine access -------------------------------------------------------
+
+    def engine(self) -> Any:
+        """The AsyncEngine; 503 while loading."""
+        bindings, _ = self.state.ready_generation()
+        return bindings.engine
+
+    async def release(self, seq: Any) -> None:
+        from frota.engine.kv_transfer import release
+
+        with contextlib.suppress(RuntimeError):  # the engine is gone: nothing to free
+            await self.engine().call(lambda e: release(e, seq))
+
+    # -- pinned handles ------------------------------------------------------
+
+    def pin(self, seq: Any) -> None:
+        while len(self.pinned) >= self.options.max_pinned_handles:
+            _, oldest = self.pinned.popitem(last=False)
+            self.metrics.handles.labels("evicted").inc()
+            asyncio.get_running_loop().create_task(self.release(oldest.seq))
+        self.pinned[seq.request_id] = _Pinned(seq, time.monotonic() + self.options.handle_ttl_s)
+
+    async def expire(self) -> int:
+        """Free every handle past its TTL; the number freed."""
+        now = time.monotonic()
+        expired = [k for k, p in self.pinned.items() if p.expires_at <= now]
+        for key in expired:
+            entry = self.pinned.pop(key)
+            self.metrics.handles.labels("expired").inc()
+            await self.release(entry.seq)
+        if expired:
+            log.info("freed %d expired KV handle(s)", len(expired))
+        return len(expired)
+
+    async def _reap(self) -> None:
+        interval = max(0.05, min(1.0, self.options.handle_ttl_s / 4))
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.expire()
+            except Exception:
+                log.exception("expiring KV handles failed")
+
+    async def start(self, app: web.Application) -> None:
+        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(
+            total=None, connect=5, sock_read=60))
+        self._reaper = asyncio.create_task(self._reap())
+
+    async def stop(self, app: web.Application) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+        if self.session is not None:
+            await self.session.close()
+
+    # -- prefill side --------------------------------------------------------
+
+    async def prefill(self, request: web.Request) -> web.Response:
+        from frota.engine.kv_transfer import layout_fingerprint, prompt_digest
+
+        state = self.state
+        bindings, generation = state.ready_generation()
+        builder, model_cls = _BUILDERS[request.match_info["endpoint"]]
+        body = await _read_json(request)
+        try:
+            req = model_cls.model_validate(body)
+        except ValidationError as exc:
+            raise errors.from_validation_error(exc) from exc
+        job: Job = await builder(bindings, req, state.options.served_model_name)
+        if job.num_choices != 1:
+            raise errors.invalid("Disaggregated prefill serves one prompt and n=1.", param="n")
+        generation.admit(1)
+        engine = bindings.engine
+        params = dataclasses.replace(job.params[0], max_tokens=1)
+        request_id = f"kv-{uuid.uuid4().hex}"
+        try:
+            seq = engine.engine.make_sequence(request_id, job.prompts[0], params)
+        except bindings.invalid_request_error as exc:
+            raise errors.invalid(str(exc), param=getattr(exc, "param", None)) from exc
+        seq.keep_kv = True
+        first: int | None = None
+        reason: str | None = None
+        with state.lifecycle.in_flight():
+            try:
+                async for out in engine.generate(request_id, seq.token_ids, params, seq=seq):
+                    if out.new_token_ids:
+                        first = int(out.new_token_ids[0])
+                    reason = out.finish_reason if out.finished else reason
+            finally:
+                if first is None or reason not in ("stop", "length"):
+                    await self.release(seq)
+        if first is None or reason not in ("stop", "length"):
+            raise errors.internal(f"The prefill ended without a first token ({reason}).")
+        self.pin(seq)
+        handle = {
+            "url": self.options.advertise_url, "id": request_id,
+            "fingerprint": layout_fingerprint(engine.engine),
+            "prompt_digest": prompt_digest(job.prompts[0]),
+            "num_prompt_tokens": seq.num_prompt_tokens, "first_token": first,
+            "ttl_s": self.options.handle_ttl_s,
+        }
+        return web.json_response({"kv_handle": handle, "first_token": first,
+                                  "finish_reason": reason,
+                                  "num_prompt_tokens": seq.num_prompt_tokens})
+
+    async def send_blocks(self, request: web.Request) -> web.StreamResponse:
+        from frota.engine.kv_transfer import export_parts, layout, layout_fingerprint, part_specs
+
+        engine = self.engine()
+        llm = engine.engine
+        fingerprint = layout_fingerprint(llm)
+        asked = request.headers.get(FINGERPRINT_HEADER)
+        if asked is not None and asked != fingerprint:
+            raise errors.APIError(409, f"KV layout mismatch: this prefill worker has {layout(llm)} "
+                                  f"(fingerprint {fingerprint}), the decode worker {asked}.",
+                                  code="kv_layout_mismatch")
+        entry = self.pinned.pop(request.match_info["id"], None)
+        if entry is None:
+            raise errors.APIError(404, "Unknown or expired KV handle "
+                                  f"{request.match_info['id']!r}; run the request again.",
+                                  type="not_found_error", code="kv_handle_not_found")
+        seq = entry.seq
+        num_blocks = -(-seq.num_prompt_tokens // llm.block_manager.block_size)
+        block_ids = list(seq.block_table[:num_blocks])
+        header = json.dumps({"fingerprint": fingerprint, "layout": layout(llm),
+                             "num_prompt_tokens": seq.num_prompt_tokens,
+                             "num_blocks": num_blocks,
+                             "parts": part_specs(llm, num_blocks)}).encode()
+        started = time.perf_counter()
+        sent = 0
+        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        try:
+            await response.prepare(request)
+            await response.write(struct.pack(">I", len(header)) + header)
+            for data in export_parts(llm, block_ids):
+                await response.write(data)
+                sent += data.nbytes
+            await response.write_eof()
+            self.metrics.handles.labels("fetched").inc()
+        finally:
+            self.metrics.bytes.labels("sent").inc(sent)
+            self.metrics.seconds.labels("send").observe(time.perf_counter() - started)
+            await self.release(seq)
+        return response
+
+    async def drop_blocks(self, request: web.Request) -> web.Response:
+        entry = self.pinned.pop(request.match_info["id"], None)
+        if entry is not None:
+            self.metrics.handles.labels("released").inc()
+            await self.release(entry.seq)
+        return web.json_response({"released": entry is not None})
+
+    async def describe(self, request: web.Request) -> web.Response:
+        from frota.engine.kv_transfer import layout, layout_fingerprint
+
+        llm = self.engine().engine
+        return web.json_response({"role": self.options.role, "fingerprint": layout_fingerprint(llm),
+                                  "layout": layout(llm), "pinned_handles": len(self.pinned)})
+
+    # -- decode side ---------------------------------------------------------
+
+    async def import_kv(self, request: web.Request, job: Job) -> None:
+        """The `WorkerState.kv_import` hook: pull the handle's blocks, set `job.kv_seq`."""
+        raw = request.headers.get(HANDLE_HEADER)
+        if raw is None:
+            return
+        from frota.engine.kv_transfer import layout, layout_fingerprint, prompt_digest
+
+        try:
+            handle = json.loads(raw)
+            url, handle_id = str(handle["url"]).rstrip("/"), str(handle["id"])
+            first = int(handle["first_token"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise errors.invalid(f"Malformed {HANDLE_HEADER} header: {exc!r}.",
+                                 param=HANDLE_HEADER) from exc
+        if job.num_choices != 1:
+            raise errors.invalid("A request with a KV handle must have one prompt and n=1.",
+                                 param="n")
+        engine = self.engine()
+        llm = engine.engine
+        fingerprint = layout_fingerprint(llm)
+        if handle.get("fingerprint") != fingerprint:
+            self.metrics.failures.labels("layout_mismatch").inc()
+            raise errors.APIError(409, f"KV layout mismatch: the handle's fingerprint is "
+                                  f"{handle.get('fingerprint')}, this decode worker's is "
+                                  f"{fingerprint} ({layout(llm)}); prefill and decode workers "
+                                  "must run the same model, dtype and block size.",
+                                  code="kv_layout_mismatch")
+        prompt = job.prompts[0]
+        if handle.get("prompt_digest") != prompt_digest(prompt):
+            self.metrics.failures.labels("prompt_mismatch").inc()
+            raise errors.APIError(409, "The KV handle belongs to a different prompt (the prefill "
+                                  "worker tokenized it differently).", code="kv_prompt_mismatch")
+        try:
+            seq = llm.make_sequence(job.engine_id(0), prompt, job.params[0])
+        except Exception as exc:
+            raise errors.invalid(str(exc)) from exc
+        started = time.perf_counter()
+        try:
+            received = await self._pull(engine, seq, url, handle_id, fingerprint)
+        except errors.APIError:
+            if seq.block_table:
+                await self.release(seq)
+            raise
+        except (aiohttp.ClientError, asyncio.IncompleteReadError, OSError, TimeoutError,
+                ValueError) as exc:
+            if seq.block_table:
+                await self.release(seq)
+            self.metrics.failures.labels(type(exc).__name__).inc()
+            raise errors.APIError(424, f"Could not fetch the KV blocks from the prefill worker "
+                                  f"{url}: {exc!r}. Retry the request (colocated).",
+                                  type="upstream_error", code="kv_transfer_failed") from exc
+        self.metrics.bytes.labels("received").inc(received)
+        self.metrics.seconds.labels("receive").observe(time.perf_counter() - started)
+        if seq.block_table:
+            seq.num_computed_tokens = seq.num_prompt_tokens
+        seq.append_token(first)
+        job.kv_seq = seq
+
+    async def _pull(self, engine: Any, seq: Any, url: str, handle_id: str,
+                    fingerprint: str) -> int:
+        """Stream the blocks into `seq`'s newly reserved blocks; the bytes received (0 when the
+        pool was full and the prompt will be recomputed instead)."""
+        from frota.engine.kv_transfer import import_part, reserve, storage_parts
+
+        assert self.session is not None
+        llm = engine.engine
+        async with self.session.get(f"{url}/internal/kv/blocks/{handle_id}",
+                                    headers={FINGERPRINT_HEADER: fingerprint}) as resp:
+            if resp.status != 200:
+                text = (await resp.text())[:500]
+                self.metrics.failures.labels(f"status_{resp.status}").inc()
+                status = 409 if resp.status == 409 else 424
+                raise errors.APIError(status, f"The prefill worker {url} answered "
+                                      f"{resp.status} for KV handle {handle_id}: {text}",
+                                      type="upstream_error", code="kv_transfer_failed")
+            (size,) = struct.unpack(">I", await resp.content.readexactly(4))
+            header = json.loads(await resp.content.readexactly(size))
+            num_parts = len(storage_parts(llm))
+            if (header["fingerprint"] != fingerprint or len(header["parts"]) != num_parts
+                    or header["num_prompt_tokens"] != seq.num_prompt_tokens):
+                raise errors.APIError(409, f"The KV stream does not fit this worker: {header}.",
+                                      code="kv_layout_mismatch")
+            num_tokens = seq.num_prompt_tokens
+            if not await engine.call(lambda e: reserve(e, seq, num_tokens)):
+                self.metrics.recomputed.inc()
+                return 0  # closing the stream early frees the blocks on the prefill side
+            received = 0
+            for i, spec in enumerate(header["parts"]):
+                data = await resp.content.readexactly(spec["nbytes"])
+                import_part(llm, i, seq.block_table, data, spec)
+                received += len(data)
+            return received
+
+
+KV_KEY: web.AppKey[KVService] = web.AppKey("kv", KVService)
+
+
+def add_kv_routes(app: web.Application, options: KVOptions) -> KVService:
+    """Enable `options.role` on a worker app (from `create_app`)."""
+    if options.role not in ROLES:
+        raise ValueError(f"role {options.role!r}: use one of {', '.join(ROLES)}")
+    state = app[STATE_KEY]
+    service = KVService(state, options)
+    app[KV_KEY] = service
+    app.on_startup.append(service.start)
+    app.on_cleanup.append(service.stop)
+    app.router.add_get("/internal/kv/layout", service.describe)
+    if options.role in ("prefill", "both"):
+        app.router.add_post("/internal/kv/prefill/v1/{endpoint:(chat/)?completions}",
+                            service.prefill)
+        app.router.add_get("/internal/kv/blocks/{id}", service.send_blocks)
+        app.router.add_delete("/internal/kv/blocks/{id}", service.drop_blocks)
+    if options.role in ("decode", "both"):
+        state.kv_import = service.import_kv
+    return app[KV_KEY]
