@@ -54,6 +54,27 @@ class Cluster:
         out = json.loads(self.kubectl(*args, "-o", "json"))
         return out if name else out["items"]
 
+    def wait_crds_established(self, names: list[str] | None = None, timeout: float = 60) -> None:
+        """Wait until the named CRDs (default: all) are Established.
+
+        Polls instead of ``kubectl wait``, which errors on a CRD whose status
+        has no conditions yet.
+        """
+
+        def established() -> bool:
+            crds = self.get("crd")
+            if names is not None:
+                crds = [c for c in crds if c["metadata"]["name"] in names]
+                if len(crds) < len(names):
+                    return False
+            return all(
+                any(c["type"] == "Established" and c["status"] == "True"
+                    for c in crd.get("status", {}).get("conditions") or [])
+                for crd in crds
+            )
+
+        wait_until(f"CRDs {names or 'all'} to be Established", established, timeout)
+
     @contextlib.contextmanager
     def reach(self, namespace: str, pod: str, port: int) -> Iterator[tuple[str, int]]:
         """A (host, port) on this machine that reaches ``port`` of ``pod``."""

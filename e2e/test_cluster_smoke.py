@@ -67,8 +67,7 @@ def test_crds_are_accepted_by_the_apiserver(cluster: Cluster) -> None:
         pytest.skip("crds/ holds no CRD yet")
     how = ["-k", str(CRDS)] if (CRDS / "kustomization.yaml").exists() else ["-f", str(CRDS)]
     cluster.kubectl("apply", "--server-side", "--field-manager=frota-e2e", *how)
-    for name in names:
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+    cluster.wait_crds_established(names)
 
 
 def test_deployment_pod_is_scheduled_runs_and_becomes_ready(cluster: Cluster, namespace: str) -> None:

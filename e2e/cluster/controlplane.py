@@ -279,6 +279,9 @@ class LocalCluster:
     @staticmethod
     def _port_free(host: str, port: int) -> bool:
         with socket.socket() as s:
+            # As the apiserver binds: connections of an earlier run in
+            # TIME_WAIT do not make the port busy.
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind((host, port))
             except OSError:

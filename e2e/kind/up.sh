@@ -7,7 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 CLUSTER=${KIND_CLUSTER:-frota-e2e}
-OPERATOR_IMAGE=${FROTA_OPERATOR_IMAGE:-frota-operator:e2e}
+# The dev overlay runs frota-operator:dev, the image built here.
+OPERATOR_IMAGE=${FROTA_OPERATOR_IMAGE:-frota-operator:dev}
 WORKER_IMAGE=${FROTA_E2E_IMAGE:-frota-worker:e2e}
 KUBECONFIG_OUT=${KIND_KUBECONFIG:-$PWD/e2e/.work/kind-kubeconfig}
 
@@ -30,14 +31,20 @@ kind load docker-image --name "$CLUSTER" "$OPERATOR_IMAGE" "$WORKER_IMAGE"
 
 if compgen -G "crds/*.yaml" >/dev/null; then
   echo "== apply crds/"
-  kubectl apply --server-side -f crds/
+  if [ -f crds/kustomization.yaml ]; then kubectl apply --server-side -k crds/; else kubectl apply --server-side -f crds/; fi
+  sleep 2  # kubectl wait errors on a CRD with no status conditions yet
   kubectl wait --for=condition=Established crd --all --timeout=60s
 fi
-# The e2e overlay when there is one, else the base.
-for k in manifests/overlays/e2e manifests/base manifests; do
+# The e2e overlay when there is one, else dev, else the base (as e2e/test_operator_install.py).
+for k in manifests/overlays/e2e manifests/overlays/dev manifests/base; do
   if [ -f "$k/kustomization.yaml" ]; then
     echo "== apply -k $k"
-    kubectl apply --server-side -k "$k"
+    # Custom resources that come with their CRD need it established: apply twice.
+    kubectl apply --server-side -k "$k" || {
+      sleep 2
+      kubectl wait --for=condition=Established crd --all --timeout=60s
+      kubectl apply --server-side -k "$k"
+    }
     break
   fi
 done
