@@ -94,3 +94,12 @@ async def test_wrong_method_is_openai_shaped(client: TestClient) -> None:
     resp = await client.get(COMP)
     assert resp.status == 405
     assert "error" in await resp.json()
+
+
+@pytest.mark.parametrize(("field", "value"), [("temperature", True), ("temperature", "0.5"),
+                                              ("top_p", "1"), ("n", 2.0), ("max_tokens", True)])
+async def test_numbers_are_not_coerced_from_other_types(client: TestClient, field: str,
+                                                        value: object) -> None:
+    resp = await client.post(COMP, json={"model": MODEL, "prompt": "x", field: value})
+    assert resp.status == 400
+    assert (await resp.json())["error"]["param"] == field

@@ -10,7 +10,15 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    field_validator,
+)
 
 # Seeds feed torch generators, which take 64-bit integers.
 MAX_SEED = 2**63 - 1
@@ -18,7 +26,6 @@ MAX_N = 128
 MAX_STOP = 16
 MAX_LOGPROBS = 20
 
-NonNegFloat = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
 
 
 class StreamOptions(BaseModel):
@@ -39,14 +46,14 @@ class SamplingFields(BaseModel):
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     seed: StrictInt | None = Field(None, ge=-MAX_SEED, le=MAX_SEED)
-    temperature: float | None = Field(None, ge=0.0, le=100.0, allow_inf_nan=False)
-    top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
+    temperature: StrictFloat | None = Field(None, ge=0.0, le=100.0, allow_inf_nan=False)
+    top_p: StrictFloat | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
     top_k: StrictInt | None = Field(None, ge=-1, le=2**31 - 1)  # extension; 0 and -1 disable
     max_tokens: StrictInt | None = Field(None, ge=1, le=2**31 - 1)
     ignore_eos: StrictBool = False  # extension
     stop_token_ids: list[StrictInt] | None = Field(None, max_length=MAX_STOP)  # extension
-    presence_penalty: float | None = Field(None, allow_inf_nan=False)
-    frequency_penalty: float | None = Field(None, allow_inf_nan=False)
+    presence_penalty: StrictFloat | None = Field(None, allow_inf_nan=False)
+    frequency_penalty: StrictFloat | None = Field(None, allow_inf_nan=False)
     logit_bias: dict[str, Any] | None = None
     best_of: StrictInt | None = None
 
