@@ -38,8 +38,9 @@ export CGO_ENABLED=0 GOFLAGS=-mod=mod
 export GOMODCACHE=${GOMODCACHE:-$(go env GOMODCACHE)}
 export GOCACHE=${GOCACHE:-$(go env GOCACHE)}
 log "go: $(go version); proxy: $(go env GOPROXY)"
-if ! go mod download -json "k8s.io/kubernetes@$K8S_VERSION" >/dev/null 2>"$CACHE.dl.err"; then
-  cat "$CACHE.dl.err" >&2 || true
+mkdir -p "$CACHE"
+if ! go mod download -json "k8s.io/kubernetes@$K8S_VERSION" >/dev/null 2>"$CACHE/download.err"; then
+  cat "$CACHE/download.err" >&2 || true
   die "cannot download k8s.io/kubernetes@$K8S_VERSION: is the Go module proxy reachable (GOPROXY=$(go env GOPROXY))?"
 fi
 
