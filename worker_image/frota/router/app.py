@@ -8,6 +8,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -45,6 +46,7 @@ class RouterConfig:
     probe_timeout: float = 2.0
     eject_after: int = 3
     api_keys: frozenset[str] = frozenset()
+    disagg: Any = None  # frota.router.disagg.Disaggregation: prefill pool + thresholds
 
 
 def read_api_keys(path: str | Path) -> frozenset[str]:
@@ -88,8 +90,13 @@ class Router:
             scrape_metrics=self.policy.needs_worker_metrics)
         self.proxy = Proxy(self.session, self.pool, self.policy, self.metrics, self.config.proxy)
         await self.discovery.start(self.session, self.pool.set_urls)
+        if self.config.disagg is not None:
+            await self.config.disagg.start(self.proxy, self.config.probe_interval,
+                                           self.config.probe_timeout, self.config.eject_after)
 
     async def close(self) -> None:
+        if self.config.disagg is not None:
+            await self.config.disagg.stop()
         await self.discovery.stop()
         if self.pool is not None:
             await self.pool.close()

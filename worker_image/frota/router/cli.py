@@ -49,6 +49,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--port-name", default=_env("--port-name", None),
                    help="kubernetes: EndpointSlice port name to use (default: the first port)")
 
+    g = parser.add_argument_group("disaggregated prefill/decode")
+    g.add_argument("--prefill-workers", default=_env("--prefill-workers", None),
+                   help="static discovery: prefill worker URLs (`frota worker --role prefill`); "
+                   "with them, long prompts run prefill there and decode on the main pool")
+    g.add_argument("--decode-workers", default=_env("--decode-workers", None),
+                   help="static discovery: decode worker URLs (join --workers in the main pool)")
+    g.add_argument("--disagg-min-prompt-tokens", type=int,
+                   default=_env("--disagg-min-prompt-tokens",
+                                os.environ.get("FROTA_MIN_PREFILL_TOKENS") or None),
+                   help="shortest prompt (estimated as characters / 4) worth moving KV for; "
+                   "shorter ones stay colocated on the main pool (default 256) "
+                   "[env also FROTA_MIN_PREFILL_TOKENS]; with --discovery kubernetes, "
+                   "setting it turns disaggregation on (prefill pods by frota.dev/role)")
+
     g = parser.add_argument_group("routing")
     g.add_argument("--policy", default=_env("--policy", PolicyName.ROUND_ROBIN.value),
                    choices=[p.value for p in PolicyName], help="how a replica is chosen")
@@ -88,12 +102,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _discovery(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from frota.router.discovery import KubeApi, KubernetesDiscovery, StaticDiscovery
+    from frota.router.discovery import StaticDiscovery
 
     if args.discovery == "static":
-        if not args.workers:
-            raise SystemExit("frota router: --workers URL,... is required with static discovery")
-        return StaticDiscovery(args.workers)
+        main = ",".join(u for u in (args.workers, args.decode_workers) if u)
+        if not main:
+            raise SystemExit("frota router: --workers URL,... (or --decode-workers) is required "
+                             "with static discovery")
+        return StaticDiscovery(main)
+    selector = args.selector
+    if _disagg_enabled(args):
+        selector += f",{ROLE_LABEL} in (worker,decode)"
+    return _kubernetes(args, selector)
+
+
+ROLE_LABEL = "frota.dev/role"
+
+
+def _disagg_enabled(args: argparse.Namespace) -> bool:
+    if args.discovery == "static":
+        return bool(args.prefill_workers)
+    return args.disagg_min_prompt_tokens is not None
+
+
+def _kubernetes(args: argparse.Namespace, selector: str):  # type: ignore[no-untyped-def]
+    from frota.router.discovery import KubeApi, KubernetesDiscovery
+
     if not args.selector:
         raise SystemExit("frota router: --selector is required with --discovery kubernetes")
     api = KubeApi.from_kubeconfig(args.kubeconfig) if args.kubeconfig else KubeApi.in_cluster()
@@ -101,7 +135,22 @@ def _discovery(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     if not namespace:
         ns_file = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
         namespace = Path(ns_file).read_text().strip() if os.path.exists(ns_file) else "default"
-    return KubernetesDiscovery(api, namespace, args.selector, port_name=args.port_name)
+    return KubernetesDiscovery(api, namespace, selector, port_name=args.port_name)
+
+
+def _disaggregation(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """The prefill pool and thresholds, or None when there are no prefill workers."""
+    if not _disagg_enabled(args):
+        return None
+    from frota.router.disagg import DisaggConfig, Disaggregation
+    from frota.router.discovery import StaticDiscovery
+
+    config = DisaggConfig()
+    if args.disagg_min_prompt_tokens is not None:
+        config.min_prompt_tokens = int(args.disagg_min_prompt_tokens)
+    if args.discovery == "static":
+        return Disaggregation(config, StaticDiscovery(args.prefill_workers))
+    return Disaggregation(config, _kubernetes(args, f"{args.selector},{ROLE_LABEL}=prefill"))
 
 
 def config_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
@@ -119,7 +168,8 @@ def config_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
                           read_timeout=args.read_timeout or None),
         probe_interval=args.probe_interval, probe_timeout=args.probe_timeout,
         eject_after=args.eject_after,
-        api_keys=read_api_keys(args.api_key_file) if args.api_key_file else frozenset())
+        api_keys=read_api_keys(args.api_key_file) if args.api_key_file else frozenset(),
+        disagg=_disaggregation(args))
 
 
 async def serve(args: argparse.Namespace) -> None:

@@ -20,6 +20,7 @@ import random
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -83,8 +84,11 @@ class Proxy:
         self.config = config
         self._timeout = aiohttp.ClientTimeout(
             total=None, connect=config.connect_timeout, sock_read=config.read_timeout)
+        self.disagg: Any = None  # frota.router.disagg.Disaggregation, when prefill workers exist
 
     def plan_for(self, ctx: RequestContext) -> RoutePlan:
+        if self.disagg is not None:
+            return self.disagg.plan_for(self, ctx)
         return DirectPlan(self)
 
     def pick(self, ctx: RequestContext, exclude: set[str]) -> Worker | None:

@@ -1,0 +1,279 @@
+"""Disaggregated prefill/decode in the router: a `RoutePlan` over a prefill pool and the decode pool.
+
+`DisaggPlan`: the prefill pool runs the prompt (`POST /internal/kv/prefill/v1/...` on a
+prefill worker, which answers with the first token and a KV handle); then the request
+goes to a decode worker (the router's main pool, where `--workers` and
+`--decode-workers` live) with the handle in the `x-frota-kv-handle` header; the decode
+worker pulls the blocks and streams the answer, relayed as usual.
+
+A request stays colocated (straight to the main pool, `DirectPlan`) when:
+- its prompt is estimated shorter than `--disagg-min-prompt-tokens` (moving the KV
+  would cost more than the prefill it saves). The router has no tokenizer: it
+  estimates tokens as characters / 4 (token-id prompts are counted exactly);
+- it cannot be split: several prompts, `n` > 1, or logprobs (the first token's
+  logprobs stay on the prefill worker);
+- anything on the way fails: no prefill worker, the prefill fails, the decode worker
+  cannot pull the KV (409 layout mismatch, 424 prefill peer gone), or the decode
+  worker fails before its first byte. The request then runs colocated; nothing has
+  reached the client yet, so the client sees one normal answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from frota.router.discovery import Discovery
+from frota.router.health import Worker, WorkerPool
+from frota.router.proxy import (
+    DROP_REQUEST_HEADERS,
+    DirectPlan,
+    Proxy,
+    RequestContext,
+    RetryableFailure,
+    RoutePlan,
+)
+from prometheus_client import Counter, Histogram
+
+log = logging.getLogger(__name__)
+
+HANDLE_HEADER = "x-frota-kv-handle"
+CHARS_PER_TOKEN = 4
+DISAGG_PATHS = ("/v1/completions", "/v1/chat/completions")
+# Decode answers that mean "this KV cannot be used here": run the request colocated.
+KV_FAILURE_STATUSES = frozenset({409, 424})
+PREFILL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+@dataclass
+class DisaggConfig:
+    """Disaggregation settings of the router (`--prefill-workers`, `--disagg-min-prompt-tokens`)."""
+
+    min_prompt_tokens: int = 256
+    prefill_timeout: float = 600.0
+
+
+def estimate_prompt_tokens(path: str, body: Any) -> int | None:
+    """Prompt tokens of a request body, estimated; None when it cannot be disaggregated."""
+    if not isinstance(body, dict):
+        return None
+    n = body.get("n")
+    if n not in (None, 1) or body.get("best_of") not in (None, 1):
+        return None
+    if path == "/v1/completions":
+        if body.get("logprobs") is not None:
+            return None
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1:
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            return len(prompt) // CHARS_PER_TOKEN
+        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+            return len(prompt)
+        return None
+    if path == "/v1/chat/completions":
+        if body.get("logprobs"):
+            return None
+        messages = body.get("messages")
+        if not isinstance(messages, list):
+            return None
+        chars = 0
+        for m in messages:
+            content = m.get("content") if isinstance(m, dict) else None
+            if isinstance(content, str):
+                chars += len(content)
+            elif isinstance(content, list):
+                chars += sum(len(p.get("text") or "") for p in content if isinstance(p, dict))
+        return chars // CHARS_PER_TOKEN
+    return None
+
+
+class DisaggMetrics:
+    """`frota_router_disagg_*` metrics, on the router's registry."""
+
+    def __init__(self, registry: Any) -> None:
+        self.requests = Counter(
+            "frota_router_disagg_requests", "Requests by how they were served: disaggregated, "
+            "colocated_short, colocated_ineligible, colocated_fallback.", ["route"],
+            registry=registry)
+        self.fallbacks = Counter(
+            "frota_router_disagg_fallbacks", "Disaggregated attempts that ran colocated "
+            "instead, by reason.", ["reason"], registry=registry)
+        self.prefill_latency = Histogram(
+            "frota_router_prefill_latency_seconds", "Prefill stage: request to KV handle.",
+            buckets=PREFILL_BUCKETS, registry=registry)
+        self.handoff_latency = Histogram(
+            "frota_router_kv_handoff_seconds", "Decode stage until its response headers "
+            "(the KV transfer plus admission).", buckets=PREFILL_BUCKETS, registry=registry)
+
+
+class Disaggregation:
+    """The prefill pool plus what the plan needs; one per router app."""
+
+    def __init__(self, config: DisaggConfig, prefill_discovery: Discovery) -> None:
+        self.config = config
+        self.discovery = prefill_discovery
+        self.pool: WorkerPool | None = None
+        self.metrics: DisaggMetrics | None = None
+        self._next = 0
+
+    async def start(self, proxy: Proxy, probe_interval: float, probe_timeout: float,
+                    eject_after: int) -> None:
+        self.metrics = DisaggMetrics(proxy.metrics.registry)
+        self.pool = WorkerPool(proxy.session, proxy.metrics, probe_interval=probe_interval,
+                               probe_timeout=probe_timeout, eject_after=eject_after)
+        await self.discovery.start(proxy.session, self.pool.set_urls)
+        proxy.disagg = self
+
+    async def stop(self) -> None:
+        await self.discovery.stop()
+        if self.pool is not None:
+            await self.pool.close()
+
+    def pick_prefill(self) -> Worker | None:
+        """The healthy prefill worker with the fewest requests in flight (ties rotate)."""
+        healthy = self.pool.healthy() if self.pool else []
+        if not healthy:
+            return None
+        self._next += 1
+        order = healthy[self._next % len(healthy):] + healthy[:self._next % len(healthy)]
+        return min(order, key=lambda w: w.num_outstanding)
+
+    def plan_for(self, proxy: Proxy, ctx: RequestContext) -> RoutePlan:
+        assert self.metrics is not None
+        estimate = None
+        if ctx.request.method == "POST" and ctx.route.path in DISAGG_PATHS:
+            estimate = estimate_prompt_tokens(ctx.route.path, ctx.route.json)
+        if estimate is None:
+            self.metrics.requests.labels("colocated_ineligible").inc()
+            return DirectPlan(proxy)
+        if estimate < self.config.min_prompt_tokens:
+            self.metrics.requests.labels("colocated_short").inc()
+            return DirectPlan(proxy)
+        return DisaggPlan(proxy, self)
+
+
+class DisaggPlan(RoutePlan):
+    """Prefill worker -> KV handle -> decode worker; colocated when any step fails."""
+
+    def __init__(self, proxy: Proxy, disagg: Disaggregation) -> None:
+        self.proxy = proxy
+        self.disagg = disagg
+        assert disagg.metrics is not None
+        self.metrics = disagg.metrics
+
+    async def execute(self, ctx: RequestContext) -> web.StreamResponse:
+        handle, prefill = await self._prefill(ctx)
+        if handle is None:
+            return await self._colocated(ctx, prefill)
+        response = await self._decode(ctx, handle)
+        if response is None:
+            if prefill is not None:
+                self._drop_handle(prefill, handle)
+            return await self._colocated(ctx, "decode_failed")
+        self.metrics.requests.labels("disaggregated").inc()
+        return response
+
+    async def _colocated(self, ctx: RequestContext, reason: str) -> web.StreamResponse:
+        self.metrics.fallbacks.labels(reason).inc()
+        self.metrics.requests.labels("colocated_fallback").inc()
+        return await DirectPlan(self.proxy).execute(ctx)
+
+    def _headers(self, ctx: RequestContext) -> dict[str, str]:
+        return {k: v for k, v in ctx.request.headers.items()
+                if k.lower() not in DROP_REQUEST_HEADERS}
+
+    async def _prefill(self, ctx: RequestContext) -> tuple[dict[str, Any] | None, Any]:
+        """(the KV handle, the prefill worker) or (None, the reason it failed)."""
+        worker = self.disagg.pick_prefill()
+        if worker is None:
+            return None, "no_prefill_worker"
+        pool = self.disagg.pool
+        assert pool is not None
+        started = time.perf_counter()
+        worker.num_outstanding += 1
+        try:
+            async with self.proxy.session.post(
+                    worker.url + "/internal/kv/prefill" + ctx.route.path, data=ctx.route.body,
+                    headers=self._headers(ctx), timeout=aiohttp.ClientTimeout(
+                        total=self.disagg.config.prefill_timeout,
+                        connect=self.proxy.config.connect_timeout)) as resp:
+                body = await resp.read()
+                if resp.status != 200:
+                    if resp.status >= 500:
+                        pool.record_failure(worker, f"prefill answered {resp.status}",
+                                            eject_now=resp.status == 503)
+                    log.info("prefill on %s answered %d: %s", worker.url, resp.status,
+                             body[:300])
+                    return None, f"prefill_status_{resp.status}"
+            handle = json.loads(body)["kv_handle"]
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError, KeyError) as exc:
+            pool.record_failure(worker, f"prefill: {type(exc).__name__}")
+            log.info("prefill on %s failed: %r", worker.url, exc)
+            return None, "prefill_error"
+        finally:
+            worker.num_outstanding -= 1
+        pool.record_success(worker)
+        self.metrics.prefill_latency.observe(time.perf_counter() - started)
+        if not handle.get("url"):
+            handle["url"] = worker.url  # the address we reached it at reaches it from pods too
+        return handle, worker
+
+    async def _decode(self, ctx: RequestContext, handle: dict[str, Any]) -> web.StreamResponse | None:
+        """The decode worker's answer, relayed; None when the request should run colocated."""
+        proxy = self.proxy
+        worker = proxy.pick(ctx, set())
+        if worker is None:
+            return None
+        headers = self._headers(ctx)
+        headers[HANDLE_HEADER] = json.dumps(handle, separators=(",", ":"))
+        started = time.perf_counter()
+        worker.num_outstanding += 1
+        outstanding = proxy.metrics.worker_outstanding.labels(worker.url)
+        outstanding.inc()
+        try:
+            try:
+                upstream = await proxy.session.post(
+                    worker.url + ctx.route.path, data=ctx.route.body, headers=headers,
+                    timeout=proxy._timeout)
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                proxy.pool.record_failure(worker, f"request: {type(exc).__name__}")
+                return None
+            self.metrics.handoff_latency.observe(time.perf_counter() - started)
+            try:
+                if upstream.status != 200:
+                    text = await upstream.read()
+                    log.info("decode on %s answered %d: %s", worker.url, upstream.status,
+                             text[:300])
+                    if upstream.status >= 500 and upstream.status not in KV_FAILURE_STATUSES:
+                        proxy.pool.record_failure(worker, f"answered {upstream.status}")
+                    return None
+                if upstream.content_type == "text/event-stream":
+                    return await proxy.relay_stream(upstream, worker, ctx)
+                return await proxy.read_whole(upstream, worker)
+            except RetryableFailure as exc:
+                log.info("decode on %s failed before the first byte: %s", worker.url, exc.reason)
+                return None
+            finally:
+                upstream.close()
+        finally:
+            worker.num_outstanding -= 1
+            outstanding.dec()
+
+    def _drop_handle(self, prefill: Worker, handle: dict[str, Any]) -> None:
+        """Free the prefill worker's pinned blocks early (best effort; the TTL is the backstop)."""
+        async def drop() -> None:
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError, OSError):
+                async with self.proxy.session.delete(
+                        f"{prefill.url}/internal/kv/blocks/{handle['id']}",
+                        timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                    await resp.read()
+
+        asyncio.get_running_loop().create_task(drop())
