@@ -370,6 +370,8 @@ async def overhead(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
             "targets": {"added_latency_p50_ms": 2.0, "added_latency_p99_ms": 10.0},
             "meets_targets": ms(added_p50) <= 2.0 and ms(added_p99) <= 10.0,
             "cpu_count": os.cpu_count(),
+            # Other processes' load skews every latency here; read the numbers with it.
+            "load_average_1m": round(os.getloadavg()[0], 2),
         }
         if vllm_router:
             v50 = p["vllm-router"]["p50"] - p["direct"]["p50"]
@@ -443,7 +445,8 @@ async def prefix(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
         "backend": ("stand-in workers with a SIMULATED prefix cache (LRU of 64-char blocks)"
                     if args.backend == "stand-in" else "frota worker smollm2"),
         "workers": 2, "conversations": args.conversations, "turns": args.turns,
-        "concurrency": args.concurrency, "num_kv_blocks": args.num_kv_blocks}
+        "concurrency": args.concurrency, "num_kv_blocks": args.num_kv_blocks,
+        "load_average_1m_at_start": round(os.getloadavg()[0], 2)}
     for policy in ("round-robin", "prefix-aware"):
         workers = [start_worker(args, f"{policy}-w{i}", log_dir,
                                 cache_blocks=args.stand_in_cache_blocks) for i in range(2)]
