@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import json
 import random
+import re
 import shlex
 import statistics
 import sys
@@ -93,17 +94,18 @@ async def _one(session: aiohttp.ClientSession, target: str, model: str,
                 line = raw.strip()
                 if not line.startswith(b"data: {"):
                     continue
-                # Parse only the rare chunks (usage, error): the client shares the CPU
-                # with the server it measures, so token chunks are only timed.
-                if b'"choices":[]' in line or b'"error"' in line:
+                # Parse only chunks that may carry usage or an error: the client shares
+                # the CPU with the server it measures, so token chunks are only timed.
+                if b'"usage"' in line or b'"error"' in line:
                     chunk = json.loads(line[6:])
                     if "error" in chunk:
                         result.error = str(chunk["error"])[:200]
                         return result
-                    result.output_tokens = (chunk.get("usage") or {}).get(
-                        "completion_tokens", result.output_tokens)
-                    continue
-                if b'"text":""' in line:
+                    if chunk.get("usage"):
+                        result.output_tokens = chunk["usage"]["completion_tokens"]
+                    if not any(c.get("text") for c in chunk.get("choices") or []):
+                        continue
+                elif re.search(rb'"text":\s*""', line):
                     continue
                 now = time.perf_counter()
                 if last is None:
