@@ -170,6 +170,27 @@ def _mark_ready(cluster: Cluster, namespace: str, selector: dict[str, str]) -> i
     return marked
 
 
+def _all_groups_serve(cluster: Cluster, namespace: str, name: str) -> bool:
+    """Every group serves the current revision, and Ready tells the rest of the truth.
+
+    Pods the test marks ready have no IP and no node, so no EndpointSlice lists
+    them: the router could not reach them, and Ready must say so
+    (EndpointsPending) rather than turn True.
+    """
+    isvc = cluster.get("inferenceservice", name, namespace)
+    status = isvc.get("status") or {}
+    wanted = isvc["spec"]["replicas"]
+    roles = status.get("roles") or []
+    if status.get("observedGeneration") != isvc["metadata"]["generation"] or not roles:
+        return False
+    if any(r["readyReplicas"] != wanted or r["updatedReplicas"] != wanted for r in roles):
+        return False
+    cond = _condition(cluster, namespace, name, "Ready") or {}
+    assert (cond.get("status"), cond.get("reason")) in {
+        ("True", "AllReplicasReady"), ("False", "EndpointsPending")}, cond
+    return True
+
+
 def _revisions(cluster: Cluster, namespace: str, name: str) -> dict[str, str]:
     return {s["metadata"]["name"]: s["metadata"]["labels"]["frota.dev/revision"]
             for s in cluster.get("statefulsets", namespace=namespace, **{INSTANCE: name})}
@@ -186,10 +207,9 @@ def test_rollout_replaces_one_whole_group_at_a_time(
 
     def ready() -> bool:
         _mark_ready(cluster, namespace, {INSTANCE: name})
-        cond = _condition(cluster, namespace, name, "Ready")
-        return bool(cond and cond["status"] == "True")
+        return _all_groups_serve(cluster, namespace, name)
 
-    wait_until("Ready=True", ready, timeout=90)
+    wait_until("every group serving", ready, timeout=90)
     old = set(_revisions(cluster, namespace, name).values())
 
     cluster.kubectl("patch", "inferenceservice", name, "-n", namespace, "--type=merge",
@@ -214,7 +234,7 @@ def test_rollout_replaces_one_whole_group_at_a_time(
         replaced.append(group)
         _mark_ready(cluster, namespace, {INSTANCE: name, "frota.dev/replica": group[-1]})
     assert replaced == ["roll-worker-0", "roll-worker-1"]
-    wait_until("Ready=True at the new revision", ready, timeout=90)
+    wait_until("every group serving the new revision", ready, timeout=90)
     status = cluster.get("inferenceservice", name, namespace)["status"]
     assert status["revision"] not in old
 
@@ -229,10 +249,9 @@ def test_a_rank_that_restarted_takes_its_whole_group_down_and_back(
 
     def ready() -> bool:
         _mark_ready(cluster, namespace, {INSTANCE: name})
-        cond = _condition(cluster, namespace, name, "Ready")
-        return bool(cond and cond["status"] == "True")
+        return _all_groups_serve(cluster, namespace, name)
 
-    wait_until("Ready=True", ready, timeout=90)
+    wait_until("every group serving", ready, timeout=90)
     pods = cluster.get("pods", namespace=namespace, **{"frota.dev/role": "worker", INSTANCE: name})
     assert len(pods) == 2
     uids = {p["metadata"]["uid"] for p in pods}
@@ -248,4 +267,4 @@ def test_a_rank_that_restarted_takes_its_whole_group_down_and_back(
         timeout=60)
     events = cluster.get("events", namespace=namespace)
     assert any(e["reason"] == "GroupRestarted" for e in events)
-    wait_until("Ready=True again", ready, timeout=90)
+    wait_until("every group serving again", ready, timeout=90)

@@ -48,6 +48,7 @@ RESOURCES: dict[str, tuple[str, tuple[str, ...]]] = {
     "rbac.authorization.k8s.io/v1/rolebindings": ("RoleBinding", ()),
     "policy/v1/poddisruptionbudgets": ("PodDisruptionBudget", ()),
     "networking.k8s.io/v1/networkpolicies": ("NetworkPolicy", ()),
+    "discovery.k8s.io/v1/endpointslices": ("EndpointSlice", ()),
 }
 VERBS = ("get", "list", "watch", "create", "patch", "update", "delete")
 PATHS = {
@@ -169,6 +170,7 @@ class Cluster:
     def __init__(self, server: FakeApiserver, session: aiohttp.ClientSession) -> None:
         self.server = server
         self.session = session
+        self.endpoints_lag = False  # True: the EndpointSlice controller falls behind
 
     # -- plain API calls ------------------------------------------------------
 
@@ -254,6 +256,31 @@ class Cluster:
             "containerStatuses": [{"name": "worker", "restartCount": restarts, "ready": ready}],
         }
         await self.call("PATCH", self.path("Pod", name) + "/status", {"status": status})
+        if not self.endpoints_lag:
+            await self.sync_endpoints()
+
+    async def sync_endpoints(self) -> None:
+        """Be the EndpointSlice controller for the Services the router reads."""
+        pods = [p for p in self.objects("Pod") if not p["metadata"].get("deletionTimestamp")]
+        for svc in self.objects("Service"):
+            labels = svc["metadata"].get("labels") or {}
+            if labels.get("frota.dev/serving") != "true":
+                continue
+            selector = svc["spec"].get("selector") or {}
+            endpoints = [
+                {"targetRef": {"kind": "Pod", "name": p["metadata"]["name"]},
+                 "conditions": {"ready": any(c.get("type") == "Ready" and c.get("status") == "True"
+                                             for c in (p.get("status") or {}).get("conditions", []))}}
+                for p in pods
+                if all(p["metadata"]["labels"].get(k) == v for k, v in selector.items())
+            ]
+            name = svc["metadata"]["name"]
+            await self.call("PATCH", self.path("EndpointSlice", f"{name}-fake"), {
+                "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                "metadata": {"name": f"{name}-fake", "namespace": NAMESPACE,
+                             "labels": {**labels, "kubernetes.io/service-name": name}},
+                "addressType": "IPv4", "endpoints": endpoints,
+            }, "application/apply-patch+yaml")
 
     async def run_router(self, name: str) -> None:
         """Be the Deployment controller: the router's pods are all ready."""

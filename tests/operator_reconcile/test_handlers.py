@@ -331,3 +331,17 @@ async def test_children_are_not_recreated_while_the_owner_is_being_deleted(
     deleting = operator.fleet.metrics.reconciles.labels("deleting")
     await wait_for(lambda: deleting._value.get() >= 1, what="a reconcile that stands back")
     assert "tiny-worker-0" not in owned(cluster, "tiny")["StatefulSet"]
+
+
+async def test_ready_waits_until_the_router_can_discover_the_groups(
+    cluster: Cluster, operator: Operator
+) -> None:
+    cluster.endpoints_lag = True
+    await cluster.create_isvc(sample("tiny", replicas=1))
+    await wait_for(lambda: owned(cluster, "tiny")["StatefulSet"], what="the group")
+    await cluster.run_everything("tiny")
+    await wait_for(status_is(cluster, "tiny", "Ready", "False", "EndpointsPending"),
+                   what="EndpointsPending")
+    assert "tiny-worker-0" in cluster.condition("tiny", "Ready")["message"]
+    await cluster.sync_endpoints()
+    await wait_for(status_is(cluster, "tiny", "Ready", "True"), what="Ready once discoverable")

@@ -190,3 +190,25 @@ def test_groups_are_joined_from_statefulsets_and_pods_by_labels() -> None:
              "status": {"conditions": [{"type": "Ready", "status": "True"}]}} for r in range(2)]
     (g,) = observe_groups([sts, router], pods)
     assert (g.name, g.ranks, len(g.pods), g.serving) == ("x-worker-0", 2, 2, True)
+
+
+def test_ready_needs_every_current_group_discoverable_by_the_router() -> None:
+    i = Intent(**{**intent().__dict__, "role_services": {"worker": "x-worker"}})
+    groups = (group(0), group(1))
+    seen = {"x-worker": frozenset({"x-worker-0-0"})}
+    c = {x["type"]: x for x in compute_conditions(i, Observed(groups, UP, seen))}
+    assert (c["Ready"]["status"], c["Ready"]["reason"]) == ("False", "EndpointsPending")
+    assert "x-worker-1" in c["Ready"]["message"]
+    seen = {"x-worker": frozenset({"x-worker-0-0", "x-worker-1-0"})}
+    c = {x["type"]: x for x in compute_conditions(i, Observed(groups, UP, seen))}
+    assert c["Ready"]["status"] == "True"
+
+
+def test_endpoints_are_read_from_slices_with_unset_ready_meaning_ready() -> None:
+    from frota.operator.status import observe_endpoints
+
+    slices = [{"metadata": {"labels": {"kubernetes.io/service-name": "s"}}, "endpoints": [
+        {"targetRef": {"kind": "Pod", "name": "a"}, "conditions": {"ready": True}},
+        {"targetRef": {"kind": "Pod", "name": "b"}, "conditions": {"ready": False}},
+        {"targetRef": {"kind": "Pod", "name": "c"}, "conditions": {}}]}]
+    assert observe_endpoints(slices) == {"s": frozenset({"a", "c"})}

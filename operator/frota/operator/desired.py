@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from frota.operator.builders.workers import role_service_name
 from frota.operator.planner import revision, role_shapes
 from frota.operator.render import planned_status, render
 from frota.operator.rollout import resolve_bound
@@ -159,6 +160,7 @@ def _desired_state(body: Mapping[str, Any]) -> Desired:
         url=planned["url"],
         mode=planned["mode"],
         capacity=planned.get("capacity") or {},
+        role_services={role: role_service_name(isvc, role) for role in per_unit},
     )
     shared = tuple(c for c in children if _group_key(c) is None and c["kind"] not in SKIPPED_KINDS)
     rendered: dict[int, dict[tuple[str, int], list[dict[str, Any]]]] = {}

@@ -14,7 +14,7 @@ from typing import Any
 import kopf
 from frota.operator import autoscale
 from frota.operator.status import LABEL_INSTANCE, LABEL_NAME
-from frota.operator.workqueue import CHILD_INDEXES, ISVC_INDEX, POD_INDEX, Fleet
+from frota.operator.workqueue import CHILD_INDEXES, ENDPOINT_INDEX, ISVC_INDEX, POD_INDEX, Fleet
 
 GROUP, VERSION, PLURAL = "frota.dev", "v1alpha1", "inferenceservices"
 ISVC = (GROUP, VERSION, PLURAL)
@@ -105,6 +105,23 @@ def index_pod(
     return {(namespace or "default", labels[LABEL_INSTANCE]): slim}
 
 
+@kopf.index("discovery.k8s.io", "v1", "endpointslices", labels=OWNED, id=ENDPOINT_INDEX)
+def index_endpointslice(
+    body: kopf.Body, namespace: str, labels: kopf.Labels, **_: Any
+) -> dict[tuple[str, str], dict]:
+    """Cache which pods a Service's EndpointSlice lists as ready (what the router discovers)."""
+    slim = {
+        "metadata": {"name": body.metadata.name, "labels": dict(labels)},
+        "endpoints": [
+            {"conditions": {"ready": (ep.get("conditions") or {}).get("ready")},
+             "targetRef": {"kind": (ep.get("targetRef") or {}).get("kind"),
+                           "name": (ep.get("targetRef") or {}).get("name")}}
+            for ep in body.get("endpoints") or []
+        ],
+    }
+    return {(namespace or "default", labels[LABEL_INSTANCE]): slim}
+
+
 async def poke_owner(memo: kopf.Memo, namespace: str, labels: kopf.Labels, **_: Any) -> None:
     """A child changed or vanished: its InferenceService may need work."""
     fleet: Fleet | None = memo.get("fleet")
@@ -116,6 +133,8 @@ for _index_id, (_group, _version, _plural) in CHILD_RESOURCES.items():
     kopf.index(_group, _version, _plural, labels=OWNED, id=_index_id)(index_child)
     kopf.on.event(_group, _version, _plural, labels=OWNED, id=f"poke_{_plural}")(poke_owner)
 kopf.on.event("", "v1", "pods", labels=OWNED, id="poke_pods")(poke_owner)
+kopf.on.event("discovery.k8s.io", "v1", "endpointslices", labels=OWNED,
+              id="poke_endpointslices")(poke_owner)
 
 
 def _plain(body: kopf.Body) -> dict:

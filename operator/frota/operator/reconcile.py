@@ -25,6 +25,7 @@ from frota.operator.status import (
     Observed,
     compute_status,
     invalid_status,
+    observe_endpoints,
     observe_groups,
     observe_router,
     transitions,
@@ -39,6 +40,7 @@ class Children:
 
     objects: tuple[Mapping[str, Any], ...] = ()  # StatefulSets, Services, Deployments, ...
     pods: tuple[Mapping[str, Any], ...] = ()
+    endpoint_slices: tuple[Mapping[str, Any], ...] | None = None  # None: not watched
 
     def of_kind(self, kind: str) -> list[Mapping[str, Any]]:
         return [o for o in self.objects if o.get("kind") == kind]
@@ -123,7 +125,10 @@ async def reconcile(
     await _restart_groups(desired, plans, groups, children, outcome, logger=logger)
 
     router = observe_router(_router_deployment(children, name))
-    observed = Observed(groups=_after_actions(desired, plans, groups, outcome), router=router)
+    endpoints = (None if children.endpoint_slices is None
+                 else observe_endpoints(children.endpoint_slices))
+    observed = Observed(groups=_after_actions(desired, plans, groups, outcome), router=router,
+                        endpoints=endpoints)
     outcome.status = compute_status(desired.intent, observed, old=old_status, now=now())
     outcome.result = "converged" if _is_settled(outcome.status) else "progressing"
     await _write_status(body, namespace, name, outcome.status, old_status, logger=logger)

@@ -93,6 +93,9 @@ class Observed:
 
     groups: tuple[GroupView, ...]
     router: RouterView
+    # Ready endpoints (pod names) per Service, from EndpointSlices: what the
+    # router discovers. None when not observed (then not checked).
+    endpoints: Mapping[str, frozenset[str]] | None = None
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,7 @@ class Intent:
     mode: str = "Colocated"
     capacity: Mapping[str, Any] = field(default_factory=dict)
     serving_role: str = "worker"
+    role_services: Mapping[str, str] = field(default_factory=dict)  # role -> Service the router reads
 
     @property
     def revision(self) -> str:
@@ -306,6 +310,12 @@ def compute_conditions(
         )
     elif behind:
         ready = condition("Ready", False, "ReplicasNotReady", _behind_message(behind), gen)
+    elif undiscovered := _undiscovered(intent, observed):
+        ready = condition(
+            "Ready", False, "EndpointsPending",
+            "the router has not discovered replica group(s) " + ", ".join(undiscovered)
+            + " yet (no ready endpoint for their rank 0)", gen,
+        )
     else:
         ready = condition(
             "Ready", True, "AllReplicasReady",
@@ -343,6 +353,39 @@ def compute_conditions(
 
     spec_valid = condition("SpecValid", True, "Valid", "the spec passed validation", gen)
     return [ready, progressing, degraded, spec_valid]
+
+
+def observe_endpoints(slices: Iterable[Mapping[str, Any]]) -> dict[str, frozenset[str]]:
+    """Ready endpoint pod names per Service, from EndpointSlices (ready unset means ready)."""
+    found: dict[str, set[str]] = {}
+    for eps in slices:
+        service = _labels(eps).get("kubernetes.io/service-name")
+        if not service:
+            continue
+        names = found.setdefault(service, set())
+        for ep in eps.get("endpoints") or []:
+            ready = (ep.get("conditions") or {}).get("ready")
+            target = ep.get("targetRef") or {}
+            if ready is not False and target.get("kind", "Pod") == "Pod" and target.get("name"):
+                names.add(target["name"])
+    return {k: frozenset(v) for k, v in found.items()}
+
+
+def _undiscovered(intent: Intent, observed: Observed) -> list[str]:
+    """Serving groups of the current revision whose rank 0 the router cannot see yet."""
+    if observed.endpoints is None:
+        return []
+    missing = []
+    for g in observed.groups:
+        service = intent.role_services.get(g.role)
+        wanted = intent.replicas.get(g.role, 0)
+        if service is None or g.index >= wanted or not g.serving:
+            continue
+        if g.revision != intent.revisions.get(g.role):
+            continue
+        if f"{g.name}-0" not in observed.endpoints.get(service, frozenset()):
+            missing.append(g.name)
+    return missing
 
 
 def _summary(counts: Mapping[str, Mapping[str, int]]) -> str:

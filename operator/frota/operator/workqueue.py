@@ -32,6 +32,7 @@ CHILD_INDEXES = (
     "frota_networkpolicies",
 )
 POD_INDEX = "frota_pods"
+ENDPOINT_INDEX = "frota_endpointslices"
 ISVC_INDEX = "frota_inferenceservices"
 
 log = logging.getLogger("frota.operator")
@@ -60,7 +61,11 @@ class Fleet:
                 objects.extend(index[key])
         pods_index = self.indexes.get(POD_INDEX)
         pods = tuple(pods_index[key]) if pods_index is not None and key in pods_index else ()
-        return Children(objects=tuple(objects), pods=pods)
+        slices_index = self.indexes.get(ENDPOINT_INDEX)
+        slices: tuple[Mapping[str, Any], ...] | None = None
+        if slices_index is not None:
+            slices = tuple(slices_index[key]) if key in slices_index else ()
+        return Children(objects=tuple(objects), pods=pods, endpoint_slices=slices)
 
     def body(self, key: Key) -> Mapping[str, Any] | None:
         """The cached InferenceService, or None once it is gone."""
