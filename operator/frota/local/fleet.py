@@ -110,9 +110,16 @@ def leader_url(group: GroupSpec, host: str) -> str:
 
 
 def _router_spec(topology: LocalTopology, groups: list[GroupSpec], opts: FleetOptions) -> ProcessSpec:
-    urls = ",".join(leader_url(g, opts.host) for g in groups)
-    argv = (*opts.launcher, "router", "--workers", urls,
-            *_strip_flags(topology.router_args, {"--port", "--host", "--workers"}),
+    # Workers by role: prefill ranks get their own pool; decode and colocated ones the main pool.
+    by_role: dict[str, list[str]] = {}
+    for g in groups:
+        by_role.setdefault(g.processes[0].role, []).append(leader_url(g, opts.host))
+    pools = [(flag, ",".join(by_role[role])) for flag, role in (
+        ("--workers", "worker"), ("--prefill-workers", "prefill"), ("--decode-workers", "decode"))
+        if by_role.get(role)]
+    argv = (*opts.launcher, "router", *(x for pool in pools for x in pool),
+            *_strip_flags(topology.router_args, {"--port", "--host", "--workers",
+                                                 "--prefill-workers", "--decode-workers"}),
             "--host", opts.host, "--port", str(opts.port))
     return ProcessSpec(
         name="router", argv=argv, env={**topology.router_env, "FROTA_LOG_LEVEL": opts.log_level},
