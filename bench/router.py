@@ -2,6 +2,7 @@
 
     python bench/router.py --overhead   # TTFT added by the router, router CPU per request
     python bench/router.py --prefix     # prefix-cache hit rate: round-robin vs prefix-aware
+    python bench/router.py --disagg     # colocated vs disaggregated prefill/decode (router_disagg.py)
 
 --overhead runs the same load (streaming, concurrency 64) against a worker
 directly and through `frota router`, in one run, alternating passes, and
@@ -491,6 +492,8 @@ def main() -> int:
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--overhead", action="store_true", help="router-added TTFT and CPU")
     mode.add_argument("--prefix", action="store_true", help="round-robin vs prefix-aware")
+    mode.add_argument("--disagg", action="store_true",
+                      help="colocated vs disaggregated prefill/decode (bench/router_disagg.py)")
     mode.add_argument("--stand-in-serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--backend", choices=["stand-in", "smollm2"], default=None,
                         help="workers: stand-in (default for --overhead) or real smollm2 "
@@ -518,13 +521,21 @@ def main() -> int:
     parser.add_argument("--stand-in-prefill-us-per-char", type=float, default=0.0)
     parser.add_argument("--log-dir", default=None, help="where child process logs go")
     parser.add_argument("--json", default=None, help="also write the JSON here")
+    import router_disagg
+
+    router_disagg.add_arguments(parser)
     args = parser.parse_args()
 
     if args.stand_in_serve:
         args.max_tokens = args.max_tokens or 32
         serve_stand_in(args)
         return 0
-    if args.overhead:
+    if args.disagg:
+        args.concurrency = args.concurrency or 6
+        args.max_tokens = args.max_tokens or 32
+        args.requests = args.requests if args.requests != 1536 else 24
+        args.max_num_seqs = min(args.max_num_seqs, 16)
+    elif args.overhead:
         args.backend = args.backend or "stand-in"
         args.concurrency = args.concurrency or 64
         args.max_tokens = args.max_tokens or 32
@@ -541,8 +552,11 @@ def main() -> int:
             args.stand_in_itl = 0.005
     log_dir = Path(args.log_dir or f"/tmp/frota-bench-router-{os.getpid()}")
     log_dir.mkdir(parents=True, exist_ok=True)
-    run = overhead if args.overhead else prefix
-    result = asyncio.run(run(args, log_dir))
+    if args.disagg:
+        result = asyncio.run(router_disagg.run_disagg(args, log_dir, sys.modules[__name__]))
+    else:
+        run = overhead if args.overhead else prefix
+        result = asyncio.run(run(args, log_dir))
     text = json.dumps(result, indent=2)
     print(text)
     if args.json:
