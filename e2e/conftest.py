@@ -43,9 +43,9 @@ def cluster() -> Iterator[Cluster]:
         )
         return
     from e2e.cluster import ClusterOptions, LocalCluster, build_binaries, find_binaries
-    from e2e.cluster.netns import ensure_iproute2, unavailable_reason
+    from e2e.cluster.netns import ensure_host_tools, unavailable_reason
 
-    ensure_iproute2()
+    ensure_host_tools()
     reason = unavailable_reason()
     if reason:
         pytest.skip(f"local control plane unavailable: {reason}")

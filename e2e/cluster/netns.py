@@ -38,17 +38,25 @@ def unavailable_reason() -> str | None:
     """Why pod networking cannot run here, or None when it can."""
     if os.geteuid() != 0:
         return "pod networking needs root (network namespaces, veth, bridge)"
-    if shutil.which("ip") is None:
-        return "the `ip` command (iproute2) is missing: apt-get install -y iproute2"
+    for tool, pkg in (("ip", "iproute2"), ("openssl", "openssl"), ("unshare", "util-linux")):
+        if shutil.which(tool) is None:
+            return f"the `{tool}` command is missing: apt-get install -y {pkg}"
     return None
 
 
-def ensure_iproute2() -> None:
-    """Install iproute2 with apt-get when ``ip`` is missing and we are root."""
-    if shutil.which("ip") is None and os.geteuid() == 0 and shutil.which("apt-get"):
+def ensure_host_tools() -> None:
+    """apt-get install what the harness runs when missing (root on a fresh machine).
+
+    iproute2 (``ip``), openssl (the PKI) and util-linux (``unshare``,
+    ``nsenter``, ``mount``).
+    """
+    wanted = {"ip": "iproute2", "openssl": "openssl", "unshare": "util-linux",
+              "nsenter": "util-linux", "mount": "mount"}
+    missing = sorted({pkg for tool, pkg in wanted.items() if shutil.which(tool) is None})
+    if missing and os.geteuid() == 0 and shutil.which("apt-get"):
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
         subprocess.run(["apt-get", "update", "-qq"], env=env, check=False)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "iproute2"], env=env, check=False)
+        subprocess.run(["apt-get", "install", "-y", "-qq", *missing], env=env, check=False)
 
 
 def ensure_bridge() -> None:
