@@ -14,8 +14,14 @@ Rows: float32, bfloat16, int8 (per-channel weights, bf16 activations), int4
 - `kv_bytes_per_token`: K and V of one token across layers (frota.engine.quant.accounting);
 - `decode_tok_per_s_batch1`: one request, tokens after the first / their time
   (best of `--repeats`: the machine may be shared);
-- `throughput_tok_per_s`: generated tokens / wall time for a batch workload
-  (windows of the same text as prompts, 32 requests, 64 tokens each).
+- `throughput_tok_per_s`: generated tokens / wall time on the engine benchmark's
+  workload (`bench/engine_throughput.py`: GPL-3 windows as prompts, all submitted
+  at once, `ignore_eos`); by default its `--quick` size (16 requests, prompts of
+  32-512 tokens, outputs of 16-64), `--full-workload` for its 64 requests.
+
+Rows print as they finish, bfloat16 first (the baseline of the `*_vs_bf16`
+fields). `--threads` defaults to 1: on a shared machine, spinning OpenMP threads
+make small ops many times slower.
 """
 
 from __future__ import annotations
@@ -40,8 +46,8 @@ class Row:
 
 
 ROWS = (
-    Row("float32", "float32"),
     Row("bfloat16", "bfloat16"),
+    Row("float32", "float32"),
     Row("int8", "bfloat16", "int8"),
     Row("int4", "bfloat16", "int4"),
     Row("int8-kv", "bfloat16", "none", "int8"),
@@ -80,31 +86,36 @@ def decode_speed(engine, prompt: list[int], tokens: int, repeats: int) -> float:
     return best
 
 
-def throughput(engine, prompts: list[list[int]], tokens: int) -> float:  # type: ignore[no-untyped-def]
-    from frota.engine import SamplingParams
+def throughput(engine, requests: list[tuple[list[int], int]]) -> float:  # type: ignore[no-untyped-def]
+    """Generated tokens per second on the engine benchmark's requests."""
+    from engine_throughput import run_frota
 
-    params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
-    start = time.perf_counter()
-    for i, p in enumerate(prompts):
-        engine.add_request(f"tp-{i}", p, params)
-    count = 0
-    while engine.has_unfinished:
-        count += sum(len(o.new_token_ids) for o in engine.step())
-    return count / (time.perf_counter() - start)
+    run_frota(engine, requests[:2], tag="warm")
+    return run_frota(engine, requests)["tok_per_s"]
+
+
+def log(message: str) -> None:
+    print(f"[bench.quantization] {message}", file=sys.stderr, flush=True)
 
 
 def measure(row: Row, text: str, args: argparse.Namespace) -> dict:
     import torch
+    from engine_throughput import make_requests
     from frota.engine.eval import perplexity
     from frota.engine.quant.accounting import kv_bytes_per_token
 
     t0 = time.perf_counter()
     engine = make_engine(row)
     load_s = time.perf_counter() - t0
+    log(f"{row.name}: loaded in {load_s:.0f}s")
     cfg = engine.model_config
     ids = engine.tokenizer.encode(text)
     ppl, count = perplexity(engine, text, 1024, args.ppl_tokens)
-    prompts = [ids[i * 97 : i * 97 + args.prompt_len] for i in range(args.num_requests)]
+    log(f"{row.name}: ppl {ppl:.4f} over {count} tokens ({time.perf_counter() - t0:.0f}s)")
+    decode = decode_speed(engine, ids[:32], args.decode_tokens, args.repeats)
+    log(f"{row.name}: batch-1 decode {decode:.1f} tok/s ({time.perf_counter() - t0:.0f}s)")
+    n, out_range = (64, (16, 256)) if args.full_workload else (16, (16, 64))
+    tput = throughput(engine, make_requests(engine.tokenizer, n, (32, 512), out_range))
     result = {
         "name": row.name,
         "dtype": row.dtype,
@@ -116,10 +127,10 @@ def measure(row: Row, text: str, args: argparse.Namespace) -> dict:
         "kv_bytes_per_token": kv_bytes_per_token(
             cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, row.kv_cache_dtype,
             str(engine.dtype).removeprefix("torch.")),
-        "decode_tok_per_s_batch1": round(decode_speed(engine, ids[:32], args.decode_tokens,
-                                                      args.repeats), 2),
-        "throughput_tok_per_s": round(throughput(engine, prompts, args.gen_tokens), 2),
+        "decode_tok_per_s_batch1": round(decode, 2),
+        "throughput_tok_per_s": round(tput, 2),
         "load_s": round(load_s, 1),
+        "seconds": round(time.perf_counter() - t0, 1),
         "threads": torch.get_num_threads(),
     }
     del engine
@@ -171,32 +182,35 @@ def main() -> int:
     parser.add_argument("--ppl-tokens", type=int, default=4096)
     parser.add_argument("--decode-tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--num-requests", type=int, default=32)
-    parser.add_argument("--prompt-len", type=int, default=64)
-    parser.add_argument("--gen-tokens", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    parser.add_argument("--full-workload", action="store_true",
+                        help="the engine benchmark's full 64 requests (default: its --quick 16)")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--plot", action="store_true", help="draw bench/quantization.png")
     parser.add_argument("--profile", metavar="ROW", help="profile a decode step of ROW instead")
     args = parser.parse_args()
 
     import torch
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # engine_throughput's workload
     text = Path(TEXT).read_text(encoding="utf-8")
     by_name = {r.name: r for r in ROWS}
     if args.profile:
         profile(by_name[args.profile], text)
         return 0
-    rows = [measure(by_name[name], text, args) for name in args.rows.split(",")]
-    base = next((r for r in rows if r["name"] == "bfloat16"), None)
-    for r in rows:
+    rows: list[dict] = []
+    base: dict | None = None
+    for name in args.rows.split(","):
+        r = measure(by_name[name], text, args)
+        if name == "bfloat16":
+            base = r
         if base:
             r["ppl_delta_pct"] = round(100 * (r["ppl"] / base["ppl"] - 1), 3)
             r["weight_vs_bf16"] = round(r["weight_mb"] / base["weight_mb"], 3)
             r["decode_vs_bf16"] = round(
                 r["decode_tok_per_s_batch1"] / base["decode_tok_per_s_batch1"], 3)
         print(json.dumps(r), flush=True)
+        rows.append(r)
     if args.plot and base:
         plot(rows, Path(__file__).with_suffix(".png"))
     return 0 if all(math.isfinite(r["ppl"]) for r in rows) else 1
