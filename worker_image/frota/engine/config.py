@@ -23,6 +23,11 @@ class EngineArgs:
     verbose: bool = True  # print loading progress
     quantization: str = "none"  # none | int8 | int4 | fp8 (weights; see frota.engine.quant)
     kv_cache_dtype: str = "auto"  # auto (the model dtype) | int8 | fp8
+    # Parallelism across processes (frota.engine.parallel); rank and master come from FROTA_* env.
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    expert_parallel_size: int = 1
+    expert_capacity_factor: float | None = None  # MoE: None never drops a token
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:

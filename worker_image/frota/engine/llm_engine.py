@@ -74,6 +74,13 @@ class LLMEngine:
         self.args = args
         self.device = resolve_device(args.device)
         self.dtype = resolve_dtype(args.dtype, self.device)
+        self.parallel = None  # frota.engine.parallel.runner.ParallelContext when sharded
+        if loaded is None and args.tensor_parallel_size * args.pipeline_parallel_size > 1:
+            from frota.engine.parallel.runner import join_group
+
+            self.parallel = join_group(args, self.device, self.dtype)
+            self.device = self.parallel.device
+            loaded = self.parallel.loaded
         if loaded is None:
             loaded = self._load(args)
         model, cfg, tokenizer = loaded
@@ -81,7 +88,10 @@ class LLMEngine:
         self.model_config = cfg
         self.tokenizer = tokenizer
         max_model_len = min(args.max_model_len or cfg.max_position, cfg.max_position)
-        num_blocks = num_kv_blocks_for(args, cfg, self.dtype, self.device, max_model_len)
+        kv_cfg = cfg if self.parallel is None else self.parallel.local_cfg  # this rank's KV shard
+        num_blocks = num_kv_blocks_for(args, kv_cfg, self.dtype, self.device, max_model_len)
+        if self.parallel is not None:  # block ids are rank 0's: every rank needs as many
+            num_blocks = self.parallel.comm.min_int(num_blocks)
         if num_blocks < 1:
             raise ValueError("the KV cache budget is smaller than one block")
         if num_blocks * args.block_size < max_model_len:
@@ -93,7 +103,8 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, args.max_num_seqs,
                                    args.max_num_batched_tokens, max_model_len)
         self.runner = ModelRunner(model, cfg, num_blocks, args.block_size, self.dtype, self.device,
-                                  args.kv_cache_dtype)
+                                  args.kv_cache_dtype) if self.parallel is None else \
+            self.parallel.make_runner(num_blocks, args.block_size, self.dtype)
         self.sampler = Sampler(args.seed)
         self.requests: dict[str, tuple[Sequence, IncrementalDetokenizer]] = {}
         progress(args.verbose, f"KV cache: {num_blocks} blocks of {args.block_size} tokens; "
@@ -192,4 +203,5 @@ class LLMEngine:
             num_kv_blocks_total=bm.num_blocks, num_kv_blocks_used=bm.num_used_blocks,
             block_size=bm.block_size, prefix_cache_queries=bm.prefix_cache_queries,
             prefix_cache_hits=bm.prefix_cache_hits, num_preemptions=self.scheduler.num_preemptions,
+            expert_tokens=getattr(self.runner, "expert_tokens", dict)(),
         )

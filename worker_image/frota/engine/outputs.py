@@ -55,6 +55,8 @@ class EngineStats:
     prefix_cache_queries: int
     prefix_cache_hits: int
     num_preemptions: int = 0
+    # MoE under expert parallelism: (layer, expert) -> routed (token, slot) pairs so far
+    expert_tokens: dict[tuple[int, int], int] = field(default_factory=dict)
 
     @property
     def kv_cache_usage(self) -> float:

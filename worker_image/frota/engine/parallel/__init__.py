@@ -1,0 +1,12 @@
+"""Tensor, pipeline and expert parallelism across processes (one rank per process).
+
+Modules, one concept each:
+
+- `config`: the group's sizes, where this rank sits, and validation against a model (pure);
+- `comm`: joining the process group and timed collectives (communication is measured);
+- `layers`: row-parallel projections, vocab-parallel embedding and LM head, expert-parallel MoE;
+- `loader`: building a rank's shard of the model and loading only its shard of the weights;
+- `runner`: the model runner all ranks step together (rank 0 broadcasts each step's inputs;
+  pipeline stages pass activations over two micro-batches);
+- `worker`: `frota worker` follower ranks, local rank spawning, failure handling.
+"""
