@@ -17,7 +17,8 @@ from typing import Any
 
 ENGINE_FLAGS = ("model", "dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
                 "block_size", "num_kv_blocks", "kv_cache_memory", "enable_prefix_caching",
-                "seed", "quantization", "kv_cache_dtype")
+                "seed", "quantization", "kv_cache_dtype", "tensor_parallel_size",
+                "pipeline_parallel_size", "expert_parallel_size", "expert_capacity_factor")
 
 _SIZE_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
                "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
@@ -97,6 +98,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
           help="seconds a prefill keeps unfetched KV blocks pinned before freeing them")
     _flag(parser, "--kv-max-pinned-handles", type=int, default=64,
           help="most prefills whose KV is pinned at once; beyond it the oldest is freed")
+    _flag(parser, "--tensor-parallel-size", type=int, default=1,
+          help="ranks each layer's matrices are split over (rank from FROTA_RANK; without "
+          "FROTA_WORLD_SIZE, local ranks are spawned on ports --port + rank)")
+    _flag(parser, "--pipeline-parallel-size", type=int, default=1,
+          help="contiguous layer stages (world = tensor x pipeline ranks)")
+    _flag(parser, "--expert-parallel-size", type=int, default=1,
+          help="MoE: expert groups inside the tensor-parallel ranks (divides tensor)")
+    _flag(parser, "--expert-capacity-factor", type=float,
+          help="MoE: most (token, slot) pairs per expert per step, as a multiple of the even "
+          "share; overflow pairs are dropped (default: no limit)")
     _flag(parser, "--log-level", default="info", help="debug, info, warning, error")
 
 
@@ -132,6 +143,14 @@ def run(args: argparse.Namespace) -> int:
     from frota.server.lifecycle import serve
 
     logs.setup(args.log_level)
+    children: list = []
+    if args.tensor_parallel_size * args.pipeline_parallel_size > 1:
+        from frota.engine.parallel import worker as parallel
+
+        if not (os.environ.get("FROTA_WORLD_SIZE") or os.environ.get("WORLD_SIZE")):
+            children = parallel.spawn_local_followers(args)
+        elif parallel.rank_from_env() != 0:
+            return parallel.run_follower(args, engine_kwargs(args))
 
     def build() -> EngineBindings:
         # Importing torch takes seconds: keep it off the event loop too.
@@ -158,7 +177,14 @@ def run(args: argparse.Namespace) -> int:
         from frota.server.app import STATE_KEY
 
         state = app[STATE_KEY]
-        return await serve(app, state.lifecycle, args.host, args.port,
+        is_group = args.tensor_parallel_size * args.pipeline_parallel_size > 1
+        watch = asyncio.ensure_future(parallel.watch_group(state)) if is_group else None
+        code = await serve(app, state.lifecycle, args.host, args.port,
                            options.shutdown_grace_period_s, state.abort_all)
+        if watch is not None:
+            watch.cancel()
+            parallel.stop_followers(state)
+            parallel.exit_now(code, children)
+        return code
 
     return asyncio.run(main())

@@ -63,6 +63,14 @@ class EngineStatsCollector(Collector):
                                  labels=["model_name", "block_size", "num_gpu_blocks"])
         info.add_metric([self.model_name, str(s.block_size), str(s.num_kv_blocks_total)], 1.0)
         yield info
+        experts = getattr(s, "expert_tokens", None)
+        if experts:  # MoE: a hot expert is the bottleneck of an expert-parallel group
+            c = CounterMetricFamily("frota_expert_tokens", "Tokens routed to each expert "
+                                    "(token, slot pairs), per MoE layer.",
+                                    labels=["model_name", "layer", "expert"])
+            for (layer, expert), n in sorted(experts.items()):
+                c.add_metric([self.model_name, str(layer), str(expert)], n)
+            yield c
 
 
 class ServerMetrics:
