@@ -11,7 +11,8 @@ from frota.api import InferenceService
 from frota.operator.builders import build_children
 from frota.operator.planner import plan
 from frota.operator.render import planned_status
-from isvc_fixtures import Spec
+
+from tests.operator.isvc_fixtures import Spec
 
 SAMPLES = sorted((Path(__file__).resolve().parents[2] / "manifests" / "samples").glob("*.yaml"))
 KUBERNETES_VERSIONS = ["1.33.0", "1.34.0", "1.35.0"]

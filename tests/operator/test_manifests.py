@@ -11,7 +11,8 @@ import pytest
 import yaml
 from frota.operator.builders import build_children
 from frota.operator.planner import plan
-from isvc_fixtures import Spec
+
+from tests.operator.isvc_fixtures import Spec
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"

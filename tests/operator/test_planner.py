@@ -7,7 +7,8 @@ from frota.operator.model_shapes import SMOLLM2_135M, locate
 from frota.operator.planner import plan
 from frota.operator.topology import LocalAddressing
 from frota.operator.validation import SpecError
-from isvc_fixtures import Spec
+
+from tests.operator.isvc_fixtures import Spec
 
 
 def _errors(spec: Spec) -> list[str]:

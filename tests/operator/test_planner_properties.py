@@ -7,7 +7,8 @@ from frota.operator.planner import plan
 from frota.operator.validation import SpecError
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from isvc_fixtures import Spec
+
+from tests.operator.isvc_fixtures import Spec
 
 sizes = st.sampled_from([1, 2, 3, 4, 5, 6, 8])
 
