@@ -22,7 +22,6 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = sorted((ROOT / "manifests" / "samples").glob("*.yaml"))
 OPERATOR = "system:serviceaccount:frota-system:frota-operator"
-sys.path.insert(0, str(ROOT / "tests" / "api"))
 
 
 def _bin_dir() -> Path | None:
@@ -118,7 +117,7 @@ def test_apiserver_accepts_every_sample(kubectl, path):
 
 @pytest.mark.slow
 def test_apiserver_rejects_each_bad_spec_with_its_message(kubectl):
-    from test_crd import BAD_SPECS
+    from tests.api.test_crd import BAD_SPECS
 
     for case, (obj, fragment) in BAD_SPECS.items():
         out = kubectl("apply", "-n", "llm", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump(obj), check=False)
