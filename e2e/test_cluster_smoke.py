@@ -60,6 +60,17 @@ def test_apiserver_answers_readyz(cluster: Cluster) -> None:
     assert cluster.kubectl("get", "--raw", "/readyz").strip() == "ok"
 
 
+def test_nodes_are_ready_and_keep_their_leases(cluster: Cluster) -> None:
+    nodes = cluster.get("nodes")
+    assert nodes
+    for node in nodes:
+        name = node["metadata"]["name"]
+        assert any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"]["conditions"])
+        lease = cluster.get("lease", name, "kube-node-lease")
+        assert lease["spec"]["holderIdentity"] == name
+        assert lease["spec"]["renewTime"]
+
+
 def test_crds_are_accepted_by_the_apiserver(cluster: Cluster) -> None:
     docs = [d for f in sorted(CRDS.glob("*.yaml")) for d in yaml.safe_load_all(f.read_text()) if d]
     names = [d["metadata"]["name"] for d in docs if d.get("kind") == "CustomResourceDefinition"]

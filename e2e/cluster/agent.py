@@ -20,6 +20,13 @@ ready pod's IP, so a client reaches it only when the Service's port equals
 the target port; in-cluster clients such as the router discover pods through
 EndpointSlices, which the real controller maintains.
 
+Not emulated: ``kubectl exec``/``attach``/``port-forward`` (only the log API
+is served), resource limits (nothing is enforced), preStop/postStart hooks,
+ephemeral containers, persistent volumes, token refresh (tokens last an hour),
+kube-proxy. A volume mount must not cover the directory of this checkout or
+its virtualenv (the container would lose its commands); missing mount points
+are created on the host and removed when the cluster stops.
+
 Run ``python -m e2e.cluster.agent --help``; the harness starts it.
 """
 
