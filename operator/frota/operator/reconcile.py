@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import copy
 import datetime
+import json
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,6 +63,7 @@ class Outcome:
     deleted: list[str] = field(default_factory=list)
     restarted: list[str] = field(default_factory=list)
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
+    recheck: bool = False  # some writes are not in the cache yet: reconcile again soon
     status: dict[str, Any] = field(default_factory=dict)
 
 
@@ -83,6 +86,53 @@ def contains(actual: Any, wanted: Any) -> bool:
     return bool(actual == wanted)
 
 
+@dataclass
+class Applied:
+    """What this process applied and its cache has not caught up with yet.
+
+    Watch events trail the writes that cause them, so a reconcile poked by the
+    first child's event would otherwise re-apply its siblings. An object that
+    the cache lacks, or holds at an older resourceVersion, is taken as
+    converged when this process applied that same content moments ago. Once
+    the cache shows the applied version the record goes, so a later deletion
+    or edit of the child is repaired as usual.
+    """
+
+    window_seconds: float = 30.0
+    _records: dict[tuple[str, str, str], tuple[str, int, float]] = field(default_factory=dict)
+
+    @staticmethod
+    def _key(obj: Mapping[str, Any], namespace: str) -> tuple[str, str, str]:
+        return obj["kind"], obj["metadata"].get("namespace") or namespace, obj["metadata"]["name"]
+
+    @staticmethod
+    def _rv(obj: Mapping[str, Any] | None) -> int | None:
+        value = ((obj or {}).get("metadata") or {}).get("resourceVersion")
+        return int(value) if isinstance(value, str) and value.isdigit() else None
+
+    def covers(self, obj: Mapping[str, Any], seen: Mapping[str, Any] | None, namespace: str,
+               now: float) -> bool:
+        record = self._records.get(self._key(obj, namespace))
+        if record is None:
+            return False
+        content, applied_rv, when = record
+        seen_rv = self._rv(seen)
+        if (seen_rv is not None and seen_rv >= applied_rv) or now - when > self.window_seconds:
+            del self._records[self._key(obj, namespace)]  # the cache caught up, or too old
+            return False
+        return content == json.dumps(obj, sort_keys=True)
+
+    def record(self, obj: Mapping[str, Any], result: Mapping[str, Any], namespace: str,
+               now: float) -> None:
+        rv = self._rv(result)
+        if rv is not None:
+            self._records[self._key(obj, namespace)] = (json.dumps(obj, sort_keys=True), rv, now)
+
+    def confirm(self, obj: Mapping[str, Any], namespace: str) -> None:
+        """The cache shows the object as applied: stop covering for it."""
+        self._records.pop(self._key(obj, namespace), None)
+
+
 def _ref(obj: Mapping[str, Any]) -> str:
     return f"{obj['kind']}/{obj['metadata']['name']}"
 
@@ -93,6 +143,7 @@ async def reconcile(
     *,
     logger: Any,
     old_status: Mapping[str, Any] | None = None,
+    applied: Applied | None = None,
 ) -> Outcome:
     """Converge one InferenceService with its spec and write its status."""
     meta = body["metadata"]
@@ -120,8 +171,9 @@ async def reconcile(
     groups = observe_groups(children.of_kind("StatefulSet"), children.pods)
     plans = _plan(desired, groups)
 
-    await _apply_all(desired, plans, children, body, outcome, logger=logger)
-    await _delete_groups(desired, plans, groups, children, outcome, logger=logger)
+    applied = applied if applied is not None else Applied()
+    await _apply_all(desired, plans, children, body, outcome, applied, logger=logger)
+    await _delete_groups(desired, plans, groups, children, outcome, applied, logger=logger)
     await _restart_groups(desired, plans, groups, children, outcome, logger=logger)
 
     router = observe_router(_router_deployment(children, name))
@@ -160,6 +212,7 @@ async def _apply_all(
     children: Children,
     owner: Mapping[str, Any],
     outcome: Outcome,
+    applied: Applied,
     *,
     logger: Any,
 ) -> None:
@@ -171,8 +224,19 @@ async def _apply_all(
     # The builders set owner references from the uid; adopt only what lacks one
     # (on a copy: desired objects are shared with the render cache).
     objs = [o if o["metadata"].get("ownerReferences") else _adopted(o, owner) for o in objs]
-    stale = [o for o in objs if not contains(children.find(o["kind"], o["metadata"]["name"]), o)]
-    await asyncio.gather(*(api.apply(o, logger=logger) for o in stale))
+    now = time.monotonic()
+    stale = []
+    for obj in objs:
+        seen = children.find(obj["kind"], obj["metadata"]["name"])
+        if contains(seen, obj):
+            applied.confirm(obj, desired.namespace)
+        elif applied.covers(obj, seen, desired.namespace, now):
+            outcome.recheck = True  # look again once the cache has caught up
+        else:
+            stale.append(obj)
+    results = await asyncio.gather(*(api.apply(o, logger=logger) for o in stale))
+    for obj, result in zip(stale, results, strict=True):
+        applied.record(obj, result, desired.namespace, now)
     outcome.applied.extend(_ref(o) for o in stale)
 
 
@@ -188,6 +252,7 @@ async def _delete_groups(
     groups: Sequence[GroupView],
     children: Children,
     outcome: Outcome,
+    applied: Applied,
     *,
     logger: Any,
 ) -> None:
@@ -199,6 +264,8 @@ async def _delete_groups(
                 doomed.append(obj)
     await asyncio.gather(*(api.delete(o, logger=logger, namespace=desired.namespace)
                            for o in doomed))
+    for obj in doomed:
+        applied.confirm(obj, desired.namespace)
     outcome.deleted.extend(_ref(o) for o in doomed)
     if doomed:
         kinds = ", ".join(sorted({_ref(o) for o in doomed if o["kind"] == "StatefulSet"}))

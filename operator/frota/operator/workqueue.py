@@ -17,7 +17,7 @@ from typing import Any
 import kopf
 from frota.operator import autoscale
 from frota.operator.metrics import OperatorMetrics
-from frota.operator.reconcile import Children, Outcome, reconcile
+from frota.operator.reconcile import Applied, Children, Outcome, reconcile
 
 Key = tuple[str, str]  # (namespace, name)
 CHILD_INDEXES = (
@@ -45,8 +45,10 @@ class Fleet:
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
     indexes: dict[str, Any] = field(default_factory=dict)
     retry_delay: float = 5.0
+    recheck_delay: float = 2.0
     metrics_url: Callable[[Mapping[str, Any]], str | None] = autoscale.metrics_url
     autoscale_history: dict[Key, autoscale.History] = field(default_factory=dict)
+    applied: Applied = field(default_factory=Applied)
     _locks: dict[Key, asyncio.Lock] = field(default_factory=dict)
     _dirty: set[Key] = field(default_factory=set)
     _tasks: dict[Key, asyncio.Task[None]] = field(default_factory=dict)
@@ -96,7 +98,8 @@ class Fleet:
             if old is None:
                 old = body.get("status") or {}
             try:
-                outcome = await reconcile(body, self.children(key), logger=logger, old_status=old)
+                outcome = await reconcile(body, self.children(key), logger=logger, old_status=old,
+                                          applied=self.applied)
             except kopf.TemporaryError:
                 self.metrics.reconciles.labels("retry").inc()
                 raise
@@ -113,6 +116,8 @@ class Fleet:
                 self.metrics.duration.observe(time.perf_counter() - started)
             if outcome.status:
                 self._last_status[key] = outcome.status
+            if outcome.recheck:
+                asyncio.get_running_loop().call_later(self.recheck_delay, self.kick, *key)
             self.metrics.reconciles.labels(outcome.result).inc()
             for ref in outcome.applied:
                 self.metrics.applied.labels(ref.split("/", 1)[0]).inc()
