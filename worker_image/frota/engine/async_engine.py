@@ -159,6 +159,12 @@ class AsyncEngine:
                     continue
                 for out in self.engine.step():
                     self._deliver(out, out.request_id)
+            # Shutting down: end every open stream rather than leave its consumer waiting.
+            self._apply_commands()
+            for request_id in list(self.engine.requests):
+                out = self.engine.abort(request_id)
+                if out is not None:
+                    self._deliver(out, request_id)
         except BaseException as exc:  # surface to every waiting stream rather than hang them
             self._error = exc
             for request_id in list(self._streams):
