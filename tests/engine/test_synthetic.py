@@ -87,6 +87,9 @@ def test_greedy_generation_equals_reference(loaded, engine_kwargs):
         ref_lp = torch.log_softmax(reference_logits(model, p + got[:-1])[len(p) - 1 :], -1)
         ref_chosen = ref_lp[torch.arange(len(got)), torch.tensor(got)]
         torch.testing.assert_close(torch.tensor(lps), ref_chosen, atol=1e-4, rtol=1e-4)
+    if "max_num_batched_tokens" not in engine_kwargs:
+        # all admitted in one step: the last prompt shares blocks the second is filling in it
+        assert engine.block_manager.prefix_cache_hits == 16
     if "max_num_batched_tokens" in engine_kwargs and engine_kwargs["num_kv_blocks"] < 20:
         assert engine.scheduler.num_preemptions > 0
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks

@@ -107,12 +107,18 @@ class BlockManager:
         for _ in range(self.num_blocks_needed(seq, num_new_tokens)):
             seq.block_table.append(self._take_free_block())
 
-    def register_computed_blocks(self, seq: Sequence) -> None:
-        """Hash the blocks that became full of computed tokens, so others can share them."""
+    def register_computed_blocks(self, seq: Sequence, num_tokens: int | None = None) -> None:
+        """Hash the blocks that are full of computed tokens (or of the first `num_tokens`, which
+        this step computes), so others can share them.
+
+        Registering at schedule time is safe: in every layer, the step writes all of its new K/V
+        into the pool before any attention reads it, so a sequence admitted in the same step can
+        read blocks that another sequence in the step is filling.
+        """
         if not self.enable_prefix_caching:
             return
         bs = self.block_size
-        num_full = seq.num_computed_tokens // bs
+        num_full = (seq.num_computed_tokens if num_tokens is None else num_tokens) // bs
         hashes = seq.block_hashes
         while seq.num_hashed_blocks < num_full:
             i = seq.num_hashed_blocks

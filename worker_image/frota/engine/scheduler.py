@@ -80,6 +80,7 @@ class Scheduler:
                     break
             else:
                 bm.append_slots(seq, n)
+                bm.register_computed_blocks(seq, seq.num_computed_tokens + n)
                 batch.seqs.append(seq)
                 batch.num_new_tokens.append(n)
                 budget -= n
@@ -102,6 +103,7 @@ class Scheduler:
                 seq.num_cached_tokens = num_hit
                 bm.record_prefix_query(seq.num_prompt_tokens, num_hit)
             bm.append_slots(seq, n)
+            bm.register_computed_blocks(seq, seq.num_computed_tokens + n)
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)

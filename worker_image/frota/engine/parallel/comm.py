@@ -28,11 +28,14 @@ class CommStats:
     num_steps: int = 0
     bytes: int = 0
     by_kind: dict[str, float] = field(default_factory=dict)
+    record_history: bool = False  # benchmarks: keep (step_s, collective_s, bubble_s) per step
+    history: list[tuple[float, float, float]] = field(default_factory=list)
 
     def reset(self) -> None:
         self.collective_s = self.bubble_s = self.step_s = 0.0
         self.num_steps = self.bytes = 0
         self.by_kind.clear()
+        self.history.clear()
 
 
 class Comm:

@@ -169,6 +169,7 @@ class ParallelModelRunner(ModelRunner):
     def _execute(self, seqs: list, nums: list[int]) -> tuple[torch.Tensor | None, list[Sequence]]:
         t0 = time.perf_counter()
         pc, comm, model = self.pc, self.comm, self.model
+        before = (comm.stats.collective_s, comm.stats.bubble_s)
         is_first, is_last = self.ctx.layout.is_first, self.ctx.layout.is_last
         last_stage_head = (pc.pipeline - 1) * pc.tensor
         sends = []
@@ -205,8 +206,12 @@ class ParallelModelRunner(ModelRunner):
                 result = (torch.cat(parts), all_seqs)
         for handle, _ in sends:
             handle.wait()
-        comm.stats.step_s += time.perf_counter() - t0
+        dt = time.perf_counter() - t0
+        comm.stats.step_s += dt
         comm.stats.num_steps += 1
+        if comm.stats.record_history:
+            comm.stats.history.append((dt, comm.stats.collective_s - before[0],
+                                       comm.stats.bubble_s - before[1]))
         return result
 
     # -- observability -------------------------------------------------------------------
