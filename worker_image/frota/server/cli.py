@@ -147,6 +147,9 @@ def run(args: argparse.Namespace) -> int:
     if args.tensor_parallel_size * args.pipeline_parallel_size > 1:
         from frota.engine.parallel import worker as parallel
 
+        if args.role != "both":
+            raise SystemExit("frota worker: --role prefill/decode is not supported with tensor or "
+                             "pipeline parallelism yet; use --role both")
         if not (os.environ.get("FROTA_WORLD_SIZE") or os.environ.get("WORLD_SIZE")):
             children = parallel.spawn_local_followers(args)
         elif parallel.rank_from_env() != 0:

@@ -17,6 +17,8 @@ import torch
 import torch.distributed as dist
 from frota.engine.parallel.config import ParallelConfig, ParallelConfigError
 
+SETUP_TIMEOUT_S = 600.0  # ranks of one group start (and load) within this time of each other
+
 
 @dataclass
 class CommStats:
@@ -54,10 +56,13 @@ class Comm:
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         timeout = timedelta(seconds=pc.timeout_s)
         store = dist.TCPStore(pc.master_addr, pc.master_port, pc.world_size, pc.rank == 0,
-                              timeout=timedelta(seconds=max(pc.timeout_s, 120.0)))
+                              timeout=timedelta(seconds=SETUP_TIMEOUT_S))
         dist.init_process_group(backend, store=store, rank=pc.rank, world_size=pc.world_size,
                                 timeout=timeout)
         self.world_group = dist.group.WORLD
+        # Joining and loading take as long as the slowest rank's load: a patient group for
+        # those two exchanges, so the short timeout only ever measures a step.
+        self.setup_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=SETUP_TIMEOUT_S))
         # A CPU-side group for object broadcasts, so NCCL ranks never pickle onto the GPU.
         self.cpu_group = self.world_group if backend == "gloo" else dist.new_group(
             backend="gloo", timeout=timeout)
@@ -70,7 +75,7 @@ class Comm:
     def check_same(self, fingerprint: dict) -> None:
         """All ranks must run the same model and sizes; a mismatch names the first difference."""
         gathered: list = [None] * self.pc.world_size
-        dist.all_gather_object(gathered, fingerprint, group=self.cpu_group)
+        dist.all_gather_object(gathered, fingerprint, group=self.setup_group)
         for rank, other in enumerate(gathered):
             if other != fingerprint:
                 diff = sorted(k for k in set(other) | set(fingerprint)
@@ -82,7 +87,7 @@ class Comm:
 
     def min_int(self, value: int) -> int:
         t = torch.tensor([value], dtype=torch.long)
-        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.cpu_group)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.setup_group)
         return int(t.item())
 
     # -- timed collectives ---------------------------------------------------------------
