@@ -25,16 +25,9 @@ def test_operator_manifests_install_and_the_operator_becomes_available(cluster: 
     if overlay is None:
         pytest.skip("manifests/ has no kustomization yet")
     rendered = [d for d in yaml.safe_load_all(cluster.kubectl("kustomize", str(overlay))) if d]
-    apply = ["apply", "--server-side", "--field-manager=frota-e2e", "-k", str(overlay)]
-    try:
-        cluster.kubectl(*apply)
-    except RuntimeError as exc:
-        # Custom resources applied together with their CRD (the kopf peering)
-        # fail until the CRD is established; a second apply is the usual cure.
-        if "ensure CRDs are installed first" not in str(exc):
-            raise
-        cluster.wait_crds_established()
-        cluster.kubectl(*apply)
+    # One step on a fresh cluster: the manifests hold no custom resource that
+    # would need its CRD established first (the operator makes its peering object).
+    cluster.kubectl("apply", "--server-side", "--field-manager=frota-e2e", "-k", str(overlay))
     deployments = [d for d in rendered if d["kind"] == "Deployment"]
     assert deployments, "the manifests hold no operator Deployment"
     for dep in deployments:

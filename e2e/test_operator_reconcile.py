@@ -43,8 +43,7 @@ def _in_cluster_operator_available(cluster: Cluster) -> bool:
 def operator(cluster: Cluster, namespace: str) -> Iterator[subprocess.Popen[bytes] | None]:
     """The CRD installed, and `frota operator` watching the test's namespace."""
     cluster.kubectl("apply", "--server-side", "--field-manager=frota-e2e", "-f", str(CRD))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/inferenceservices.frota.dev",
-                    "--timeout=60s")
+    cluster.wait_crds_established(["inferenceservices.frota.dev"])
     if _in_cluster_operator_available(cluster):
         # test_operator_install left the operator running in the cluster (all
         # namespaces): test that one rather than run a second beside it.

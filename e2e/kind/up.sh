@@ -39,12 +39,8 @@ fi
 for k in manifests/overlays/e2e manifests/overlays/dev manifests/base; do
   if [ -f "$k/kustomization.yaml" ]; then
     echo "== apply -k $k"
-    # Custom resources that come with their CRD need it established: apply twice.
-    kubectl apply --server-side -k "$k" || {
-      sleep 2
-      kubectl wait --for=condition=Established crd --all --timeout=60s
-      kubectl apply --server-side -k "$k"
-    }
+    # One step: the manifests hold no custom resource (the operator creates its peering object).
+    kubectl apply --server-side -k "$k"
     break
   fi
 done

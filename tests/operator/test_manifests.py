@@ -88,8 +88,8 @@ def test_operator_holds_every_permission_it_grants_the_router():
     ("", "pods", ["get", "list", "watch"]),
     ("discovery.k8s.io", "endpointslices", ["get", "list", "watch"]),
     ("", "events", ["create"]),
-    ("kopf.dev", "clusterkopfpeerings", ["list", "watch", "patch"]),
-    ("kopf.dev", "kopfpeerings", ["list", "watch", "patch"]),
+    ("kopf.dev", "clusterkopfpeerings", ["list", "watch", "create", "patch"]),
+    ("kopf.dev", "kopfpeerings", ["list", "watch", "create", "patch"]),
     ("apiextensions.k8s.io", "customresourcedefinitions", ["list", "watch"]),
 ])
 def test_operator_has_what_kopf_and_the_reconciler_need(group, resource, verbs):

@@ -155,3 +155,15 @@ async def patch_spec_replicas(namespace: str, name: str, replicas: int, *, logge
     path = f"{collection_path(api_version, plural, namespace)}/{name}/scale"
     await _request("PATCH", path, payload={"spec": {"replicas": replicas}},
                    content_type=MERGE_CONTENT_TYPE, logger=logger)
+
+
+async def create_if_missing(path: str, obj: Mapping[str, Any], *, logger: Any) -> bool:
+    """POST one object to its collection ``path``; False when it exists already (409)."""
+    try:
+        await _request("POST", path, payload=obj, logger=logger)
+    except kopf.TemporaryError as exc:
+        cause = exc.__cause__
+        if isinstance(cause, kopf_errors.APIError) and cause.status == 409:
+            return False
+        raise
+    return True

@@ -58,6 +58,6 @@ def run(args: argparse.Namespace) -> int:
         standalone=args.standalone or None,
         peering_name=args.peering,
         liveness_endpoint=args.liveness or None,
-        memo=kopf.Memo(fleet=fleet),
+        memo=kopf.Memo(fleet=fleet, peering_namespaces=namespaces or None),
     )
     return 0

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import kopf
-from frota.operator import autoscale
+from frota.operator import autoscale, peering
 from frota.operator.status import LABEL_INSTANCE, LABEL_NAME
 from frota.operator.workqueue import CHILD_INDEXES, ENDPOINT_INDEX, ISVC_INDEX, POD_INDEX, Fleet
 
@@ -52,6 +52,13 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -
     fleet: Fleet = memo.setdefault("fleet", Fleet())
     # Index kwargs are live views kopf keeps filled from the watches.
     fleet.indexes.update({k: v for k, v in kwargs.items() if k.startswith("frota_")})
+
+
+@kopf.on.startup()
+async def join_peering(settings: kopf.OperatorSettings, memo: kopf.Memo,
+                       logger: kopf.Logger, **_: Any) -> None:
+    """Create the peering object when missing, once kopf has credentials (see peering.py)."""
+    memo["peering_task"] = peering.start(settings, memo.get("peering_namespaces"), logger)
 
 
 @kopf.on.cleanup()
