@@ -16,16 +16,17 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import TextIO
 
 
-def _create(target: Path, is_dir: bool, record: Path) -> None:
+def _create(target: Path, is_dir: bool, record: TextIO) -> None:
     """Create a missing mount point, recording each new path for the harness to remove."""
     missing = [p for p in [target, *target.parents] if not p.exists()]
     if not missing:
         return
-    with record.open("a") as f:
-        for p in reversed(missing):
-            f.write(f"{p}\n")
+    for p in reversed(missing):
+        record.write(f"{p}\n")
+    record.flush()
     if is_dir:
         target.mkdir(parents=True, exist_ok=True)
     else:
@@ -33,7 +34,7 @@ def _create(target: Path, is_dir: bool, record: Path) -> None:
         target.touch(exist_ok=True)
 
 
-def _bind(src: str, handle: str, dst: str, read_only: bool, record: Path) -> None:
+def _bind(src: str, handle: str, dst: str, read_only: bool, record: TextIO) -> None:
     """Bind-mount ``src`` (reached through ``handle``) at ``dst``, creating ``dst``.
 
     A missing mount point is created on the host's filesystem (an empty
@@ -57,8 +58,10 @@ def main() -> None:
     fds = [os.open(src, os.O_PATH) for src, _, _ in spec["mounts"]]
     # The pod's scratch dir (the default working dir) may be hidden the same way.
     scratch = os.open(spec["scratch"], os.O_RDONLY | os.O_DIRECTORY)
-    for fd, (src, dst, read_only) in zip(fds, spec["mounts"], strict=True):
-        _bind(src, f"/proc/{os.getpid()}/fd/{fd}", dst, read_only, Path(spec["record"]))
+    # And the record: an emptyDir mounted at /tmp hides a work dir under /tmp.
+    with open(spec["record"], "a") as record:
+        for fd, (src, dst, read_only) in zip(fds, spec["mounts"], strict=True):
+            _bind(src, f"/proc/{os.getpid()}/fd/{fd}", dst, read_only, record)
     for fd in fds:
         os.close(fd)
     if spec.get("cwd"):
