@@ -94,6 +94,11 @@ class QuantizedKVCache:
     def __getitem__(self, index: Any) -> torch.Tensor:
         return dequantize_kv(self.values[index], self.scales[index], self.dtype)
 
+    def index_select(self, dim: int, index: torch.Tensor) -> torch.Tensor:
+        return dequantize_kv(
+            self.values.index_select(dim, index), self.scales.index_select(dim, index), self.dtype
+        )
+
     def zero_(self) -> QuantizedKVCache:
         self.values.zero_()
         self.scales.zero_()
