@@ -107,3 +107,5 @@ def test_engine_args_reject_unknown_quantization() -> None:
         EngineArgs(quantization="int3")
     with pytest.raises(ValueError, match="kv_cache_dtype"):
         EngineArgs(kv_cache_dtype="int4")
+    with pytest.raises(ValueError, match="parallel"):
+        EngineArgs(tensor_parallel_size=2, quantization="int8")

@@ -42,6 +42,10 @@ class EngineArgs:
             raise ValueError(f"quantization {self.quantization!r}: use none, int8, int4 or fp8")
         if self.kv_cache_dtype not in ("auto", "int8", "fp8"):
             raise ValueError(f"kv_cache_dtype {self.kv_cache_dtype!r}: use auto, int8 or fp8")
+        sharded = self.tensor_parallel_size * self.pipeline_parallel_size * self.expert_parallel_size
+        if sharded > 1 and (self.quantization != "none" or self.kv_cache_dtype != "auto"):
+            raise ValueError("quantization and kv_cache_dtype are not supported with parallel "
+                             "(sharded) engines yet: use quantization none and kv_cache_dtype auto")
 
 
 @dataclass
