@@ -1,7 +1,7 @@
 """Quality, memory and speed of SmolLM2 under each weight / KV-cache format, in one run.
 
     python bench/quantization.py                 # one JSON row per configuration
-    python bench/quantization.py --plot          # also bench/quantization.png
+    python bench/quantization.py --plot          # also bench/out/quantization.png
     python bench/quantization.py --profile int4  # where a decode step's time goes
 
 Rows: float32, bfloat16, int8 (per-channel weights, bf16 activations), int4
@@ -192,7 +192,7 @@ def main() -> int:
     parser.add_argument("--full-workload", action="store_true",
                         help="the engine benchmark's full 64 requests (default: its --quick 16)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    parser.add_argument("--plot", action="store_true", help="draw bench/quantization.png")
+    parser.add_argument("--plot", action="store_true", help="draw bench/out/quantization.png")
     parser.add_argument("--profile", metavar="ROW", help="profile a decode step of ROW instead")
     args = parser.parse_args()
 
@@ -219,7 +219,9 @@ def main() -> int:
         print(json.dumps(r), flush=True)
         rows.append(r)
     if args.plot and base:
-        plot(rows, Path(__file__).with_suffix(".png"))
+        out = Path(__file__).resolve().parent / "out"
+        out.mkdir(exist_ok=True)
+        plot(rows, out / "quantization.png")
     return 0 if all(math.isfinite(r["ppl"]) for r in rows) else 1
 
 
