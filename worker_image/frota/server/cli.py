@@ -98,13 +98,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
           help="seconds a prefill keeps unfetched KV blocks pinned before freeing them")
     _flag(parser, "--kv-max-pinned-handles", type=int, default=64,
           help="most prefills whose KV is pinned at once; beyond it the oldest is freed")
-    _flag(parser, "--tensor-parallel-size", type=int, default=1,
-          help="ranks each layer's matrices are split over (rank from FROTA_RANK; without "
+    _flag(parser, "--tensor-parallel-size", type=int,
+          help="ranks each layer's matrices are split over, default 1 (rank from FROTA_RANK; without "
           "FROTA_WORLD_SIZE, local ranks are spawned on ports --port + rank)")
-    _flag(parser, "--pipeline-parallel-size", type=int, default=1,
-          help="contiguous layer stages (world = tensor x pipeline ranks)")
-    _flag(parser, "--expert-parallel-size", type=int, default=1,
-          help="MoE: expert groups inside the tensor-parallel ranks (divides tensor)")
+    _flag(parser, "--pipeline-parallel-size", type=int,
+          help="contiguous layer stages, default 1 (world = tensor x pipeline ranks)")
+    _flag(parser, "--expert-parallel-size", type=int,
+          help="MoE: expert groups inside the tensor-parallel ranks (divides tensor), default 1")
     _flag(parser, "--expert-capacity-factor", type=float,
           help="MoE: most (token, slot) pairs per expert per step, as a multiple of the even "
           "share; overflow pairs are dropped (default: no limit)")
@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
 
     logs.setup(args.log_level)
     children: list = []
-    if args.tensor_parallel_size * args.pipeline_parallel_size > 1:
+    if (args.tensor_parallel_size or 1) * (args.pipeline_parallel_size or 1) > 1:
         from frota.engine.parallel import worker as parallel
 
         if args.role != "both":
@@ -180,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
         from frota.server.app import STATE_KEY
 
         state = app[STATE_KEY]
-        is_group = args.tensor_parallel_size * args.pipeline_parallel_size > 1
+        is_group = (args.tensor_parallel_size or 1) * (args.pipeline_parallel_size or 1) > 1
         watch = asyncio.ensure_future(parallel.watch_group(state)) if is_group else None
         code = await serve(app, state.lifecycle, args.host, args.port,
                            options.shutdown_grace_period_s, state.abort_all)
