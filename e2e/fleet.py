@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 
 from e2e.kube import Cluster, pod_is_ready, wait_until
@@ -28,6 +29,7 @@ OPERATOR_SA = f"system:serviceaccount:{OPERATOR_NS}:frota-operator"
 INSTANCE = "app.kubernetes.io/instance"
 ROLE = "frota.dev/role"
 ROUTER_PORT = 8000
+OPERATOR_METRICS_PORT = 9090
 WORKER_PORT = 8000
 # Every kind of child the operator renders (what garbage collection must take).
 CHILD_KINDS = ("statefulsets", "services", "deployments", "configmaps", "serviceaccounts",
@@ -157,9 +159,12 @@ def chat(client: openai.OpenAI, prompt: str, max_tokens: int = 12) -> str:
     return reply.choices[0].message.content or ""
 
 
-def operator_logs(cluster: Cluster, pod: str) -> str:
-    """The operator pod's log."""
-    return cluster.kubectl("logs", "-n", OPERATOR_NS, pod, check=False)
+def metrics(cluster: Cluster, ns: str, pod: str, port: int, prefix: str) -> dict[str, float]:
+    """A pod's Prometheus samples whose names start with ``prefix`` (name{labels} -> value)."""
+    with cluster.reach(ns, pod, port) as (host, reached):
+        text = httpx.get(f"http://{host}:{reached}/metrics", timeout=30).text
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if line.startswith(prefix)}
 
 
 def can_i(cluster: Cluster, verb: str, resource: str, namespace: str | None = None) -> bool:
