@@ -50,11 +50,12 @@ def test_world_size_from_the_planner_must_match_the_flags():
 
 
 def test_dividing_error_reaches_the_user_from_a_real_rank(tmp_path):
-    # synthetic dense-tiny has 4 heads: TP=3 cannot split them.
-    result, outcomes = run_group(tmp_path, "synthetic:dense-tiny", 3, num=1, max_tokens=1)
+    # Three heads (like SmolLM2's nine) cannot be split over two ranks.
+    model = "synthetic:dense-tiny,heads=3,kv_heads=1,head_dim=16"
+    result, outcomes = run_group(tmp_path, model, 2, num=1, max_tokens=1)
     assert result is None
     assert all(o.returncode != 0 for o in outcomes)
-    assert "tensor-parallel size 3 does not divide the model's 4 attention heads" in outcomes[0].stdout
+    assert "tensor-parallel size 2 does not divide the model's 3 attention heads" in outcomes[0].stdout
 
 
 def test_ranks_with_different_models_are_refused_at_join(tmp_path):

@@ -271,33 +271,35 @@ def synthetic_weights(spec: str) -> tuple[ModelConfig, object, Iterator[tuple[st
     return cfg, ByteTokenizer(cfg.vocab_size), tensors()
 
 
-def load_shard(model_name: str, pc: ParallelConfig, comm: Comm, dtype: torch.dtype,
-               device: torch.device, verbose: bool = True):
-    """(shard model, full config, tokenizer, layout) for this rank."""
+def open_checkpoint(model_name: str) -> tuple[ModelConfig, object, Iterator[tuple[str, torch.Tensor]]]:
+    """(full config, tokenizer, lazy iterator over the full tensors); reads no weights yet."""
     source = resolve_model(model_name)
     if source.kind == "synthetic":
-        cfg, tokenizer, weights = synthetic_weights(source.path)
-    elif source.kind == "gguf":
+        return synthetic_weights(source.path)
+    if source.kind == "gguf":
         from frota.engine.loader import gguf
         from gguf import GGUFReader
 
         reader = GGUFReader(source.path)
         cfg = gguf.read_config(reader)
-        tokenizer = gguf.read_tokenizer(reader, cfg)
-        weights = gguf.iter_weights(reader, cfg, verbose=False)
-    else:
-        from frota.engine.loader import safetensors
+        return cfg, gguf.read_tokenizer(reader, cfg), gguf.iter_weights(reader, cfg, verbose=False)
+    from frota.engine.loader import safetensors
 
-        root = Path(source.path)
-        cfg = safetensors.read_config(root)
-        tokenizer = safetensors.read_tokenizer(root, cfg)
-        weights = safetensors.iter_weights(root, verbose=False)
+    root = Path(source.path)
+    cfg = safetensors.read_config(root)
+    return (cfg, safetensors.read_tokenizer(root, cfg),
+            safetensors.iter_weights(root, verbose=False))
+
+
+def load_shard(cfg: ModelConfig, weights: Iterable[tuple[str, torch.Tensor]], pc: ParallelConfig,
+               comm: Comm, dtype: torch.dtype, device: torch.device, verbose: bool = True):
+    """(shard model, layout) for this rank, filled from the full tensors in `weights`."""
     model, layout = build_shard(cfg, pc, comm, dtype, device)
     ShardLoader(model, layout).load(weights)
     progress(verbose, f"rank {pc.rank}: loaded stage {pc.stage} layers "
                       f"{layout.layers.start}..{layout.layers.stop - 1}, tensor shard {pc.tp_rank}/{pc.tensor}, "
                       f"{shard_bytes(model) / 2**20:.1f} MiB of weights")
-    return model, cfg, tokenizer, layout
+    return model, layout
 
 
 def shard_bytes(model: nn.Module) -> int:

@@ -22,9 +22,9 @@ import torch
 from frota.engine.config import EngineArgs, ModelConfig
 from frota.engine.model_runner import ModelRunner
 from frota.engine.parallel.comm import Comm
-from frota.engine.parallel.config import ParallelConfig, ParallelConfigError
+from frota.engine.parallel.config import ParallelConfig, ParallelConfigError, validate_model
 from frota.engine.parallel.layers import ExpertParallelMoE
-from frota.engine.parallel.loader import ShardLayout, load_shard, shard_bytes
+from frota.engine.parallel.loader import ShardLayout, load_shard, open_checkpoint, shard_bytes
 from frota.engine.scheduler import ScheduledBatch
 from frota.engine.sequence import Sequence
 
@@ -95,6 +95,11 @@ def join_group(args: EngineArgs, device: torch.device, dtype: torch.dtype) -> Pa
     if device.type == "cuda":
         device = torch.device("cuda", pc.rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
+    # Validate before joining: a rank with impossible sizes fails alone, at once.
+    cfg, tokenizer, weights = open_checkpoint(args.model)
+    validate_model(pc, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
+                   num_layers=cfg.num_layers, intermediate_size=cfg.intermediate_size,
+                   num_experts=cfg.num_experts)
     comm = Comm(pc, device)
     comm.join()
     comm.check_same({
@@ -102,7 +107,7 @@ def join_group(args: EngineArgs, device: torch.device, dtype: torch.dtype) -> Pa
         **pc.fingerprint({}),
         "max_model_len": args.max_model_len, "enable_prefix_caching": args.enable_prefix_caching,
     })
-    model, cfg, tokenizer, layout = load_shard(args.model, pc, comm, dtype, device, args.verbose)
+    model, layout = load_shard(cfg, weights, pc, comm, dtype, device, args.verbose)
     return ParallelContext(pc, comm, layout, device, (model, cfg, tokenizer))
 
 
