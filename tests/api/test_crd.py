@@ -112,6 +112,15 @@ BAD_SPECS = {
         _with("spec.autoscaling", {"minReplicas": 5, "maxReplicas": 2, "target": 4}),
         "minReplicas must not exceed maxReplicas",
     ),
+    "cel: role autoscaling min > max": (
+        _with("spec.disaggregation", {"decode": {"autoscaling": {
+            "minReplicas": 4, "maxReplicas": 2, "target": 4}}}),
+        "minReplicas must not exceed maxReplicas",
+    ),
+    "role autoscaling above the role's bound": (
+        _with("spec.disaggregation", {"prefill": {"autoscaling": {"maxReplicas": 65, "target": 4}}}),
+        "65",
+    ),
     "cel: expert does not divide tensor": (
         _with("spec.parallelism", {"tensor": 3, "expert": 2}), "expert must divide tensor",
     ),

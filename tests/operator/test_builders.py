@@ -182,6 +182,16 @@ def test_network_policy_admits_only_the_router_and_the_fleets_own_ranks():
     assert "namespaceSelector" not in from_router["from"][0]
 
 
+def test_network_policy_admits_the_operator_when_a_role_reads_its_workers_metrics():
+    assert len(one(children(Spec().disaggregated()), "NetworkPolicy")["spec"]["ingress"]) == 2
+    spec = Spec().disaggregated().set(
+        "spec.disaggregation.decode.autoscaling", {"maxReplicas": 4, "target": 8})
+    *_, from_operator = one(children(spec), "NetworkPolicy")["spec"]["ingress"]
+    assert from_operator["from"] == [{"namespaceSelector": {}, "podSelector": {"matchLabels": {
+        "app.kubernetes.io/name": "frota", "app.kubernetes.io/component": "operator"}}}]
+    assert from_operator["ports"] == [{"port": "http", "protocol": "TCP"}]
+
+
 def test_disruption_budget_per_role():
     budgets = [o for o in children(Spec().disaggregated()) if o["kind"] == "PodDisruptionBudget"]
     assert sorted(b["metadata"]["name"] for b in budgets) == ["tiny-decode", "tiny-prefill", "tiny-router"]

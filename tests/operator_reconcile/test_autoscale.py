@@ -1,8 +1,18 @@
-"""The autoscaler's decision: recommend from the router's metrics, stabilize before scaling down."""
+"""The autoscaler's decision: recommend from the router's (or a role's workers') metrics,
+stabilize before scaling down."""
 
 from __future__ import annotations
 
-from frota.operator.autoscale import Bounds, History, decide, per_replica_value, recommend
+from frota.operator.autoscale import (
+    Bounds,
+    History,
+    bounds_of,
+    decide,
+    per_group_value,
+    per_replica_value,
+    recommend,
+    role_metrics_urls,
+)
 
 BOUNDS = Bounds(min_replicas=1, max_replicas=8, target=4.0, stabilization_seconds=300)
 
@@ -53,3 +63,64 @@ def test_scale_down_goes_to_the_highest_recent_recommendation() -> None:
     decide(6, 6, history, BOUNDS, now=0.0)
     decide(6, 3, history, BOUNDS, now=100.0)
     assert decide(6, 2, history, BOUNDS, now=350.0) == 3
+
+
+def worker(waiting: float, running: float, ttft_sum: float = 0.0, ttft_count: float = 0.0) -> str:
+    """A worker's exposition text (the engine's vllm:* names)."""
+    return "\n".join([
+        "# TYPE vllm:num_requests_waiting gauge",
+        f'vllm:num_requests_waiting{{model_name="m"}} {waiting}',
+        "# TYPE vllm:num_requests_running gauge",
+        f'vllm:num_requests_running{{model_name="m"}} {running}',
+        "# TYPE vllm:time_to_first_token_seconds histogram",
+        f'vllm:time_to_first_token_seconds_bucket{{le="+Inf",model_name="m"}} {ttft_count}',
+        f'vllm:time_to_first_token_seconds_sum{{model_name="m"}} {ttft_sum}',
+        f'vllm:time_to_first_token_seconds_count{{model_name="m"}} {ttft_count}',
+    ]) + "\n"
+
+
+def test_a_roles_queue_is_waiting_plus_running_averaged_over_its_groups() -> None:
+    assert per_group_value([worker(3, 1), worker(5, 3)], "queueDepth", History()) == 6.0
+    assert per_group_value([], "queueDepth", History()) is None  # nobody answered
+
+
+def test_each_role_keeps_its_own_ttft_totals() -> None:
+    prefill, decode = History(), History()
+    assert per_group_value([worker(0, 0, 1.0, 2)], "ttft", prefill) is None
+    assert per_group_value([worker(0, 0, 9.0, 3)], "ttft", decode) is None
+    assert per_group_value([worker(0, 0, 3.0, 4)], "ttft", prefill) == 1.0
+    assert per_group_value([worker(0, 0, 9.5, 8)], "ttft", decode) == 0.1
+    # a restarted worker (totals went down) is not judged
+    assert per_group_value([worker(0, 0, 0.5, 9)], "ttft", decode) is None
+
+
+def test_roles_decide_independently_within_their_own_bounds() -> None:
+    spec = {"disaggregation": {
+        "prefill": {"replicas": 1, "autoscaling": {"minReplicas": 1, "maxReplicas": 3, "target": 2,
+                                                   "stabilizationWindowSeconds": 0}},
+        "decode": {"replicas": 4, "autoscaling": {"minReplicas": 2, "maxReplicas": 6, "target": 4,
+                                                  "stabilizationWindowSeconds": 60}},
+    }}
+    prefill_bounds = bounds_of(spec["disaggregation"]["prefill"])
+    decode_bounds = bounds_of(spec["disaggregation"]["decode"])
+    assert (prefill_bounds.max_replicas, decode_bounds.stabilization_seconds) == (3, 60.0)
+    prefill, decode = History(), History()
+    # prefill is swamped: up at once, to its max; decode is idle: down waits for its window
+    assert decide(1, recommend(1, 20.0, prefill_bounds), prefill, prefill_bounds, 0.0) == 3
+    decode.recommendations.append((0.0, 4))  # the window starts with the first tick's replicas
+    assert decide(4, recommend(4, 0.0, decode_bounds), decode, decode_bounds, 30.0) == 4
+    assert decide(4, recommend(4, 0.0, decode_bounds), decode, decode_bounds, 61.0) == 2
+    assert [r for _, r in prefill.recommendations] == [3]
+
+
+def test_role_metrics_come_from_ready_rank0_pods_of_that_role() -> None:
+    def pod(role: str, index: str, ip: str, ready: bool = True) -> dict:
+        return {"metadata": {"labels": {"frota.dev/role": role,
+                                        "apps.kubernetes.io/pod-index": index}},
+                "status": {"podIP": ip, "conditions": [
+                    {"type": "Ready", "status": "True" if ready else "False"}]}}
+
+    pods = [pod("prefill", "0", "10.0.0.1"), pod("prefill", "1", "10.0.0.2"),
+            pod("decode", "0", "10.0.0.3"), pod("decode", "0", "10.0.0.4", ready=False)]
+    assert role_metrics_urls({}, pods, "prefill") == ["http://10.0.0.1:8000/metrics"]
+    assert role_metrics_urls({}, pods, "decode") == ["http://10.0.0.3:8000/metrics"]

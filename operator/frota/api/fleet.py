@@ -68,6 +68,46 @@ class Resources(FrotaModel):
     )
 
 
+class Autoscaling(FrotaModel):
+    """Scale spec.replicas on a serving metric read from the router (the operator does it, HPA-style)."""
+
+    minReplicas: int = Field(default=1, ge=1, le=1000, description="Fewest replicas (units when disaggregated).")
+    maxReplicas: int = Field(ge=1, le=1000, description="Most replicas (units when disaggregated).")
+    metric: Literal["queueDepth", "ttft"] = Field(
+        default="queueDepth",
+        description="queueDepth: waiting requests per replica; ttft: time to first token in seconds.",
+    )
+    target: float = Field(ge=0.001, le=1000000, description="Target value of the metric per replica.")
+    stabilizationWindowSeconds: int = Field(
+        default=300, ge=0, le=3600, description="How long a lower recommendation must hold before scaling down."
+    )
+
+    cel_rules = (
+        CelRule("self.minReplicas <= self.maxReplicas", "minReplicas must not exceed maxReplicas", ".minReplicas"),
+    )
+
+    @model_validator(mode="after")
+    def _min_le_max(self) -> Autoscaling:
+        if self.minReplicas > self.maxReplicas:
+            raise ValueError(self.cel_rules[0].message)
+        return self
+
+
+class RoleAutoscaling(Autoscaling):
+    """Scale one disaggregated role's groups per unit on that role's own workers' metrics."""
+
+    minReplicas: int = Field(default=1, ge=1, le=64, description="Fewest groups of this role per unit.")
+    maxReplicas: int = Field(ge=1, le=64, description="Most groups of this role per unit.")
+    metric: Literal["queueDepth", "ttft"] = Field(
+        default="queueDepth",
+        description=(
+            "queueDepth: requests waiting plus running per group of this role; ttft: this role's "
+            "mean time to first token in seconds (both read from the role's rank-0 workers)."
+        ),
+    )
+    target: float = Field(ge=0.001, le=1000000, description="Target value of the metric per group.")
+
+
 class RoleSpec(FrotaModel):
     """One side of a disaggregated unit (prefill or decode)."""
 
@@ -76,6 +116,13 @@ class RoleSpec(FrotaModel):
         default=None, description="Sharding of this role; default: spec.parallelism."
     )
     resources: Resources | None = Field(default=None, description="Resources per rank; default: spec.resources.")
+    autoscaling: RoleAutoscaling | None = Field(
+        default=None,
+        description=(
+            "Scale this role's replicas (groups per unit) on its own workers' metrics, "
+            "independently of the other role; unset: fixed."
+        ),
+    )
 
     cel_rules = (
         CelRule(
@@ -137,31 +184,6 @@ class Router(FrotaModel):
     )
     cpu: Quantity = Field(default="500m", description="CPU request per router pod.")
     memory: Quantity = Field(default="512Mi", description="Memory request and limit per router pod.")
-
-
-class Autoscaling(FrotaModel):
-    """Scale spec.replicas on a serving metric read from the router (the operator does it, HPA-style)."""
-
-    minReplicas: int = Field(default=1, ge=1, le=1000, description="Fewest replicas (units when disaggregated).")
-    maxReplicas: int = Field(ge=1, le=1000, description="Most replicas (units when disaggregated).")
-    metric: Literal["queueDepth", "ttft"] = Field(
-        default="queueDepth",
-        description="queueDepth: waiting requests per replica; ttft: time to first token in seconds.",
-    )
-    target: float = Field(ge=0.001, le=1000000, description="Target value of the metric per replica.")
-    stabilizationWindowSeconds: int = Field(
-        default=300, ge=0, le=3600, description="How long a lower recommendation must hold before scaling down."
-    )
-
-    cel_rules = (
-        CelRule("self.minReplicas <= self.maxReplicas", "minReplicas must not exceed maxReplicas", ".minReplicas"),
-    )
-
-    @model_validator(mode="after")
-    def _min_le_max(self) -> Autoscaling:
-        if self.minReplicas > self.maxReplicas:
-            raise ValueError(self.cel_rules[0].message)
-        return self
 
 
 class Rollout(FrotaModel):

@@ -157,6 +157,15 @@ async def patch_spec_replicas(namespace: str, name: str, replicas: int, *, logge
                    content_type=MERGE_CONTENT_TYPE, logger=logger)
 
 
+async def patch_role_replicas(namespace: str, name: str, role: str, replicas: int, *,
+                              logger: Any) -> None:
+    """Set spec.disaggregation.<role>.replicas of an InferenceService (a merge patch)."""
+    api_version, plural = KINDS["InferenceService"]
+    path = f"{collection_path(api_version, plural, namespace)}/{name}"
+    await _request("PATCH", path, payload={"spec": {"disaggregation": {role: {"replicas": replicas}}}},
+                   content_type=MERGE_CONTENT_TYPE, logger=logger)
+
+
 async def create_if_missing(path: str, obj: Mapping[str, Any], *, logger: Any) -> bool:
     """POST one object to its collection ``path``; False when it exists already (409)."""
     try:

@@ -89,7 +89,7 @@ def index_child(
 def index_pod(
     body: kopf.Body, namespace: str, labels: kopf.Labels, **_: Any
 ) -> dict[tuple[str, str], dict]:
-    """Cache only what group health needs from a rank pod."""
+    """Cache only what group health (and a role's autoscaler: the pod IP) needs from a rank pod."""
     status = body.get("status") or {}
     slim = {
         "kind": "Pod",
@@ -103,6 +103,7 @@ def index_pod(
         },
         "status": {
             "phase": status.get("phase"),
+            "podIP": status.get("podIP"),
             "conditions": [{"type": c.get("type"), "status": c.get("status")}
                            for c in status.get("conditions") or []],
             "containerStatuses": [{"restartCount": c.get("restartCount", 0)}
@@ -177,11 +178,19 @@ def forget_inferenceservice(
     logger.info("deleted; the garbage collector removes the children it owned")
 
 
-@kopf.timer(*ISVC, interval=autoscale.INTERVAL_SECONDS, idle=0,
-            when=lambda spec, **_: bool(spec.get("autoscaling")))
+def _autoscaled(spec: Any, **_: Any) -> bool:
+    """spec.autoscaling or a disaggregated role's autoscaling is set."""
+    roles = spec.get("disaggregation") or {}
+    return bool(spec.get("autoscaling")) or any(
+        (roles.get(role) or {}).get("autoscaling") for role in autoscale.ROLES
+    )
+
+
+@kopf.timer(*ISVC, interval=autoscale.INTERVAL_SECONDS, idle=0, when=_autoscaled)
 async def autoscale_inferenceservice(
     body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any
 ) -> None:
-    """Scale spec.replicas from the router's queue depth or TTFT, within bounds."""
+    """Scale spec.replicas from the router's queue depth or TTFT, and each autoscaled
+    disaggregated role's groups from its own workers' metrics, within bounds."""
     fleet: Fleet = memo["fleet"]
     await autoscale.tick(_plain(body), fleet=fleet, logger=logger)

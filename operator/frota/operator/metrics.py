@@ -39,11 +39,13 @@ class OperatorMetrics:
         )
         self.scale_decisions = Counter(
             "frota_operator_autoscale_decisions_total",
-            "Autoscaler decisions that changed spec.replicas, by direction (up, down).",
-            ["direction"], registry=self.registry,
+            "Autoscaler decisions that changed replicas, by role (prefill, decode; empty: "
+            "spec.replicas) and direction (up, down).",
+            ["role", "direction"], registry=self.registry,
         )
         self.desired_replicas = Gauge(
             "frota_operator_autoscale_desired_replicas",
-            "Replicas the autoscaler last recommended, per InferenceService.",
-            ["namespace", "name"], registry=self.registry,
+            "Replicas the autoscaler last recommended, per InferenceService and role "
+            "(prefill, decode: groups per unit; empty: spec.replicas).",
+            ["namespace", "name", "role"], registry=self.registry,
         )

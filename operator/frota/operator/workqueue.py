@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +47,9 @@ class Fleet:
     retry_delay: float = 5.0
     recheck_delay: float = 2.0
     metrics_url: Callable[[Mapping[str, Any]], str | None] = autoscale.metrics_url
+    role_metrics_urls: Callable[
+        [Mapping[str, Any], Iterable[Mapping[str, Any]], str], list[str]
+    ] = autoscale.role_metrics_urls
     autoscale_history: dict[Key, autoscale.History] = field(default_factory=dict)
     applied: Applied = field(default_factory=Applied)
     _locks: dict[Key, asyncio.Lock] = field(default_factory=dict)

@@ -3,6 +3,9 @@
 No HorizontalPodAutoscaler: `spec.autoscaling` is carried out by the operator
 itself, from the router's metrics, through the scale subresource (no metrics
 adapter needed); `frota render` prints only what the operator applies.
+A disaggregated role with its own `autoscaling` is read from its workers'
+/metrics by the operator, so the NetworkPolicy then admits the operator's pods
+to the workers' HTTP port.
 """
 
 from __future__ import annotations
@@ -40,9 +43,24 @@ def _worker_pods(isvc: InferenceService) -> dict[str, Any]:
     }
 
 
+# The operator's pods (manifests/base/deployment.yaml), in whatever namespace it runs.
+OPERATOR_POD_LABELS = {"app.kubernetes.io/name": "frota", "app.kubernetes.io/component": "operator"}
+
+
 def network_policy(isvc: InferenceService) -> dict[str, Any]:
-    """Workers accept HTTP only from this fleet's router, and anything from their own fleet's ranks."""
+    """Workers accept HTTP only from this fleet's router (and the operator, when it reads a
+    role's metrics to autoscale it), and anything from their own fleet's ranks."""
     router_pods = {"matchLabels": selector_labels(isvc, **{ROLE_LABEL: "router"})}
+    http = [{"port": "http", "protocol": "TCP"}]
+    ingress: list[dict[str, Any]] = [
+        {"from": [{"podSelector": router_pods}], "ports": http},
+        {"from": [{"podSelector": _worker_pods(isvc)}]},
+    ]
+    disagg = isvc.spec.disaggregation
+    if disagg is not None and (disagg.prefill.autoscaling or disagg.decode.autoscaling):
+        ingress.append({"from": [{"namespaceSelector": {},
+                                  "podSelector": {"matchLabels": dict(OPERATOR_POD_LABELS)}}],
+                        "ports": http})
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -50,10 +68,7 @@ def network_policy(isvc: InferenceService) -> dict[str, Any]:
         "spec": {
             "podSelector": _worker_pods(isvc),
             "policyTypes": ["Ingress"],
-            "ingress": [
-                {"from": [{"podSelector": router_pods}], "ports": [{"port": "http", "protocol": "TCP"}]},
-                {"from": [{"podSelector": _worker_pods(isvc)}]},
-            ],
+            "ingress": ingress,
         },
     }
 
