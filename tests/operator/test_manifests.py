@@ -171,3 +171,12 @@ def test_argocd_configmap_patch_embeds_the_same_lua():
     patch = yaml.safe_load((MANIFESTS / "argocd" / "argocd-cm-patch.yaml").read_text())
     lua = (MANIFESTS / "argocd" / "health-inferenceservice.lua").read_text()
     assert patch["data"]["resource.customizations.health.frota.dev_InferenceService"] == lua
+
+
+def test_no_custom_resource_ships_beside_its_crd():
+    # One `kubectl apply -k` on a fresh cluster: an object of a CRD applied in the
+    # same call fails until the CRD is established (the operator makes its peering).
+    objs = base_objects()
+    groups = {d["spec"]["group"] for d in objs if d["kind"] == "CustomResourceDefinition"}
+    assert groups >= {"frota.dev", "kopf.dev"}
+    assert not [d["kind"] for d in objs if d["apiVersion"].split("/")[0] in groups]
