@@ -42,10 +42,14 @@ class MixtureOfExperts(nn.Module):
             idx = order[start : start + n]
             tok = tokens[start : start + n]
             start += n
-            gate, up = F.linear(x[tok], self.w13[e]).chunk(2, dim=-1)
-            y = F.linear(F.silu(gate) * up, self.w2[e])
+            y = self.expert(e, x[tok])
             out.index_add_(0, tok, y * weights.flatten()[idx].unsqueeze(-1))
         return out
+
+    def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        """Expert e's SwiGLU on its tokens (quantization swaps in its own linears here)."""
+        gate, up = F.linear(x, self.w13[e]).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, self.w2[e])
 
     @torch.no_grad()
     def load_expert(self, index: int, which: str, tensor: torch.Tensor, layer: int) -> list[str]:

@@ -46,27 +46,10 @@ class QuantExperts(nn.Module):
         self.quant_w2 = nn.ModuleList(w2)
 
 
-def _moe_forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[no-untyped-def]
-    """`MixtureOfExperts.forward` with the expert matmuls done by quantized linears."""
-    router = F.softmax(self.gate(x), dim=-1, dtype=torch.float32)
-    weights, experts = router.topk(self.top_k, dim=-1)
-    weights = (weights / weights.sum(-1, keepdim=True)).to(x.dtype)
-    out = torch.zeros_like(x)
-    flat = experts.flatten()
-    order = flat.argsort(stable=True)
-    counts = torch.bincount(flat, minlength=self.num_experts).tolist()
-    tokens = order // self.top_k
-    start = 0
-    for e, n in enumerate(counts):
-        if n == 0:
-            continue
-        idx = order[start : start + n]
-        tok = tokens[start : start + n]
-        start += n
-        gate, up = self.quant_experts.quant_w13[e](x[tok]).chunk(2, dim=-1)
-        y = self.quant_experts.quant_w2[e](F.silu(gate) * up)
-        out.index_add_(0, tok, y * weights.flatten()[idx].unsqueeze(-1))
-    return out
+def _quant_expert(self, e: int, x: torch.Tensor) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    """`MixtureOfExperts.expert` with the expert matmuls done by quantized linears."""
+    gate, up = self.quant_experts.quant_w13[e](x).chunk(2, dim=-1)
+    return self.quant_experts.quant_w2[e](F.silu(gate) * up)
 
 
 def _accepts_native(config: QuantConfig, weight: QuantizedWeight) -> bool:
@@ -157,7 +140,7 @@ def _quantize_experts(
     moe.quant_experts = QuantExperts(w13, w2)
     del moe.w13
     del moe.w2
-    moe.forward = _moe_forward.__get__(moe)
+    moe.expert = _quant_expert.__get__(moe)
 
 
 def prepare_kernels(model: nn.Module, dtype: torch.dtype) -> None:
