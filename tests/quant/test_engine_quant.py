@@ -62,7 +62,10 @@ def test_bfloat16_quantized_engine_runs_the_fused_kernels(method: str) -> None:
                                   num_kv_blocks=64, block_size=4, verbose=False))
     layer = engine.runner.model.layers[0].self_attn.qkv_proj
     x = torch.zeros(1, layer.in_features, dtype=torch.bfloat16)
-    assert layer.kernel_name(x) in ("int8pack_mm", "int4pack_mm_cpu")
+    assert layer.kernel_name(x) in (
+        "frota_int8", "frota_int4",  # Frota's CPU kernels (cpu_kernels)
+        "int8pack_mm", "int4pack_mm_cpu",  # torch's, where the extension cannot be built
+    )
     outs = generate(engine)
     assert all(len(o) == GREEDY.max_tokens for o in outs)
 

@@ -5,18 +5,35 @@ from __future__ import annotations
 
 import pytest
 import torch
+from frota.engine.quant import cpu_kernels, linear
 from frota.engine.quant.formats import quantize_fp8, quantize_int4, quantize_int8
+from frota.engine.quant.gguf_native import q4_1_to_int4
 from frota.engine.quant.linear import (
+    GEMV_MAX_ROWS,
     Fp8Linear,
     Int4Linear,
     Int8Linear,
+    dequantize_gguf_order,
     fp8_scaled_mm,
     fp8_supported,
+    to_gguf_order,
 )
+
+HAVE_FROTA = cpu_kernels.kernels() is not None
+
+
+@pytest.fixture(params=["frota", "torch"])
+def kernels(request, monkeypatch):  # type: ignore[no-untyped-def]
+    """Each layer test runs with Frota's compiled CPU kernels and with the torch fallback."""
+    if request.param == "frota" and not HAVE_FROTA:
+        pytest.skip("Frota's CPU kernels could not be built here (no compiler?)")
+    if request.param == "torch":
+        monkeypatch.setattr(linear, "frota_kernels", lambda device: None)
+    return request.param
 
 # max error relative to the output's largest value: float32 accumulation, or bf16's
 # 8-bit rounding of activations, scales and outputs
-TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
 SHAPES = [(192, 576), (64, 128)]
 
 
@@ -34,52 +51,134 @@ def _check(layer, x: torch.Tensor) -> None:  # type: ignore[no-untyped-def]
     assert (y.float() - ref).abs().max() <= TOL[x.dtype] * ref.abs().max(), layer.kernel_name(x)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def _expected_int8(kernels: str, x: torch.Tensor, grouped: bool) -> str:
+    if kernels == "frota" and x.shape[0] <= GEMV_MAX_ROWS:
+        return "frota_int8"
+    if x.dtype not in (torch.bfloat16, torch.float16):
+        return "dequant"
+    if not grouped:
+        return "int8pack_mm"
+    return "int8pack_mm_grouped" if x.shape[0] <= Int8Linear.GROUPED_MAX_ROWS else "dequant"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("rows", [1, 5, 33])
-@pytest.mark.parametrize("shape", SHAPES)
-def test_int8_per_channel_matches_dequantized_reference(dtype, rows, shape) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("shape", [*SHAPES, (7, 48)])  # 7 rows, 48 columns: the kernels' tails
+def test_int8_per_channel_matches_dequantized_reference(kernels, dtype, rows, shape) -> None:  # type: ignore[no-untyped-def]
     torch.manual_seed(0)
     layer = Int8Linear(quantize_int8(torch.randn(*shape)), bias=torch.randn(shape[0]))
+    layer.prepare(dtype)
     x = _inputs(rows, shape[1], dtype)
-    expected = "int8pack_mm" if dtype == torch.bfloat16 else "dequant"
+    expected = _expected_int8(kernels, x, grouped=False)
+    if dtype == torch.float16 and expected != "frota_int8":
+        pytest.skip("float16 activations: only Frota's kernels are checked here")
     assert layer.kernel_name(x) == expected
     _check(layer, x)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", [1, 5, 33])
-def test_int8_group_wise_matches_dequantized_reference(dtype, rows) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("rows", [1, 3, 5, 33])
+@pytest.mark.parametrize("shape", [(96, 256), (6, 64)])
+def test_int8_group_wise_matches_dequantized_reference(kernels, dtype, rows, shape) -> None:  # type: ignore[no-untyped-def]
     torch.manual_seed(0)
-    layer = Int8Linear(quantize_int8(torch.randn(96, 256), group_size=32))
+    layer = Int8Linear(quantize_int8(torch.randn(*shape), group_size=32))
     layer.prepare(dtype)
-    _check(layer, _inputs(rows, 256, dtype))
+    x = _inputs(rows, shape[1], dtype)
+    assert layer.kernel_name(x) == _expected_int8(kernels, x, grouped=True)
+    _check(layer, x)
+
+
+def test_int8_group_wise_head_is_one_kernel_call(kernels) -> None:  # type: ignore[no-untyped-def]
+    """A GGUF Q8_0 LM head (int8, group 32) at decode is one call of Frota's kernel."""
+    if kernels != "frota":
+        pytest.skip("the torch fallback runs one call per group")
+    layer = Int8Linear(quantize_int8(torch.randn(256, 576), group_size=32))
+    layer.prepare(torch.bfloat16)
+    assert layer.grouped_qweight is None and layer.qweight is not None  # one copy, row-major
+    with torch.profiler.profile() as prof:
+        layer(_inputs(1, 576, torch.bfloat16))
+    names = [e.name for e in prof.events()]
+    assert not any("int8pack" in n for n in names)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", [1, 33])
+@pytest.mark.parametrize("rows", [1, 3, 33])
 @pytest.mark.parametrize("group_size", [32, 64, 128])
 @pytest.mark.parametrize("symmetric", [False, True])
-def test_int4_matches_dequantized_reference(dtype, rows, group_size, symmetric) -> None:  # type: ignore[no-untyped-def]
+def test_int4_matches_dequantized_reference(kernels, dtype, rows, group_size, symmetric) -> None:  # type: ignore[no-untyped-def]
     torch.manual_seed(0)
-    layer = Int4Linear(quantize_int4(torch.randn(192, 256), group_size, symmetric))
+    rows_out = 194 if kernels == "frota" else 192  # torch's int4 layout needs multiples of 16
+    layer = Int4Linear(quantize_int4(torch.randn(rows_out, 256), group_size, symmetric))
     reference = layer.dequantized_weight()
     layer.prepare(dtype)
     x = _inputs(rows, 256, dtype)
-    expected = "int4pack_mm_cpu" if dtype == torch.bfloat16 else "dequant"
+    if kernels == "frota":
+        expected = "frota_int4" if rows <= GEMV_MAX_ROWS else "dequant"
+        assert layer.packed is None and layer.qs is not None and layer.kernel_packed is None
+    else:
+        expected = "int4pack_mm_cpu" if dtype == torch.bfloat16 else "dequant"
     assert layer.kernel_name(x) == expected
     _check(layer, x)
-    # after the kernel layout replaced the packing, the weight still reads back (to fp32 rounding)
+    # after a kernel layout replaced the packing, the weight still reads back (to fp32 rounding)
     torch.testing.assert_close(layer.dequantized_weight(), reference, rtol=1e-6, atol=1e-6)
 
 
-def test_int4_kernel_layout_serves_float32_too() -> None:
+def test_int4_kernel_layout_serves_float32_too(kernels) -> None:  # type: ignore[no-untyped-def]
     torch.manual_seed(0)
     layer = Int4Linear(quantize_int4(torch.randn(64, 128), 32))
     layer.prepare(torch.bfloat16)
-    assert layer.packed is None and layer.kernel_packed is not None
     x = _inputs(3, 128, torch.float32)
-    assert layer.kernel_name(x) == "int4pack_mm_cpu"
+    if kernels == "frota":
+        assert layer.packed is None and layer.qs is not None
+        assert layer.kernel_name(x) == "frota_int4"
+    else:
+        assert layer.packed is None and layer.kernel_packed is not None
+        assert layer.kernel_name(x) == "int4pack_mm_cpu"
     _check(layer, x)
+
+
+def _q4_1_bytes(rows: int, cols: int) -> bytes:
+    """Random GGUF Q4_1 blocks: float16 d and m, then 16 bytes of nibbles."""
+    g = torch.Generator().manual_seed(5)
+    blocks = rows * cols // 32
+    d = (torch.rand(blocks, generator=g) * 0.01 + 1e-3).half()
+    m = (-torch.rand(blocks, generator=g) * 0.08).half()
+    qs = torch.randint(0, 256, (blocks, 16), generator=g, dtype=torch.uint8)
+    head = torch.stack([d, m], dim=1).view(torch.uint8).reshape(blocks, 4)
+    return torch.cat([head, qs], dim=1).numpy().tobytes()
+
+
+def test_gguf_int4_kernel_layout_is_the_file_and_float16() -> None:
+    """A Q4_1 weight goes to the kernel layout with the file's own float16 d and m and
+    nibble order, bit for bit."""
+    import numpy as np
+
+    raw = np.frombuffer(_q4_1_bytes(8, 64), dtype=np.uint8)
+    weight = q4_1_to_int4(raw, 8)
+    qs, d, m = to_gguf_order(weight)
+    assert d.dtype == torch.float16 and m.dtype == torch.float16
+    blocks = torch.from_numpy(raw.copy()).view(-1, 20)
+    assert torch.equal(qs.reshape(-1, 16), blocks[:, 4:])
+    assert torch.equal(d.reshape(-1), blocks[:, :2].contiguous().view(torch.float16).reshape(-1))
+    assert torch.equal(m.reshape(-1), blocks[:, 2:4].contiguous().view(torch.float16).reshape(-1))
+    ref = Int4Linear(weight).dequantized_weight()
+    torch.testing.assert_close(dequantize_gguf_order(qs, d, m, 32), ref, rtol=1e-6, atol=1e-6)
+
+
+def test_int4_kernel_layout_falls_back_to_torch_dequant(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A layer already in Frota's layout still runs (dequantize in torch) where the
+    extension is not there, e.g. moved to another device."""
+    if not HAVE_FROTA:
+        pytest.skip("Frota's CPU kernels could not be built here")
+    torch.manual_seed(0)
+    layer = Int4Linear(quantize_int4(torch.randn(64, 128), 32))
+    layer.prepare(torch.bfloat16)
+    x = _inputs(2, 128, torch.bfloat16)
+    y = layer(x)
+    monkeypatch.setattr(linear, "frota_kernels", lambda device: None)
+    assert layer.kernel_name(x) == "dequant"
+    _check(layer, x)
+    assert (layer(x).float() - y.float()).abs().max() <= TOL[torch.bfloat16] * y.float().abs().max()
 
 
 def test_model_to_dtype_keeps_quantized_storage_and_scales() -> None:

@@ -2,6 +2,14 @@
 
 Kernels, by device and activation dtype:
 
+- CPU, up to `GEMV_MAX_ROWS` rows (decode), any float activations: Frota's own
+  int8 / int4 kernels (`cpu_kernels`: a small C++ extension compiled on first
+  use), which read each weight byte once at close to memory bandwidth and take
+  int8 group scales (GGUF Q8_0) in one call. int4 then holds its weight in that
+  kernel's layout (GGUF's nibble order, float16 scale and min per group when
+  they are exact in float16). More rows (prefill) dequantize with the same
+  extension and multiply. When the extension cannot be built (no compiler), or
+  with `FROTA_QUANT_KERNELS=torch`, the torch ops below are used, as before.
 - int8 per channel: `torch._weight_int8pack_mm` (CPU and CUDA) for bf16/fp16
   activations. On CPU its float32 path is a scalar loop, slower than
   dequantize-then-matmul, so float32 takes the fallback.
@@ -21,6 +29,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from frota.engine.quant import cpu_kernels
 from frota.engine.quant.formats import (
     FP8_E4M3_MAX,
     Fp8Weight,
@@ -36,6 +45,14 @@ from frota.engine.quant.formats import (
 from torch import nn
 
 FUSED_DTYPES = (torch.bfloat16, torch.float16)
+FROTA_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# Rows up to which Frota's CPU kernels beat dequantize-then-GEMM (bench/quantization.py --kernels)
+GEMV_MAX_ROWS = 8
+
+
+def frota_kernels(device: torch.device):  # type: ignore[no-untyped-def]
+    """Frota's compiled CPU kernels where they apply (CPU tensors), else None."""
+    return cpu_kernels.kernels() if device.type == "cpu" else None
 
 
 def fp8_supported(device: torch.device) -> bool:
@@ -126,6 +143,9 @@ class Int8Linear(QuantLinear):
         self._scales_cast: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
 
     def kernel_name(self, x: torch.Tensor) -> str:
+        if (self.qweight is not None and x.dtype in FROTA_DTYPES
+                and x.shape[0] <= GEMV_MAX_ROWS and frota_kernels(x.device) is not None):
+            return "frota_int8"
         if x.dtype not in FUSED_DTYPES:
             return "dequant"
         if self.group_size is None:
@@ -135,6 +155,8 @@ class Int8Linear(QuantLinear):
         return "dequant"
 
     def prepare(self, dtype: torch.dtype) -> None:
+        if frota_kernels(self.scales.device) is not None:
+            return  # Frota's kernel reads the row-major weight with its group scales
         if self.group_size is not None and dtype in FUSED_DTYPES and self.qweight is not None:
             n, k, g = self.out_features, self.in_features, self.group_size
             self.grouped_qweight = self.qweight.view(n, k // g, g).transpose(0, 1).contiguous()
@@ -148,6 +170,9 @@ class Int8Linear(QuantLinear):
         return self.grouped_qweight.transpose(0, 1).reshape(self.out_features, self.in_features)
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        ext = frota_kernels(self.scales.device)
+        if ext is not None and self.qweight is not None:
+            return ext.int8_dequant(self.qweight, self.scales, self.group_size or 0).to(dtype)
         return dequantize_int8(Int8Weight(self._q(), self.scales, self.group_size), dtype)
 
     def rows(self, index: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -169,6 +194,9 @@ class Int8Linear(QuantLinear):
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         kernel = self.kernel_name(x)
+        if kernel == "frota_int8":
+            ext = frota_kernels(x.device)
+            return ext.int8_mm(x, self.qweight, self.scales, self.group_size or 0)
         if kernel == "int8pack_mm":
             return torch._weight_int8pack_mm(x.contiguous(), self._q(), self._scales_for(x))
         if kernel == "int8pack_mm_grouped":
@@ -194,10 +222,21 @@ class Int8Linear(QuantLinear):
 
 
 class Int4Linear(QuantLinear):
-    """Group-wise int4 weight-only linear, w = (q - 8) * scale + zero."""
+    """Group-wise int4 weight-only linear, w = (q - 8) * scale + zero.
+
+    The weight is held in one of three layouts, never two at once:
+
+    - canonical (`packed`, `scales`, `zeros`: see `formats`), as built;
+    - Frota's CPU kernel layout (`qs`, `d`, `m`; `cpu_kernels`): each run of
+      32 elements in 16 bytes the way GGUF stores it, w = q * d + m, d and m
+      float16 when that is exact (a GGUF Q4_0/Q4_1 weight), else float32;
+    - torch's tiled int4 layout (`kernel_packed` with `scales`, `zeros`), where
+      Frota's kernels are not available.
+    """
 
     packed: torch.Tensor | None
     kernel_packed: torch.Tensor | None
+    qs: torch.Tensor | None
 
     def __init__(self, weight: Int4Weight, bias: torch.Tensor | None = None) -> None:
         out_features, in_features = weight.shape
@@ -209,10 +248,26 @@ class Int4Linear(QuantLinear):
         zeros = weight.zeros if weight.zeros is not None else torch.zeros_like(weight.scales)
         self.register_buffer("zeros", zeros.float().contiguous())
         self.register_buffer("kernel_packed", None)
+        self.register_buffer("qs", None)
+        self.register_buffer("d", None)
+        self.register_buffer("m", None)
         self._kernel_device: torch.device | None = None
         self._scales_and_zeros: dict[torch.dtype, torch.Tensor] = {}
 
+    def _device(self) -> torch.device:
+        held = self.qs if self.qs is not None else self.scales
+        assert held is not None
+        return held.device
+
     def kernel_name(self, x: torch.Tensor) -> str:
+        if self.qs is not None or (
+            self.packed is not None and x.device.type == "cpu"
+            and frota_kernels(x.device) is not None
+        ):
+            if x.dtype in FROTA_DTYPES and x.shape[0] <= GEMV_MAX_ROWS \
+                    and frota_kernels(x.device) is not None:
+                return "frota_int4"
+            return "dequant"
         if x.device.type == "cpu":
             if self.kernel_packed is not None or x.dtype in FUSED_DTYPES:
                 return "int4pack_mm_cpu"
@@ -223,23 +278,36 @@ class Int4Linear(QuantLinear):
 
     def _weight(self) -> Int4Weight:
         if self.packed is None:
-            raise RuntimeError("the canonical int4 packing was replaced by the kernel layout")
+            raise RuntimeError("the canonical int4 packing was replaced by a kernel layout")
+        assert self.scales is not None
         return Int4Weight(self.packed, self.scales, self.zeros, self.group_size)
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        if self.qs is not None:
+            assert self.d is not None and self.m is not None
+            ext = frota_kernels(self.qs.device)
+            if ext is not None:
+                return ext.int4_dequant(self.qs, self.d, self.m, self.group_size).to(dtype)
+            return dequantize_gguf_order(self.qs, self.d, self.m, self.group_size).to(dtype)
         if self.packed is not None:
             return dequantize_int4(self._weight(), dtype)
         # Only the kernel layout is left: multiplying the identity through the
         # float32 kernel reads every weight back exactly.
-        eye = torch.eye(self.in_features, dtype=torch.float32, device=self.scales.device)
+        eye = torch.eye(self.in_features, dtype=torch.float32, device=self._device())
         return self._kernel_mm(eye).t().contiguous().to(dtype)
 
     def _scales_and_zeros_for(self, dtype: torch.dtype) -> torch.Tensor:
         if dtype not in self._scales_and_zeros:
             # kernel layout: [in // group, out, 2] with (scale, zero)
+            assert self.scales is not None and self.zeros is not None
             sz = torch.stack([self.scales.t(), self.zeros.t()], dim=-1).contiguous()
             self._scales_and_zeros[dtype] = sz.to(dtype)
         return self._scales_and_zeros[dtype]
+
+    def _build_frota_layout(self) -> None:
+        qs, d, m = to_gguf_order(self._weight())
+        self.qs, self.d, self.m = qs, d, m
+        self.packed = self.scales = self.zeros = None  # never hold two copies of the weight
 
     def _build_kernel_layout(self, device: torch.device) -> None:
         q = unpack_int4(self._weight().packed).to(torch.int32)
@@ -264,15 +332,25 @@ class Int4Linear(QuantLinear):
         return torch._weight_int4pack_mm(x.contiguous(), self.kernel_packed, self.group_size, sz)
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kernel_name(x) == "dequant":
+        kernel = self.kernel_name(x)
+        if kernel == "frota_int4":
+            if self.qs is None:
+                self._build_frota_layout()
+            return frota_kernels(x.device).int4_mm(x, self.qs, self.d, self.m, self.group_size)
+        if kernel == "dequant":
             return F.linear(x, self.dequantized_weight(x.dtype))
         return self._kernel_mm(x)
 
     def prepare(self, dtype: torch.dtype) -> None:
-        if self.kernel_packed is None and dtype in FUSED_DTYPES:
-            device = self.scales.device
-            if device.type == "cpu" or (device.type == "cuda" and dtype == torch.bfloat16):
-                self._build_kernel_layout(device)
+        if self.packed is None:
+            return
+        device = self._device()
+        if frota_kernels(device) is not None:
+            self._build_frota_layout()
+        elif dtype in FUSED_DTYPES and (
+            device.type == "cpu" or (device.type == "cuda" and dtype == torch.bfloat16)
+        ):
+            self._build_kernel_layout(device)
 
     def _clear_caches(self) -> None:
         self._scales_and_zeros.clear()
@@ -280,6 +358,45 @@ class Int4Linear(QuantLinear):
     def extra_repr(self) -> str:
         kind = "symmetric" if self.symmetric else "asymmetric"
         return super().extra_repr() + f", int4, group_size={self.group_size}, {kind}"
+
+
+def _exact_half(t: torch.Tensor) -> torch.Tensor:
+    """`t` as float16 when that loses nothing (GGUF's own scales), else float32."""
+    half = t.half()
+    return half.contiguous() if torch.equal(half.float(), t) else t.float().contiguous()
+
+
+def to_gguf_order(w: Int4Weight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """An int4 weight in Frota's CPU kernel layout: (qs, d, m) with w = q * d + m.
+
+    qs is uint8 `[out, in // 2]`, each run of 32 elements in 16 bytes, element i in
+    the low nibble of byte i and element i + 16 in its high nibble (GGUF's order);
+    d and m are `[out, in // group]`, float16 when both are exact in it.
+    """
+    q = unpack_int4(w.packed)
+    n, k = q.shape
+    if k % 32 or w.group_size % 32:
+        raise ValueError(f"the int4 kernel layout needs runs of 32 (in={k}, group={w.group_size})")
+    q = q.view(n, k // 32, 2, 16)
+    qs = (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
+    d = w.scales.float()
+    zeros = w.zeros.float() if w.zeros is not None else torch.zeros_like(d)
+    m = zeros - 8.0 * d
+    d16, m16 = _exact_half(d), _exact_half(m)
+    if d16.dtype != m16.dtype:
+        d16, m16 = d.contiguous(), m.contiguous()
+    return qs, d16, m16
+
+
+def dequantize_gguf_order(
+    qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor, group_size: int
+) -> torch.Tensor:
+    """float32 `[out, in]` of Frota's int4 kernel layout (see `to_gguf_order`), in torch."""
+    n = qs.shape[0]
+    runs = qs.view(n, -1, 16)
+    q = torch.stack([runs & 0x0F, runs >> 4], dim=2).reshape(n, -1).float()
+    g = q.view(n, -1, group_size) * d.float()[:, :, None] + m.float()[:, :, None]
+    return g.reshape(n, -1)
 
 
 class Fp8Linear(QuantLinear):

@@ -1,0 +1,420 @@
+"""CPU int8 / int4 weight-only matmuls for a few rows (decode), as a small C++ extension.
+
+Batch-1 decode reads every weight once per token, so its speed is the bytes a
+kernel reads and how close it gets to the memory bandwidth. torch's CPU kernels
+do not get there for these formats: `_weight_int8pack_mm` reads int8 slower
+than oneDNN reads bfloat16, its float32 path and `_weight_int4pack_mm_for_cpu`'s
+are scalar loops, and nothing takes int8 group scales (GGUF Q8_0, e.g. a tied
+LM head) in one call. These kernels do, for activations of any float dtype:
+
+- `int8_mm(x, q, scales, group)`: q int8 `[N, K]`; scales float32 `[N]` (per
+  channel, group 0) or `[N, K // group]`.
+- `int4_mm(x, qs, d, m, group)`: qs uint8 `[N, K // 2]` in GGUF's nibble order
+  (in each run of 32 elements, byte i holds element i in its low nibble and
+  element i + 16 in its high one); d, m float16 or float32 `[N, K // group]`;
+  w = q * d + m (GGUF Q4_1 exactly: the file's own float16 d and m).
+- `int4_dequant(qs, d, m, group)` / `int8_dequant(q, scales, group)`: the float32
+  weight, for many rows (prefill), where a dequantized GEMM wins.
+
+Each output element is a float32 dot product of the activation row (converted
+to float32) with the dequantized weight row, rounded once to the output dtype.
+Rows of the weight are split across threads with `at::parallel_for`.
+
+The extension is compiled on first use (`-O3 -march=native`) and cached under
+`~/.cache/frota/kernels` (`FROTA_KERNEL_CACHE`); `FROTA_QUANT_KERNELS=torch`
+turns it off. Without a compiler, `kernels()` logs why and returns None, and
+the layers use torch's own ops instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("frota.engine.quant")
+
+CPP = r"""
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <vector>
+#include <cstring>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int R = 4;  // weight rows per block: independent accumulators, one read of x per k
+constexpr int PF = 2;  // prefetch the weight this many blocks ahead (one cache line per step)
+
+// activation rows -> float32 [M, K]
+std::vector<float> x_as_float(const at::Tensor& x) {
+  auto xc = x.contiguous();
+  const int64_t n = xc.numel();
+  std::vector<float> out(n);
+  if (xc.scalar_type() == at::kFloat) {
+    std::memcpy(out.data(), xc.data_ptr<float>(), n * sizeof(float));
+  } else if (xc.scalar_type() == at::kBFloat16) {
+    const auto* p = xc.data_ptr<at::BFloat16>();
+    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(p[i]);
+  } else if (xc.scalar_type() == at::kHalf) {
+    const auto* p = xc.data_ptr<at::Half>();
+    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(p[i]);
+  } else {
+    TORCH_CHECK(false, "frota kernels: activations must be float32, bfloat16 or float16");
+  }
+  return out;
+}
+
+template <typename T>
+void store_rows(const std::vector<float>& y, at::Tensor& out) {
+  T* o = out.data_ptr<T>();
+  for (size_t i = 0; i < y.size(); ++i) o[i] = static_cast<T>(y[i]);
+}
+
+at::Tensor finish(const std::vector<float>& y, int64_t M, int64_t N, const at::Tensor& x) {
+  auto out = at::empty({M, N}, x.options());
+  if (x.scalar_type() == at::kFloat) store_rows<float>(y, out);
+  else if (x.scalar_type() == at::kBFloat16) store_rows<at::BFloat16>(y, out);
+  else store_rows<at::Half>(y, out);
+  return out;
+}
+
+inline float sf(at::Half h) { return static_cast<float>(h); }
+inline float sf(float f) { return f; }
+
+#ifdef __AVX512F__
+inline __m512 i8x16(const int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+#endif
+
+// ------------------------------------------------------------------ int8
+// Row n of the weight dequantized into buf[0..K) (group > 0: scales [N, K/group]).
+void int8_row(const int8_t* q, const float* s, int64_t K, int64_t group, float* buf) {
+  if (group == 0) {
+    for (int64_t k = 0; k < K; ++k) buf[k] = static_cast<float>(q[k]);
+    return;
+  }
+  for (int64_t g = 0; g < K / group; ++g) {
+    const float sc = s[g];
+    int64_t k = g * group;
+#ifdef __AVX512F__
+    if (group % 16 == 0) {
+      const __m512 vs = _mm512_set1_ps(sc);
+      for (; k < (g + 1) * group; k += 16) _mm512_storeu_ps(buf + k, _mm512_mul_ps(i8x16(q + k), vs));
+      continue;
+    }
+#endif
+    for (; k < (g + 1) * group; ++k) buf[k] = static_cast<float>(q[k]) * sc;
+  }
+}
+
+at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales, int64_t group) {
+  TORCH_CHECK(q.scalar_type() == at::kChar && q.is_contiguous() && q.dim() == 2);
+  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.is_contiguous());
+  const int64_t N = q.size(0), K = q.size(1), M = x.numel() / K;
+  TORCH_CHECK(x.size(-1) == K);
+  TORCH_CHECK(group == 0 || K % group == 0);
+  const int64_t G = group == 0 ? 1 : K / group;
+  std::vector<float> xf = x_as_float(x);
+  std::vector<float> y(M * N);
+  const int8_t* qp = q.data_ptr<int8_t>();
+  const float* sp = scales.data_ptr<float>();
+  const int64_t blocks = (N + R - 1) / R;
+  at::parallel_for(0, blocks, 16, [&](int64_t b0, int64_t b1) {
+    std::vector<float> buf(R * K);
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t n0 = b * R, rows = std::min<int64_t>(R, N - n0);
+#ifdef __AVX512F__
+      if (M == 1 && rows == R && K % 16 == 0 && (group == 0 || group % 16 == 0)) {
+        // one activation row: dequantize in registers, four rows' dot products at once
+        const float* xr = xf.data();
+        const int8_t* q0 = qp + n0 * K;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        if (group == 0) {
+          for (int64_t k = 0; k < K; k += 16) {
+            _mm_prefetch(reinterpret_cast<const char*>(q0 + PF * R * K + 4 * k), _MM_HINT_T0);
+            const __m512 xv = _mm512_loadu_ps(xr + k);
+            a0 = _mm512_fmadd_ps(i8x16(q0 + k), xv, a0);
+            a1 = _mm512_fmadd_ps(i8x16(q0 + K + k), xv, a1);
+            a2 = _mm512_fmadd_ps(i8x16(q0 + 2 * K + k), xv, a2);
+            a3 = _mm512_fmadd_ps(i8x16(q0 + 3 * K + k), xv, a3);
+          }
+          y[n0] = _mm512_reduce_add_ps(a0) * sp[n0];
+          y[n0 + 1] = _mm512_reduce_add_ps(a1) * sp[n0 + 1];
+          y[n0 + 2] = _mm512_reduce_add_ps(a2) * sp[n0 + 2];
+          y[n0 + 3] = _mm512_reduce_add_ps(a3) * sp[n0 + 3];
+        } else {
+          const float* s0 = sp + n0 * G;
+          for (int64_t g = 0; g < G; ++g) {
+            __m512 t0 = _mm512_setzero_ps(), t1 = t0, t2 = t0, t3 = t0;
+            for (int64_t k = g * group; k < (g + 1) * group; k += 16) {
+              _mm_prefetch(reinterpret_cast<const char*>(q0 + PF * R * K + 4 * k), _MM_HINT_T0);
+              const __m512 xv = _mm512_loadu_ps(xr + k);
+              t0 = _mm512_fmadd_ps(i8x16(q0 + k), xv, t0);
+              t1 = _mm512_fmadd_ps(i8x16(q0 + K + k), xv, t1);
+              t2 = _mm512_fmadd_ps(i8x16(q0 + 2 * K + k), xv, t2);
+              t3 = _mm512_fmadd_ps(i8x16(q0 + 3 * K + k), xv, t3);
+            }
+            a0 = _mm512_fmadd_ps(t0, _mm512_set1_ps(s0[g]), a0);
+            a1 = _mm512_fmadd_ps(t1, _mm512_set1_ps(s0[G + g]), a1);
+            a2 = _mm512_fmadd_ps(t2, _mm512_set1_ps(s0[2 * G + g]), a2);
+            a3 = _mm512_fmadd_ps(t3, _mm512_set1_ps(s0[3 * G + g]), a3);
+          }
+          y[n0] = _mm512_reduce_add_ps(a0);
+          y[n0 + 1] = _mm512_reduce_add_ps(a1);
+          y[n0 + 2] = _mm512_reduce_add_ps(a2);
+          y[n0 + 3] = _mm512_reduce_add_ps(a3);
+        }
+        continue;
+      }
+#endif
+      for (int64_t r = 0; r < rows; ++r)
+        int8_row(qp + (n0 + r) * K, sp + (n0 + r) * G, K, group, buf.data() + r * K);
+      for (int64_t m = 0; m < M; ++m) {
+        const float* xr = xf.data() + m * K;
+        for (int64_t r = 0; r < rows; ++r) {
+          const float* w = buf.data() + r * K;
+          float acc = 0.f;
+          int64_t k = 0;
+#ifdef __AVX512F__
+          __m512 a = _mm512_setzero_ps(), c = a;
+          for (; k + 32 <= K; k += 32) {
+            a = _mm512_fmadd_ps(_mm512_loadu_ps(w + k), _mm512_loadu_ps(xr + k), a);
+            c = _mm512_fmadd_ps(_mm512_loadu_ps(w + k + 16), _mm512_loadu_ps(xr + k + 16), c);
+          }
+          acc = _mm512_reduce_add_ps(_mm512_add_ps(a, c));
+#endif
+          for (; k < K; ++k) acc += w[k] * xr[k];
+          y[m * N + n0 + r] = group == 0 ? acc * sp[n0 + r] : acc;
+        }
+      }
+    }
+  });
+  return finish(y, M, N, x);
+}
+
+at::Tensor int8_dequant(const at::Tensor& q, const at::Tensor& scales, int64_t group) {
+  const int64_t N = q.size(0), K = q.size(1);
+  const int64_t G = group == 0 ? 1 : K / group;
+  auto out = at::empty({N, K}, q.options().dtype(at::kFloat));
+  const int8_t* qp = q.data_ptr<int8_t>();
+  const float* sp = scales.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      int8_row(qp + n * K, sp + n * G, K, group, o + n * K);
+      if (group == 0) for (int64_t k = 0; k < K; ++k) o[n * K + k] *= sp[n];
+    }
+  });
+  return out;
+}
+
+// ------------------------------------------------------------------ int4
+// Row n dequantized into buf[0..K): runs of 32 elements in 16 bytes (low nibbles
+// are elements 0..15, high nibbles 16..31), w = q * d + m per group.
+template <typename S>
+void int4_row(const uint8_t* qs, const S* d, const S* m, int64_t K, int64_t group, float* buf) {
+  for (int64_t g = 0; g < K / group; ++g) {
+    const float dg = sf(d[g]), mg = sf(m[g]);
+    for (int64_t k = g * group; k < (g + 1) * group; k += 32) {
+      const uint8_t* p = qs + k / 2;
+#ifdef __AVX512F__
+      const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+      const __m512 vd = _mm512_set1_ps(dg), vm = _mm512_set1_ps(mg);
+      const __m512 lo = _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(15)));
+      const __m512 hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
+      _mm512_storeu_ps(buf + k, _mm512_fmadd_ps(lo, vd, vm));
+      _mm512_storeu_ps(buf + k + 16, _mm512_fmadd_ps(hi, vd, vm));
+#else
+      for (int i = 0; i < 16; ++i) {
+        buf[k + i] = static_cast<float>(p[i] & 15) * dg + mg;
+        buf[k + 16 + i] = static_cast<float>(p[i] >> 4) * dg + mg;
+      }
+#endif
+    }
+  }
+}
+
+void check_int4(const at::Tensor& qs, const at::Tensor& d, const at::Tensor& m, int64_t group) {
+  TORCH_CHECK(qs.scalar_type() == at::kByte && qs.is_contiguous() && qs.dim() == 2);
+  TORCH_CHECK((d.scalar_type() == at::kHalf || d.scalar_type() == at::kFloat) && m.scalar_type() == d.scalar_type());
+  TORCH_CHECK(d.is_contiguous() && m.is_contiguous());
+  TORCH_CHECK(group % 32 == 0 && (qs.size(1) * 2) % group == 0);
+  TORCH_CHECK(d.numel() == qs.size(0) * (qs.size(1) * 2 / group) && m.numel() == d.numel());
+}
+
+template <typename S>
+at::Tensor int4_mm_impl(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d, const at::Tensor& m,
+                        int64_t group) {
+  const int64_t N = qs.size(0), K = qs.size(1) * 2, M = x.numel() / K, G = K / group;
+  TORCH_CHECK(x.size(-1) == K);
+  std::vector<float> xf = x_as_float(x);
+  std::vector<float> y(M * N);
+  const uint8_t* qp = qs.data_ptr<uint8_t>();
+  const S* dp = d.data_ptr<S>();
+  const S* mp = m.data_ptr<S>();
+  // per group: sum of x over the group (the m term), for one activation row
+  std::vector<float> xsum(M * G);
+  for (int64_t r = 0; r < M; ++r)
+    for (int64_t g = 0; g < G; ++g) {
+      float s = 0.f;
+      for (int64_t k = g * group; k < (g + 1) * group; ++k) s += xf[r * K + k];
+      xsum[r * G + g] = s;
+    }
+  const int64_t blocks = (N + R - 1) / R;
+  at::parallel_for(0, blocks, 16, [&](int64_t b0, int64_t b1) {
+    std::vector<float> buf(R * K);
+    std::vector<float> ds(R * G), ms(R * G);
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t n0 = b * R, rows = std::min<int64_t>(R, N - n0);
+#ifdef __AVX512F__
+      if (M == 1 && rows == R) {
+        // y = sum_g d_g * (x_g . q_g) + m_g * sum(x_g): nibbles to float in registers
+        for (int64_t i = 0; i < R * G; ++i) { ds[i] = sf(dp[n0 * G + i]); ms[i] = sf(mp[n0 * G + i]); }
+        const float* xr = xf.data();
+        const uint8_t* q0 = qp + n0 * (K / 2);
+        const int64_t rb = K / 2;  // bytes per row
+        const __m512i low4 = _mm512_set1_epi32(15);
+        __m512 a[R];
+        for (int r = 0; r < R; ++r) a[r] = _mm512_setzero_ps();
+        for (int64_t g = 0; g < G; ++g) {
+          __m512 t[R];
+          for (int r = 0; r < R; ++r) t[r] = _mm512_setzero_ps();
+          for (int64_t k = g * group; k < (g + 1) * group; k += 32) {
+            _mm_prefetch(reinterpret_cast<const char*>(q0 + PF * R * rb + 2 * k), _MM_HINT_T0);
+            const __m512 xl = _mm512_loadu_ps(xr + k), xh = _mm512_loadu_ps(xr + k + 16);
+            for (int r = 0; r < R; ++r) {
+              const __m512i v = _mm512_cvtepu8_epi32(
+                  _mm_loadu_si128(reinterpret_cast<const __m128i*>(q0 + r * rb + k / 2)));
+              t[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(v, low4)), xl, t[r]);
+              t[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)), xh, t[r]);
+            }
+          }
+          for (int r = 0; r < R; ++r) a[r] = _mm512_fmadd_ps(t[r], _mm512_set1_ps(ds[r * G + g]), a[r]);
+        }
+        for (int r = 0; r < R; ++r) {
+          float acc = _mm512_reduce_add_ps(a[r]);
+          for (int64_t g = 0; g < G; ++g) acc += ms[r * G + g] * xsum[g];
+          y[n0 + r] = acc;
+        }
+        continue;
+      }
+#endif
+      for (int64_t r = 0; r < rows; ++r)
+        int4_row(qp + (n0 + r) * (K / 2), dp + (n0 + r) * G, mp + (n0 + r) * G, K, group, buf.data() + r * K);
+      for (int64_t mi = 0; mi < M; ++mi) {
+        const float* xr = xf.data() + mi * K;
+        for (int64_t r = 0; r < rows; ++r) {
+          const float* w = buf.data() + r * K;
+          float acc = 0.f;
+          int64_t k = 0;
+#ifdef __AVX512F__
+          __m512 a = _mm512_setzero_ps(), c = a;
+          for (; k + 32 <= K; k += 32) {
+            a = _mm512_fmadd_ps(_mm512_loadu_ps(w + k), _mm512_loadu_ps(xr + k), a);
+            c = _mm512_fmadd_ps(_mm512_loadu_ps(w + k + 16), _mm512_loadu_ps(xr + k + 16), c);
+          }
+          acc = _mm512_reduce_add_ps(_mm512_add_ps(a, c));
+#endif
+          for (; k < K; ++k) acc += w[k] * xr[k];
+          y[mi * N + n0 + r] = acc;
+        }
+      }
+    }
+  });
+  return finish(y, M, N, x);
+}
+
+template <typename S>
+at::Tensor int4_dequant_impl(const at::Tensor& qs, const at::Tensor& d, const at::Tensor& m, int64_t group) {
+  const int64_t N = qs.size(0), K = qs.size(1) * 2, G = K / group;
+  auto out = at::empty({N, K}, qs.options().dtype(at::kFloat));
+  const uint8_t* qp = qs.data_ptr<uint8_t>();
+  const S* dp = d.data_ptr<S>();
+  const S* mp = m.data_ptr<S>();
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) int4_row(qp + n * (K / 2), dp + n * G, mp + n * G, K, group, o + n * K);
+  });
+  return out;
+}
+
+at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d, const at::Tensor& m,
+                   int64_t group) {
+  check_int4(qs, d, m, group);
+  if (d.scalar_type() == at::kHalf) return int4_mm_impl<at::Half>(x, qs, d, m, group);
+  return int4_mm_impl<float>(x, qs, d, m, group);
+}
+
+at::Tensor int4_dequant(const at::Tensor& qs, const at::Tensor& d, const at::Tensor& m, int64_t group) {
+  check_int4(qs, d, m, group);
+  if (d.scalar_type() == at::kHalf) return int4_dequant_impl<at::Half>(qs, d, m, group);
+  return int4_dequant_impl<float>(qs, d, m, group);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
+  mod.def("int8_mm", &int8_mm);
+  mod.def("int8_dequant", &int8_dequant);
+  mod.def("int4_mm", &int4_mm);
+  mod.def("int4_dequant", &int4_dequant);
+}
+"""
+
+_state: dict[str, Any] = {}
+
+
+def kernels() -> Any | None:
+    """The compiled extension (built once per source version and machine), or None."""
+    if "module" in _state:
+        return _state["module"]
+    module = None
+    if os.environ.get("FROTA_QUANT_KERNELS", "").lower() == "torch":
+        log.info("FROTA_QUANT_KERNELS=torch: quantized layers use torch's ops")
+    else:
+        try:
+            module = _build()
+        except Exception as e:  # no compiler, no headers, ...: torch's ops still work
+            log.warning("frota CPU quant kernels unavailable (%s: %s); using torch's ops",
+                        type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+    _state["module"] = module
+    return module
+
+
+def _cpu_flags() -> str:
+    """The CPU's feature flags: a build for `-march=native` is only reused on a like CPU."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def _build() -> Any:
+    import torch
+    from torch.utils.cpp_extension import load_inline
+
+    digest = hashlib.sha1((CPP + torch.__version__ + _cpu_flags()).encode()).hexdigest()[:12]
+    name = f"frota_quant_{digest}"
+    root = Path(os.environ.get("FROTA_KERNEL_CACHE", Path.home() / ".cache" / "frota" / "kernels"))
+    build = root / name
+    build.mkdir(parents=True, exist_ok=True)
+    return load_inline(
+        name=name,
+        cpp_sources=[CPP],
+        extra_cflags=["-O3", "-march=native"],
+        build_directory=str(build),
+        verbose=False,
+    )
