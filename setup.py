@@ -23,4 +23,4 @@ def discover() -> dict[str, str]:
 
 PACKAGE_DIR = discover()
 setup(packages=sorted(PACKAGE_DIR), package_dir=PACKAGE_DIR,
-      package_data={"": ["*.yaml", "*.json", "*.lua", "*.jinja"]})
+      package_data={"": ["*.yaml", "*.json", "*.lua", "*.jinja", "*.cpp"]})

@@ -5,12 +5,13 @@ New keys and values are written into it through `slot_mapping`. Queries come as
 one flat, unpadded token stream: first one token per decoding sequence, then the
 chunks of sequences in prefill.
 
-- Decode: all decoding sequences at once, block by block. The blocks of every
-  sequence are gathered into one `[num_blocks_total, ...]` batch, scores are
-  computed per block with one batched matmul, and a segmented softmax (max and
-  sum reduced per sequence with scatter/index_add) combines the blocks. The
-  only slots computed beyond a sequence's length are those of its last,
-  partly filled block; nothing is padded to the longest sequence.
+- Decode: all decoding sequences at once. On the CPU, a C++ kernel
+  (`frota.engine.kernels`) reads each sequence's K/V rows in place through its
+  block table. Elsewhere, or without a compiler, the PyTorch path gathers the
+  blocks of every sequence into one `[num_blocks_total, ...]` batch, computes
+  scores per block with one batched matmul, and combines the blocks with a
+  segmented softmax (max and sum reduced per sequence with scatter/index_add).
+  Neither pads to the longest sequence.
 - Prefill: one SDPA call per sequence chunk; a chunk with prior context (an
   earlier chunk, or a prefix-cache hit) reads that context through its block
   table, with the causal mask shifted by the context length.
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from frota.engine.kernels import cpu_kernels
 
 
 @dataclass
@@ -42,10 +44,29 @@ class AttentionMetadata:
     slot_blocks: torch.Tensor  # [T] block of each new token's slot
     slot_offsets: torch.Tensor  # [T] offset inside that block
     num_decodes: int = 0
-    decode_block_ids: torch.Tensor | None = None  # [NB] blocks of all decoding sequences
-    decode_block_owner: torch.Tensor | None = None  # [NB] which decoding sequence owns each
-    decode_mask: torch.Tensor | None = None  # [NB, 1, 1, block_size] 0 or -inf
+    decode_block_tables: torch.Tensor | None = None  # [B, max_blocks] int32, rows padded with 0
+    decode_context_lens: torch.Tensor | None = None  # [B] int32, tokens with KV incl. this one
     prefills: list[PrefillSpan] = field(default_factory=list)
+    _gather: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    def decode_gather(self, block_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """For the PyTorch decode path, computed once per step: (block ids of all decoding
+        sequences [NB], the sequence owning each [NB], a 0/-inf mask [NB, 1, 1, block_size])."""
+        if self._gather is None:
+            tables, lens = self.decode_block_tables, self.decode_context_lens.long()
+            num_blocks = (lens + block_size - 1) // block_size
+            used = torch.arange(tables.shape[1], device=tables.device).unsqueeze(0) < num_blocks.unsqueeze(1)
+            owner = torch.arange(tables.shape[0], device=tables.device).repeat_interleave(num_blocks)
+            ids = tables[used].long()
+            # Slots of a block at or past the sequence's length are masked out.
+            starts = torch.cumsum(num_blocks, 0) - num_blocks  # each sequence's first row in ids
+            index_in_seq = torch.arange(ids.shape[0], device=ids.device) - starts.index_select(0, owner)
+            valid = lens.index_select(0, owner) - index_in_seq * block_size
+            offsets = torch.arange(block_size, device=ids.device).unsqueeze(0)
+            mask = torch.zeros(ids.shape[0], block_size, device=ids.device)
+            mask = mask.masked_fill(offsets >= valid.unsqueeze(1), float("-inf")).view(-1, 1, 1, block_size)
+            self._gather = (ids, owner, mask)
+        return self._gather
 
 
 def write_kv(
@@ -93,16 +114,34 @@ def decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     meta: AttentionMetadata, scale: float,
 ) -> torch.Tensor:
-    """One query per sequence, over all of its cached blocks: a segmented softmax."""
+    """One query per sequence, over all of its cached tokens."""
+    if _use_kernel(q, k_cache, v_cache):
+        return cpu_kernels().paged_decode_attention(
+            q, k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale)
+    return decode_attention_torch(q, k_cache, v_cache, meta, scale)
+
+
+def _use_kernel(q: torch.Tensor, k_cache, v_cache) -> bool:
+    """The C++ kernel takes plain CPU tensors (a quantized KV pool is an object that
+    dequantizes on read, so it takes the PyTorch path)."""
+    return (q.device.type == "cpu" and type(k_cache) is torch.Tensor and type(v_cache) is torch.Tensor
+            and k_cache.dtype == q.dtype and cpu_kernels() is not None)
+
+
+def decode_attention_torch(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    meta: AttentionMetadata, scale: float,
+) -> torch.Tensor:
+    """The PyTorch decode path: gather all blocks, then a segmented softmax over them."""
     b, h, d = q.shape
     kvh = k_cache.shape[1]
     g = h // kvh
-    owner = meta.decode_block_owner
+    block_ids, owner, mask = meta.decode_gather(k_cache.shape[2])
     # index_select: an order of magnitude faster than advanced indexing on CPU.
-    keys = k_cache.index_select(0, meta.decode_block_ids)  # [NB, KVH, bs, D]
-    values = v_cache.index_select(0, meta.decode_block_ids)
+    keys = k_cache.index_select(0, block_ids)  # [NB, KVH, bs, D]
+    values = v_cache.index_select(0, block_ids)
     qb = q.view(b, kvh, g, d).index_select(0, owner)  # [NB, KVH, G, D]
-    scores = torch.matmul(qb, keys.transpose(-1, -2)).float() * scale + meta.decode_mask
+    scores = torch.matmul(qb, keys.transpose(-1, -2)).float() * scale + mask
     block_max = scores.amax(-1)  # [NB, KVH, G]
     seq_max = torch.full((b, kvh, g), float("-inf"), dtype=torch.float32, device=q.device)
     seq_max.scatter_reduce_(0, owner.view(-1, 1, 1).expand_as(block_max), block_max, "amax")

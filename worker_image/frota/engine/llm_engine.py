@@ -9,10 +9,12 @@ from __future__ import annotations
 import time
 
 import torch
+from frota.engine import kernels
 from frota.engine.block_manager import BlockManager
 from frota.engine.config import EngineArgs, ModelConfig
 from frota.engine.detokenizer import IncrementalDetokenizer
 from frota.engine.errors import InvalidRequestError
+from frota.engine.kernels.linear import pack_linears
 from frota.engine.loader import load_model, progress
 from frota.engine.model_runner import ModelRunner
 from frota.engine.outputs import EngineStats, RequestOutput
@@ -112,15 +114,29 @@ class LLMEngine:
 
     def _load(self, args: EngineArgs) -> tuple:
         """(model, config, tokenizer); a quantized model is loaded in float32 and quantized
-        from there (GGUF Q4_0/Q4_1/Q8_0 tensors are kept exactly), see frota.engine.quant."""
+        from there (GGUF Q4_0/Q4_1/Q8_0 tensors are kept exactly), see frota.engine.quant.
+        On the CPU, float linears are then packed for oneDNN and the C++ kernels built."""
         if args.quantization == "none":
-            return load_model(args.model, self.dtype, self.device, args.verbose)
-        from frota.engine.quant.apply import quantize_loaded_model
+            model, cfg, tokenizer = load_model(args.model, self.dtype, self.device, args.verbose)
+        else:
+            from frota.engine.quant.apply import quantize_loaded_model
 
-        model, cfg, tokenizer = load_model(args.model, torch.float32, self.device, args.verbose)
-        model = quantize_loaded_model(model, cfg, args.model, args.quantization, self.dtype)
-        progress(args.verbose, f"quantized the weights to {args.quantization}")
+            model, cfg, tokenizer = load_model(args.model, torch.float32, self.device, args.verbose)
+            model = quantize_loaded_model(model, cfg, args.model, args.quantization, self.dtype)
+            progress(args.verbose, f"quantized the weights to {args.quantization}")
+        if self.device.type == "cpu":
+            self._prepare_cpu(model, args.verbose)
         return model, cfg, tokenizer
+
+    @staticmethod
+    def _prepare_cpu(model: torch.nn.Module, verbose: bool) -> None:
+        packed = pack_linears(model)
+        if packed:
+            progress(verbose, f"packed {packed} linear layers for oneDNN")
+        if kernels.enabled() and not kernels.is_built():
+            progress(verbose, "compiling the C++ CPU kernels (first use on this machine, about a minute)")
+        if kernels.cpu_kernels() is None:
+            progress(verbose, "C++ CPU kernels unavailable: using the PyTorch attention path")
 
     def make_sequence(self, request_id: str, prompt: str | list[int],
                       params: SamplingParams) -> Sequence:

@@ -38,9 +38,8 @@ class ModelRunner:
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
-        decode_blocks: list[int] = []
-        decode_owner: list[int] = []
-        decode_valid: list[int] = []
+        decode_tables: list[list[int]] = []
+        decode_lens: list[int] = []
         prefills: list[PrefillSpan] = []
         logits_rows: list[int] = []
         sampling_seqs: list[Sequence] = []
@@ -55,10 +54,8 @@ class ModelRunner:
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
             num_blocks = -(-end // bs)
             if n == 1:
-                decode_blocks.extend(table[:num_blocks])
-                decode_owner.extend([num_decodes] * num_blocks)
-                decode_valid.extend([bs] * (num_blocks - 1))
-                decode_valid.append(end - (num_blocks - 1) * bs)
+                decode_tables.append(table[:num_blocks])
+                decode_lens.append(end)
                 num_decodes += 1
             else:
                 block_table = mask = None
@@ -76,12 +73,10 @@ class ModelRunner:
             prefills=prefills,
         )
         if num_decodes:
-            meta.decode_block_ids = self._tensor(decode_blocks)
-            meta.decode_block_owner = self._tensor(decode_owner)
-            valid = self._tensor(decode_valid).unsqueeze(1)
-            offsets = torch.arange(bs, device=self.device).unsqueeze(0)
-            mask = torch.zeros(valid.shape[0], bs, device=self.device)
-            meta.decode_mask = mask.masked_fill(offsets >= valid, float("-inf")).view(-1, 1, 1, bs)
+            width = max(len(t) for t in decode_tables)
+            meta.decode_block_tables = torch.tensor(
+                [t + [0] * (width - len(t)) for t in decode_tables], dtype=torch.int32, device=self.device)
+            meta.decode_context_lens = torch.tensor(decode_lens, dtype=torch.int32, device=self.device)
         return self._tensor(input_ids), self._tensor(positions), meta, logits_rows, sampling_seqs
 
     @torch.inference_mode()

@@ -1,0 +1,90 @@
+"""Linear layers with their weights packed once for oneDNN.
+
+`F.linear` on the CPU hands the weight to the BLAS in its stored layout every
+call, so a small-batch matmul (a decode step) spends its time re-reading the
+weight in an unfriendly order. oneDNN can reorder a weight once into the
+blocked layout its kernels stream best; with it, on the 2-core development
+machine, a batch-16 fp32 decode step's matmuls take about half the time and
+the 49,152-row LM head a third (see `bench/engine_throughput.py`).
+
+`pack_linears(model)` swaps every plain `nn.Linear` of a CPU model for a
+`PackedLinear`. A tied LM head keeps its embedding: the packed copy is extra
+memory (the head's size once more), which is why `FROTA_PACKED_LINEAR=0`
+turns packing off. Packing is skipped, and `nn.Linear` kept, where this torch
+lacks the oneDNN ops or they disagree with `F.linear` on a probe.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
+
+
+class PackedLinear(nn.Module):
+    """An inference-only `nn.Linear` whose weight is kept in oneDNN's layout."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features = linear.in_features
+        self.out_features = linear.out_features
+        weight = linear.weight.detach()
+        self.dtype = weight.dtype
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+        self.bias = None if linear.bias is None else linear.bias.detach()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The weight in its usual `[out, in]` layout: a copy, for inspection (the packed
+        tensor is the only one kept)."""
+        return self.packed.to_dense()
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, packed for oneDNN"
+
+
+def enabled() -> bool:
+    return os.environ.get("FROTA_PACKED_LINEAR", "1") != "0"
+
+
+@functools.cache
+def supported(dtype: torch.dtype) -> bool:
+    """Whether packing works here and computes what F.linear computes (a one-off probe)."""
+    if not (enabled() and torch.backends.mkldnn.is_available() and dtype in PACKABLE_DTYPES):
+        return False
+    try:
+        probe = nn.Linear(64, 48, bias=True).to(dtype)
+        x = torch.randn(5, 64, dtype=dtype)
+        with torch.inference_mode():
+            got = PackedLinear(probe)(x)
+            want = F.linear(x, probe.weight, probe.bias)
+        tol = 1e-4 if dtype == torch.float32 else 5e-2
+        return bool(torch.allclose(got.float(), want.float(), atol=tol, rtol=tol))
+    except (RuntimeError, AttributeError) as exc:
+        log.warning("oneDNN weight packing unavailable (%s); using F.linear", exc)
+        return False
+
+
+@torch.no_grad()
+def pack_linears(model: nn.Module) -> int:
+    """Replace each plain CPU `nn.Linear` of a supported dtype by a `PackedLinear`; returns
+    how many were packed. Subclasses of `nn.Linear` and other modules are left alone."""
+    targets = [
+        (name, module) for name, module in model.named_modules()
+        if type(module) is nn.Linear and module.weight.device.type == "cpu" and supported(module.weight.dtype)
+    ]
+    for name, module in targets:
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, child, PackedLinear(module))
+    return len(targets)
