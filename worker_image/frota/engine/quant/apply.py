@@ -153,15 +153,20 @@ def prepare_kernels(model: nn.Module, dtype: torch.dtype) -> None:
 def quantized_weight_bytes(model: nn.Module) -> int:
     """Bytes of the model's weights as held now: parameters and quantized storage (with
     scales), each tensor counted once (a tied embedding is the LM head). Caches such as
-    rotary tables are not weights and are left out."""
+    rotary tables are not weights and are left out. A weight held as a plain tensor
+    attribute (a linear packed for oneDNN keeps an opaque `packed` tensor) counts too."""
     tensors = list(model.parameters())
     for module in model.modules():
         if isinstance(module, QuantLinear):
             tensors.extend(b for b in module.buffers(recurse=False))
+        tensors.extend(
+            v for k, v in vars(module).items()
+            if isinstance(v, torch.Tensor) and not k.startswith("_") and k in ("packed", "weight")
+        )
     seen: set[int] = set()
     total = 0
     for tensor in tensors:
-        key = tensor.data_ptr()
+        key = tensor.data_ptr() if tensor.layout == torch.strided else id(tensor)
         if key in seen or tensor.device.type == "meta":
             continue
         seen.add(key)

@@ -88,6 +88,17 @@ at::Tensor finish(const std::vector<float>& y, int64_t M, int64_t N, const at::T
 inline float sf(at::Half h) { return static_cast<float>(h); }
 inline float sf(float f) { return f; }
 
+// n scales (float16 or float32) -> float32
+inline void load_scales(const at::Half* p, int64_t n, float* out) {
+  int64_t i = 0;
+#ifdef __AVX512F__
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i))));
+#endif
+  for (; i < n; ++i) out[i] = static_cast<float>(p[i]);
+}
+inline void load_scales(const float* p, int64_t n, float* out) { std::memcpy(out, p, n * sizeof(float)); }
+
 #ifdef __AVX512F__
 inline __m512 i8x16(const int8_t* p) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
@@ -269,15 +280,81 @@ at::Tensor int4_mm_impl(const at::Tensor& x, const at::Tensor& qs, const at::Ten
       xsum[r * G + g] = s;
     }
   const int64_t blocks = (N + R - 1) / R;
+#if defined(__AVX512BF16__)
+  // bfloat16 activations, one row: the nibbles become bfloat16 (128 + q has the bits
+  // 0x4300 | q) and meet x in vdpbf16ps, whose products are exact in float32; the
+  // 128 * sum(x) this adds per group is taken off with the m term. x is laid out per
+  // 64 elements (two runs A, B) as [A0..15 B0..15 | A16..31 B16..31], the order
+  // the nibbles come out of 32 bytes in.
+  const bool bf16_path = M == 1 && x.scalar_type() == at::kBFloat16 && K % 64 == 0;
+  std::vector<uint16_t> xa(bf16_path ? K : 0);
+  if (bf16_path) {
+    const uint16_t* xb = reinterpret_cast<const uint16_t*>(x.contiguous().data_ptr<at::BFloat16>());
+    for (int64_t c = 0; c < K; c += 64)
+      for (int i = 0; i < 16; ++i) {
+        xa[c + i] = xb[c + i];
+        xa[c + 16 + i] = xb[c + 32 + i];
+        xa[c + 32 + i] = xb[c + 16 + i];
+        xa[c + 48 + i] = xb[c + 48 + i];
+      }
+  }
+#endif
   at::parallel_for(0, blocks, 16, [&](int64_t b0, int64_t b1) {
     std::vector<float> buf(R * K);
     std::vector<float> ds(R * G), ms(R * G);
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t n0 = b * R, rows = std::min<int64_t>(R, N - n0);
+#if defined(__AVX512BF16__)
+      if (bf16_path && rows == R) {
+        load_scales(dp + n0 * G, R * G, ds.data());
+        load_scales(mp + n0 * G, R * G, ms.data());
+        const uint8_t* q0 = qp + n0 * (K / 2);
+        const int64_t rb = K / 2, rpg = group / 32;
+        const __m512i m4 = _mm512_set1_epi16(0x000F), bias = _mm512_set1_epi16(0x4300);
+        const __m512i halves = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+        __m512 a[R];
+        for (int r = 0; r < R; ++r) a[r] = _mm512_setzero_ps();
+        for (int64_t c = 0; c < K / 64; ++c) {
+          const char* pf = reinterpret_cast<const char*>(q0 + PF * R * rb + c * 128);
+          _mm_prefetch(pf, _MM_HINT_T0);
+          _mm_prefetch(pf + 64, _MM_HINT_T0);
+          const __m512bh xl = (__m512bh)_mm512_loadu_si512(xa.data() + c * 64);
+          const __m512bh xh = (__m512bh)_mm512_loadu_si512(xa.data() + c * 64 + 32);
+          const int64_t g = 2 * c / rpg;
+          for (int r = 0; r < R; ++r) {
+            const __m512i v = _mm512_cvtepu8_epi16(
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q0 + r * rb + c * 32)));
+            const __m512i lo = _mm512_ternarylogic_epi32(v, m4, bias, 0xEA);  // (v & 15) | bias
+            const __m512i hi = _mm512_or_si512(_mm512_srli_epi16(v, 4), bias);
+            __m512 t = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)lo, xl);
+            t = _mm512_dpbf16_ps(t, (__m512bh)hi, xh);
+            const float* dg = ds.data() + r * G + g;
+            const __m512 dv = rpg == 1
+                ? _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(
+                      _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(dg)))))
+                : _mm512_set1_ps(*dg);
+            a[r] = _mm512_fmadd_ps(t, dv, a[r]);
+          }
+        }
+        const __m512 c128 = _mm512_set1_ps(128.f);
+        for (int r = 0; r < R; ++r) {
+          for (int64_t g = 0; g < G; g += 16) {
+            const __mmask16 k = G - g >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (G - g)) - 1);
+            const __m512 dv = _mm512_maskz_loadu_ps(k, ds.data() + r * G + g);
+            const __m512 mv = _mm512_maskz_loadu_ps(k, ms.data() + r * G + g);
+            const __m512 xs = _mm512_maskz_loadu_ps(k, xsum.data() + g);
+            a[r] = _mm512_fmadd_ps(_mm512_fnmadd_ps(dv, c128, mv), xs, a[r]);
+          }
+          y[n0 + r] = _mm512_reduce_add_ps(a[r]);
+        }
+        continue;
+      }
+#endif
 #ifdef __AVX512F__
       if (M == 1 && rows == R) {
         // y = sum_g d_g * (x_g . q_g) + m_g * sum(x_g): nibbles to float in registers
-        for (int64_t i = 0; i < R * G; ++i) { ds[i] = sf(dp[n0 * G + i]); ms[i] = sf(mp[n0 * G + i]); }
+        load_scales(dp + n0 * G, R * G, ds.data());
+        load_scales(mp + n0 * G, R * G, ms.data());
         const float* xr = xf.data();
         const uint8_t* q0 = qp + n0 * (K / 2);
         const int64_t rb = K / 2;  // bytes per row
