@@ -10,6 +10,7 @@ from frota.engine.quant.formats import quantize_fp8, quantize_int4, quantize_int
 from frota.engine.quant.gguf_native import q4_1_to_int4
 from frota.engine.quant.linear import (
     GEMV_MAX_ROWS,
+    INT8_FUSED_MAX_ROWS,
     Fp8Linear,
     Int4Linear,
     Int8Linear,
@@ -52,7 +53,8 @@ def _check(layer, x: torch.Tensor) -> None:  # type: ignore[no-untyped-def]
 
 
 def _expected_int8(kernels: str, x: torch.Tensor, grouped: bool) -> str:
-    if kernels == "frota" and x.shape[0] <= GEMV_MAX_ROWS:
+    fused = x.dtype in (torch.bfloat16, torch.float16) and not grouped
+    if kernels == "frota" and x.shape[0] <= (INT8_FUSED_MAX_ROWS if fused else GEMV_MAX_ROWS):
         return "frota_int8"
     if x.dtype not in (torch.bfloat16, torch.float16):
         return "dequant"
@@ -62,7 +64,7 @@ def _expected_int8(kernels: str, x: torch.Tensor, grouped: bool) -> str:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("rows", [1, 5, 33])
+@pytest.mark.parametrize("rows", [1, 3, 5, 16, 33])
 @pytest.mark.parametrize("shape", [*SHAPES, (7, 48)])  # 7 rows, 48 columns: the kernels' tails
 def test_int8_per_channel_matches_dequantized_reference(kernels, dtype, rows, shape) -> None:  # type: ignore[no-untyped-def]
     torch.manual_seed(0)
@@ -102,7 +104,7 @@ def test_int8_group_wise_head_is_one_kernel_call(kernels) -> None:  # type: igno
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", [1, 3, 33])
+@pytest.mark.parametrize("rows", [1, 3, 6, 33])
 @pytest.mark.parametrize("group_size", [32, 64, 128])
 @pytest.mark.parametrize("symmetric", [False, True])
 def test_int4_matches_dequantized_reference(kernels, dtype, rows, group_size, symmetric) -> None:  # type: ignore[no-untyped-def]

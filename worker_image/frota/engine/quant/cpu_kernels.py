@@ -13,9 +13,11 @@ LM head) in one call. These kernels do, for activations of any float dtype:
   (in each run of 32 elements, byte i holds element i in its low nibble and
   element i + 16 in its high one); d, m float16 or float32 `[N, K // group]`;
   w = q * d + m (GGUF Q4_1 exactly: the file's own float16 d and m).
-- `int4_dequant(qs, d, m, group)` / `int8_dequant(q, scales, group)`: the float32
-  weight, for many rows (prefill), where a dequantized GEMM wins.
+- `int4_dequant(qs, d, m, group, dtype)` / `int8_dequant(q, scales, group, dtype)`:
+  the weight as `dtype`, for many rows (prefill), where a dequantized GEMM wins.
 
+One activation row reads the weight once (bfloat16 int4 through vdpbf16ps);
+up to four rows share each dequantized weight register (tiles of 4 x 4).
 Each output element is a float32 dot product of the activation row (converted
 to float32) with the dequantized weight row, rounded once to the output dtype.
 Rows of the weight are split across threads with `at::parallel_for`.
@@ -126,6 +128,62 @@ void int8_row(const int8_t* q, const float* s, int64_t K, int64_t group, float* 
   }
 }
 
+#ifdef __AVX512F__
+// MB activation rows x R weight rows, weights dequantized in registers: each weight
+// byte is read once per MB rows of x, and R * MB accumulators keep the FMAs busy.
+template <int MB>
+void int8_tile(const float* x, int64_t K, const int8_t* q0, const float* s0, int64_t G, int64_t group,
+               float* y, int64_t N) {
+  __m512 acc[R][MB];
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < MB; ++m) acc[r][m] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 16) {
+    _mm_prefetch(reinterpret_cast<const char*>(q0 + PF * R * K + 4 * k), _MM_HINT_T0);
+    __m512 xv[MB];
+    for (int m = 0; m < MB; ++m) xv[m] = _mm512_loadu_ps(x + m * K + k);
+    for (int r = 0; r < R; ++r) {
+      __m512 w = i8x16(q0 + r * K + k);
+      if (group) w = _mm512_mul_ps(w, _mm512_set1_ps(s0[r * G + k / group]));
+      for (int m = 0; m < MB; ++m) acc[r][m] = _mm512_fmadd_ps(w, xv[m], acc[r][m]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < MB; ++m)
+      y[m * N + r] = _mm512_reduce_add_ps(acc[r][m]) * (group ? 1.f : s0[r]);
+}
+
+template <int MB>
+void int4_tile(const float* x, int64_t K, const uint8_t* q0, const float* ds, const float* ms, int64_t G,
+               int64_t group, float* y, int64_t N) {
+  const int64_t rb = K / 2;
+  const __m512i low4 = _mm512_set1_epi32(15);
+  __m512 acc[R][MB];
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < MB; ++m) acc[r][m] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 32) {
+    _mm_prefetch(reinterpret_cast<const char*>(q0 + PF * R * rb + 2 * k), _MM_HINT_T0);
+    __m512 xl[MB], xh[MB];
+    for (int m = 0; m < MB; ++m) {
+      xl[m] = _mm512_loadu_ps(x + m * K + k);
+      xh[m] = _mm512_loadu_ps(x + m * K + k + 16);
+    }
+    const int64_t g = k / group;
+    for (int r = 0; r < R; ++r) {
+      const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q0 + r * rb + k / 2)));
+      const __m512 d = _mm512_set1_ps(ds[r * G + g]), mm = _mm512_set1_ps(ms[r * G + g]);
+      const __m512 wl = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(v, low4)), d, mm);
+      const __m512 wh = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)), d, mm);
+      for (int m = 0; m < MB; ++m) {
+        acc[r][m] = _mm512_fmadd_ps(wl, xl[m], acc[r][m]);
+        acc[r][m] = _mm512_fmadd_ps(wh, xh[m], acc[r][m]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < MB; ++m) y[m * N + r] = _mm512_reduce_add_ps(acc[r][m]);
+}
+#endif
+
 at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales, int64_t group) {
   TORCH_CHECK(q.scalar_type() == at::kChar && q.is_contiguous() && q.dim() == 2);
   TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.is_contiguous());
@@ -185,6 +243,21 @@ at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s
         }
         continue;
       }
+      if (rows == R && K % 16 == 0 && (group == 0 || group % 16 == 0)) {
+        const int8_t* q0 = qp + n0 * K;
+        const float* s0 = group == 0 ? sp + n0 : sp + n0 * G;
+        for (int64_t m0 = 0; m0 < M; m0 += 4) {
+          const float* xm = xf.data() + m0 * K;
+          float* ym = y.data() + m0 * N + n0;
+          switch (std::min<int64_t>(4, M - m0)) {
+            case 1: int8_tile<1>(xm, K, q0, s0, G, group, ym, N); break;
+            case 2: int8_tile<2>(xm, K, q0, s0, G, group, ym, N); break;
+            case 3: int8_tile<3>(xm, K, q0, s0, G, group, ym, N); break;
+            default: int8_tile<4>(xm, K, q0, s0, G, group, ym, N); break;
+          }
+        }
+        continue;
+      }
 #endif
       for (int64_t r = 0; r < rows; ++r)
         int8_row(qp + (n0 + r) * K, sp + (n0 + r) * G, K, group, buf.data() + r * K);
@@ -211,20 +284,36 @@ at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s
   return finish(y, M, N, x);
 }
 
-at::Tensor int8_dequant(const at::Tensor& q, const at::Tensor& scales, int64_t group) {
-  const int64_t N = q.size(0), K = q.size(1);
-  const int64_t G = group == 0 ? 1 : K / group;
-  auto out = at::empty({N, K}, q.options().dtype(at::kFloat));
-  const int8_t* qp = q.data_ptr<int8_t>();
-  const float* sp = scales.data_ptr<float>();
-  float* o = out.data_ptr<float>();
+// Rows of a weight dequantized by `row(n, buf)` (float32) into `out` of its dtype.
+template <typename F>
+at::Tensor dequant_rows(int64_t N, int64_t K, at::ScalarType dtype, const at::TensorOptions& opts, F row) {
+  auto out = at::empty({N, K}, opts.dtype(dtype));
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+    std::vector<float> buf(dtype == at::kFloat ? 0 : K);
     for (int64_t n = n0; n < n1; ++n) {
-      int8_row(qp + n * K, sp + n * G, K, group, o + n * K);
-      if (group == 0) for (int64_t k = 0; k < K; ++k) o[n * K + k] *= sp[n];
+      if (dtype == at::kFloat) { row(n, out.data_ptr<float>() + n * K); continue; }
+      row(n, buf.data());
+      if (dtype == at::kBFloat16) {
+        at::BFloat16* o = out.data_ptr<at::BFloat16>() + n * K;
+        for (int64_t k = 0; k < K; ++k) o[k] = static_cast<at::BFloat16>(buf[k]);
+      } else {
+        at::Half* o = out.data_ptr<at::Half>() + n * K;
+        for (int64_t k = 0; k < K; ++k) o[k] = static_cast<at::Half>(buf[k]);
+      }
     }
   });
   return out;
+}
+
+at::Tensor int8_dequant(const at::Tensor& q, const at::Tensor& scales, int64_t group, at::ScalarType dtype) {
+  const int64_t N = q.size(0), K = q.size(1);
+  const int64_t G = group == 0 ? 1 : K / group;
+  const int8_t* qp = q.data_ptr<int8_t>();
+  const float* sp = scales.data_ptr<float>();
+  return dequant_rows(N, K, dtype, q.options(), [&](int64_t n, float* o) {
+    int8_row(qp + n * K, sp + n * G, K, group, o);
+    if (group == 0) for (int64_t k = 0; k < K; ++k) o[k] *= sp[n];
+  });
 }
 
 // ------------------------------------------------------------------ int4
@@ -383,6 +472,22 @@ at::Tensor int4_mm_impl(const at::Tensor& x, const at::Tensor& qs, const at::Ten
         }
         continue;
       }
+      if (rows == R) {
+        load_scales(dp + n0 * G, R * G, ds.data());
+        load_scales(mp + n0 * G, R * G, ms.data());
+        const uint8_t* q0 = qp + n0 * (K / 2);
+        for (int64_t m0 = 0; m0 < M; m0 += 4) {
+          const float* xm = xf.data() + m0 * K;
+          float* ym = y.data() + m0 * N + n0;
+          switch (std::min<int64_t>(4, M - m0)) {
+            case 1: int4_tile<1>(xm, K, q0, ds.data(), ms.data(), G, group, ym, N); break;
+            case 2: int4_tile<2>(xm, K, q0, ds.data(), ms.data(), G, group, ym, N); break;
+            case 3: int4_tile<3>(xm, K, q0, ds.data(), ms.data(), G, group, ym, N); break;
+            default: int4_tile<4>(xm, K, q0, ds.data(), ms.data(), G, group, ym, N); break;
+          }
+        }
+        continue;
+      }
 #endif
       for (int64_t r = 0; r < rows; ++r)
         int4_row(qp + (n0 + r) * (K / 2), dp + (n0 + r) * G, mp + (n0 + r) * G, K, group, buf.data() + r * K);
@@ -410,17 +515,15 @@ at::Tensor int4_mm_impl(const at::Tensor& x, const at::Tensor& qs, const at::Ten
 }
 
 template <typename S>
-at::Tensor int4_dequant_impl(const at::Tensor& qs, const at::Tensor& d, const at::Tensor& m, int64_t group) {
+at::Tensor int4_dequant_impl(const at::Tensor& qs, const at::Tensor& d, const at::Tensor& m, int64_t group,
+                             at::ScalarType dtype) {
   const int64_t N = qs.size(0), K = qs.size(1) * 2, G = K / group;
-  auto out = at::empty({N, K}, qs.options().dtype(at::kFloat));
   const uint8_t* qp = qs.data_ptr<uint8_t>();
   const S* dp = d.data_ptr<S>();
   const S* mp = m.data_ptr<S>();
-  float* o = out.data_ptr<float>();
-  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; ++n) int4_row(qp + n * (K / 2), dp + n * G, mp + n * G, K, group, o + n * K);
+  return dequant_rows(N, K, dtype, qs.options(), [&](int64_t n, float* o) {
+    int4_row(qp + n * (K / 2), dp + n * G, mp + n * G, K, group, o);
   });
-  return out;
 }
 
 at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d, const at::Tensor& m,
@@ -430,10 +533,12 @@ at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
   return int4_mm_impl<float>(x, qs, d, m, group);
 }
 
-at::Tensor int4_dequant(const at::Tensor& qs, const at::Tensor& d, const at::Tensor& m, int64_t group) {
+at::Tensor int4_dequant(const at::Tensor& qs, const at::Tensor& d, const at::Tensor& m, int64_t group,
+                        at::ScalarType dtype) {
   check_int4(qs, d, m, group);
-  if (d.scalar_type() == at::kHalf) return int4_dequant_impl<at::Half>(qs, d, m, group);
-  return int4_dequant_impl<float>(qs, d, m, group);
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf);
+  if (d.scalar_type() == at::kHalf) return int4_dequant_impl<at::Half>(qs, d, m, group, dtype);
+  return int4_dequant_impl<float>(qs, d, m, group, dtype);
 }
 
 }  // namespace

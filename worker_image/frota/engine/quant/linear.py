@@ -46,8 +46,11 @@ from torch import nn
 
 FUSED_DTYPES = (torch.bfloat16, torch.float16)
 FROTA_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-# Rows up to which Frota's CPU kernels beat dequantize-then-GEMM (bench/quantization.py --kernels)
-GEMV_MAX_ROWS = 8
+# Rows up to which Frota's CPU kernels beat dequantize-then-GEMM (bench/quantization.py
+# --kernels); for int8 per channel with bf16/fp16 rows, torch's int8 kernel wins above
+# INT8_FUSED_MAX_ROWS.
+GEMV_MAX_ROWS = 16
+INT8_FUSED_MAX_ROWS = 4
 
 
 def frota_kernels(device: torch.device):  # type: ignore[no-untyped-def]
@@ -143,8 +146,13 @@ class Int8Linear(QuantLinear):
         self._scales_cast: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
 
     def kernel_name(self, x: torch.Tensor) -> str:
+        rows = x.shape[0]
+        if self.group_size is None and x.dtype in FUSED_DTYPES:
+            rows_max = INT8_FUSED_MAX_ROWS
+        else:
+            rows_max = GEMV_MAX_ROWS
         if (self.qweight is not None and x.dtype in FROTA_DTYPES
-                and x.shape[0] <= GEMV_MAX_ROWS and frota_kernels(x.device) is not None):
+                and rows <= rows_max and frota_kernels(x.device) is not None):
             return "frota_int8"
         if x.dtype not in FUSED_DTYPES:
             return "dequant"
@@ -172,7 +180,7 @@ class Int8Linear(QuantLinear):
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         ext = frota_kernels(self.scales.device)
         if ext is not None and self.qweight is not None:
-            return ext.int8_dequant(self.qweight, self.scales, self.group_size or 0).to(dtype)
+            return ext.int8_dequant(self.qweight, self.scales, self.group_size or 0, dtype)
         return dequantize_int8(Int8Weight(self._q(), self.scales, self.group_size), dtype)
 
     def rows(self, index: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -287,7 +295,7 @@ class Int4Linear(QuantLinear):
             assert self.d is not None and self.m is not None
             ext = frota_kernels(self.qs.device)
             if ext is not None:
-                return ext.int4_dequant(self.qs, self.d, self.m, self.group_size).to(dtype)
+                return ext.int4_dequant(self.qs, self.d, self.m, self.group_size, dtype)
             return dequantize_gguf_order(self.qs, self.d, self.m, self.group_size).to(dtype)
         if self.packed is not None:
             return dequantize_int4(self._weight(), dtype)
