@@ -54,6 +54,40 @@ async def test_streamed_completion_assembles_to_the_full_text(client: TestClient
     assert events[-3]["choices"][0]["finish_reason"] == "length"
 
 
+async def test_one_write_per_engine_output_and_the_tail_in_the_closing_write(
+        client: TestClient, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from aiohttp import web
+
+    writes: list[bytes] = []
+    closing: list[bytes] = []
+    original_write, original_eof = web.StreamResponse.write, web.StreamResponse.write_eof
+
+    async def write(self, data):  # type: ignore[no-untyped-def]
+        writes.append(bytes(data))
+        await original_write(self, data)
+
+    async def write_eof(self, data=b""):  # type: ignore[no-untyped-def]
+        if data:  # aiohttp ends every response with an empty write_eof as well
+            closing.append(bytes(data))
+        await original_eof(self, data)
+
+    monkeypatch.setattr(web.StreamResponse, "write", write)
+    monkeypatch.setattr(web.StreamResponse, "write_eof", write_eof)
+    events = await sse(await client.post("/v1/chat/completions", json=chat(
+        max_tokens=5, stream=True, stream_options={"include_usage": True})))
+    # The fake engine gives one token per output: the role chunk rides with the first
+    # token, outputs 1-4 are one write each, and the last token, the usage chunk and
+    # [DONE] leave together with the end of the response.
+    assert len(writes) == 4
+    assert writes[0].count(b"data: ") == 2 and b'"role":"assistant"' in writes[0]
+    assert len(closing) == 1 and closing[0].count(b"data: ") == 3
+    assert closing[0].endswith(b"data: [DONE]\n\n")
+    body = await (await client.post("/v1/chat/completions", json=chat(max_tokens=5))).json()
+    streamed = "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-2])
+    assert streamed == body["choices"][0]["message"]["content"]
+    assert events[-2]["usage"]["completion_tokens"] == 5
+
+
 async def test_chat_completion_and_stream_agree(client: TestClient) -> None:
     body = await (await client.post("/v1/chat/completions", json=chat())).json()
     message = body["choices"][0]["message"]

@@ -189,13 +189,8 @@ async def _generate(request: web.Request, job_builder, model_cls) -> web.StreamR
         if not req.stream:
             return web.json_response(await generation.run(job, None))
         stream = EventStream(request)
-
-        async def start():  # type: ignore[no-untyped-def]
-            await stream.start()
-            return stream.send
-
         try:
-            await generation.run(job, start)
+            await generation.run(job, stream.start)
         except errors.APIError as exc:
             if not stream.started:
                 raise

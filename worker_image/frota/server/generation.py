@@ -8,7 +8,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from frota.server import errors
 from frota.server.engine_api import EngineBindings, EngineOutput
@@ -17,8 +17,17 @@ from frota.server.metrics import ServerMetrics
 
 log = logging.getLogger("frota.server.requests")
 
-# Sends one stream chunk (already a JSON-able dict) to the client.
-Send = Callable[[dict[str, Any]], Awaitable[None]]
+class ChunkSink(Protocol):
+    """Where stream chunks go (`frota.server.streaming.EventStream`)."""
+
+    def send(self, chunk: dict[str, Any]) -> None:
+        """Queue one chunk (a JSON-able dict); it goes out with the next flush."""
+
+    async def flush(self) -> None:
+        """Write every queued chunk, in one write."""
+
+
+StartStream = Callable[[], Awaitable[ChunkSink]]
 
 
 @dataclass
@@ -99,8 +108,12 @@ class Generation:
             raise errors.queue_full(retry_after_s=1)
 
     async def run(self, job: Job,
-                  start_stream: Callable[[], Awaitable[Send]] | None) -> dict[str, Any] | None:
-        """Run `job`; stream through `start_stream` when given, else return the body."""
+                  start_stream: StartStream | None) -> dict[str, Any] | None:
+        """Run `job`; stream through `start_stream` when given, else return the body.
+
+        Streamed: one flush per engine output (all the tokens one engine step gave a
+        choice); the chunks of the output that ends the job, and the usage chunk, stay
+        queued for the caller's closing write (`EventStream.finish`)."""
         self.num_without_output += job.num_choices
         self.active[job.request_id] = job
         k = job.num_choices
@@ -130,8 +143,8 @@ class Generation:
 
     async def _drive(self, job: Job, events: AsyncIterator[tuple[int, EngineOutput]],
                      progress: _Progress,
-                     start_stream: Callable[[], Awaitable[Send]] | None) -> dict[str, Any] | None:
-        send: Send | None = None
+                     start_stream: StartStream | None) -> dict[str, Any] | None:
+        sink: ChunkSink | None = None
         prompt_tokens = [0] * len(job.prompts)
         async for index, out in events:
             choice = progress.choices[index]
@@ -146,20 +159,22 @@ class Generation:
                 choice.logprobs.extend(entries)
                 choice.finish_reason = finish or choice.finish_reason
                 continue
-            if send is None:
-                send = await start_stream()
+            if sink is None:
+                sink = await start_stream()
                 for opening in job.fmt.opening_chunks(job.num_choices):
-                    await send(opening)
+                    sink.send(opening)
             if out.new_text or finish or entries:
-                await send(job.fmt.chunk(index, out.new_text, entries, finish))
+                sink.send(job.fmt.chunk(index, out.new_text, entries, finish))
+            if not all(progress.finished):
+                await sink.flush()
         completion_tokens = sum(c.num_generated_tokens for c in progress.choices)
         usage_ = usage(sum(prompt_tokens), completion_tokens)
         if start_stream is None:
             return job.fmt.body(progress.choices, usage_)
-        if send is None:  # no output at all (cannot happen with a sound engine)
-            send = await start_stream()
+        if sink is None:  # no output at all (cannot happen with a sound engine)
+            sink = await start_stream()
         if job.include_usage:
-            await send(job.fmt.usage_chunk(usage_))
+            sink.send(job.fmt.usage_chunk(usage_))
         return None
 
     def _account(self, index: int, out: EngineOutput, progress: _Progress) -> None:
