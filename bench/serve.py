@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import re
 import shlex
@@ -204,6 +205,21 @@ def offline_throughput(engine_kwargs: dict[str, Any], requests: list[BenchReques
             "offline_throughput_tok_per_s": round(output / wall, 2)}
 
 
+def use_torch_threads(threads: int | None) -> int:
+    """Give the offline run and a spawned worker the same torch intra-op threads.
+
+    Apples to apples: without this the spawned worker ran with the test harness's one
+    thread while the offline run took torch's default (every core), and the thread
+    difference was reported as HTTP overhead.
+    """
+    import torch
+
+    threads = threads or torch.get_num_threads()
+    torch.set_num_threads(threads)
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # read by the spawned worker's torch
+    return threads
+
+
 def load_tokenizer(model: str) -> Any:
     """The model's tokenizer, without loading its weights."""
     from tests.server.harness import load_tokenizer as harness_load_tokenizer
@@ -235,6 +251,9 @@ def main(argv: list[str] | None = None) -> int:
                              "e.g. '--max-num-seqs 32 --dtype float32'")
     parser.add_argument("--compare-offline", action="store_true",
                         help="also run the same requests offline and report http_overhead_pct")
+    parser.add_argument("--threads", type=int,
+                        help="torch intra-op threads of the spawned worker and the offline run "
+                             "(default: torch's default here)")
     parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args(argv)
 
@@ -244,13 +263,14 @@ def main(argv: list[str] | None = None) -> int:
     from frota.server.cli import engine_kwargs
 
     engine_kw = engine_kwargs(_worker_parser().parse_args(worker_argv))
+    threads = use_torch_threads(args.threads)
     tokenizer = load_tokenizer(args.model)
     requests = make_requests(tokenizer, args.num_requests, args.seed, tuple(args.prompt_len),
                              tuple(args.output_len))
     name = args.served_model_name or args.model
     report: dict[str, Any] = {"target": args.target, "model": args.model,
                               "concurrency": None if args.rate else args.concurrency,
-                              "rate": args.rate}
+                              "rate": args.rate, "torch_threads": threads}
     worker = None
     if args.target is None:
         from tests.server.harness import WorkerProcess
