@@ -29,6 +29,7 @@ class FakeWorker:
     gate: asyncio.Event | None = None  # wait on it before chunk number `gate_at_chunk`
     gate_at_chunk: int = 0
     gauges: dict[str, float] = field(default_factory=dict)
+    set_cookie: str | None = None  # a Set-Cookie header on non-streamed answers
     bodies: list[dict] = field(default_factory=list)
     raw_bodies: list[bytes] = field(default_factory=list)
     headers: list[Mapping[str, str]] = field(default_factory=list)
@@ -72,9 +73,11 @@ class FakeWorker:
                 {"error": {"message": "nope", "type": "x", "param": None, "code": None}},
                 status=self.answer_status, headers={"Retry-After": "1"})
         if not body.get("stream"):
+            cookie = {"Set-Cookie": self.set_cookie} if self.set_cookie else None
             return web.json_response({"id": "cmpl-1", "object": "text_completion",
                                       "worker": self.name,
-                                      "choices": [{"text": "tok" * self.num_tokens}]})
+                                      "choices": [{"text": "tok" * self.num_tokens}]},
+                                     headers=cookie)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         try:

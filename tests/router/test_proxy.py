@@ -65,6 +65,19 @@ async def test_request_body_and_headers_reach_the_worker_unchanged(start_worker,
     assert "Authorization" not in worker.headers[0]
 
 
+async def test_a_workers_cookie_is_not_sent_to_the_next_request(start_worker, start_router):
+    worker = await start_worker(set_cookie="affinity=w1; Path=/")
+    worker.url = worker.url.replace("127.0.0.1", "localhost")  # a jar keeps no IP's cookies
+    router = await start_router([worker])
+    body = {"model": "fake", "prompt": "hi"}
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as client:
+        for _ in range(2):
+            async with client.post(router.url + "/v1/completions", json=body) as r:
+                assert r.status == 200
+                assert r.headers["Set-Cookie"].startswith("affinity=w1")  # passed on
+    assert [h.get("Cookie") for h in worker.headers] == [None, None]
+
+
 async def test_a_503_worker_is_retried_on_another_and_ejected(start_worker, start_router):
     sick = await start_worker(answer_status=503)
     good = await start_worker(name="good")

@@ -82,7 +82,10 @@ class Router:
         # hidden queue (aiohttp's default is 100 connections).
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, enable_cleanup_closed=True)
         # Bytes pass through as the worker sent them; asking for identity keeps them plain.
+        # No cookie jar: a proxy must not carry one worker's cookies to the next request
+        # (and skipping the jar saves work on every request).
         self.session = aiohttp.ClientSession(connector=connector, auto_decompress=False,
+                                             cookie_jar=aiohttp.DummyCookieJar(),
                                              headers={"Accept-Encoding": "identity"})
         self.pool = WorkerPool(
             self.session, self.metrics, probe_interval=self.config.probe_interval,
@@ -110,8 +113,10 @@ ROUTER_KEY = web.AppKey("router", Router)
 def build_app(config: RouterConfig, discovery: Discovery) -> web.Application:
     """The router as an aiohttp app; start-up opens the session and starts discovery."""
     router = Router(config, discovery)
-    app = web.Application(middlewares=[_errors_middleware, _auth_middleware(config.api_keys)],
-                          client_max_size=64 * 1024 * 1024)
+    middlewares = [_errors_middleware]
+    if config.api_keys:  # one layer less on every request when there is nothing to check
+        middlewares.append(_auth_middleware(config.api_keys))
+    app = web.Application(middlewares=middlewares, client_max_size=64 * 1024 * 1024)
     app[ROUTER_KEY] = router
 
     async def lifecycle(app: web.Application):  # type: ignore[no-untyped-def]
@@ -155,7 +160,7 @@ def _auth_middleware(api_keys: frozenset[str]):  # type: ignore[no-untyped-def]
 
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if encoded and request.path.startswith("/v1/"):
+        if request.path.startswith("/v1/"):
             auth = request.headers.get("Authorization", "")
             token = auth[7:].strip().encode() if auth[:7].lower() == "bearer " else b""
             if not any(hmac.compare_digest(token, k) for k in encoded):
