@@ -110,14 +110,11 @@ class StandIn:
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await response.prepare(request)
             await asyncio.sleep(delay)
-            for i in range(num_tokens):
-                delta = {"delta": {"content": "tok "}} if chat else {"text": "tok "}
-                chunk = {"id": "x", "object": obj, "choices": [
-                    {"index": 0, **delta, "finish_reason": "length" if i == num_tokens - 1
-                     else None}]}
-                await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-                if i < num_tokens - 1:
-                    await asyncio.sleep(self.itl)
+            token, last = _token_events(chat)
+            for _ in range(num_tokens - 1):
+                await response.write(token)
+                await asyncio.sleep(self.itl)
+            await response.write(last)
             await response.write(b"data: [DONE]\n\n")
             return response
         finally:
@@ -144,10 +141,35 @@ class StandIn:
         return app
 
 
+def _token_events(chat: bool) -> tuple[bytes, bytes]:
+    """A stand-in's token event and its last one (with `finish_reason`), encoded once:
+    the stand-in shares the CPU with the router it measures, so it spends as little
+    as it can."""
+    obj = "chat.completion.chunk" if chat else "text_completion"
+    delta = {"delta": {"content": "tok "}} if chat else {"text": "tok "}
+    events = []
+    for finish in (None, "length"):
+        chunk = {"id": "x", "object": obj,
+                 "choices": [{"index": 0, **delta, "finish_reason": finish}]}
+        events.append(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+    return events[0], events[1]
+
+
+def fast_event_loop() -> None:
+    """uvloop for the stand-ins and the load generator when it is installed: they share
+    the cores with the router they measure."""
+    try:
+        import uvloop
+    except ImportError:
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
 def serve_stand_in(args: argparse.Namespace) -> None:
     from aiohttp import web
     stand_in = StandIn(args.stand_in_ttft, args.stand_in_itl, args.max_tokens,
                        args.stand_in_cache_blocks, args.stand_in_prefill_us_per_char / 1e6)
+    fast_event_loop()
     web.run_app(stand_in.app(), host="127.0.0.1", port=args.port, access_log=None,
                 print=None)
 
@@ -536,6 +558,7 @@ def main() -> int:
         args.requests = args.requests if args.requests != 1536 else 24
         args.max_num_seqs = min(args.max_num_seqs, 16)
     elif args.overhead:
+        fast_event_loop()
         args.backend = args.backend or "stand-in"
         args.concurrency = args.concurrency or 64
         args.max_tokens = args.max_tokens or 32
