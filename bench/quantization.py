@@ -239,10 +239,10 @@ def kernel_times(batches: list[int], copies: int = 30) -> list[dict]:
             kinds["int8_frota"] = layers(lambda w: Int8Linear(quantize_int8(w)), weights, False)
             kinds["int8g32_frota"] = layers(lambda w: Int8Linear(quantize_int8(w, 32)), weights, False)
             kinds["int4_frota"] = layers(lambda w: Int4Linear(quantize_int4(w, 32)), weights, False)
-            dq = kinds["int4_frota"]
-            kinds["int4_dequant_bf16"] = [
-                lambda x, layer=layer: F.linear(x, layer.dequantized_weight(torch.bfloat16))
-                for layer in dq]
+            for kind in ("int8", "int8g32", "int4"):
+                kinds[f"{kind}_dequant_bf16"] = [
+                    lambda x, layer=layer: F.linear(x, layer.dequantized_weight(torch.bfloat16))
+                    for layer in kinds[f"{kind}_frota"]]
         del weights
         for m in batches:
             x = torch.randn(m, k).bfloat16()

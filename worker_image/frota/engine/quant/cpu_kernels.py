@@ -295,7 +295,13 @@ at::Tensor dequant_rows(int64_t N, int64_t K, at::ScalarType dtype, const at::Te
       row(n, buf.data());
       if (dtype == at::kBFloat16) {
         at::BFloat16* o = out.data_ptr<at::BFloat16>() + n * K;
-        for (int64_t k = 0; k < K; ++k) o[k] = static_cast<at::BFloat16>(buf[k]);
+        int64_t k = 0;
+#if defined(__AVX512BF16__)
+        for (; k + 16 <= K; k += 16)  // round to nearest even, as c10::BFloat16
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + k),
+                              (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(buf.data() + k)));
+#endif
+        for (; k < K; ++k) o[k] = static_cast<at::BFloat16>(buf[k]);
       } else {
         at::Half* o = out.data_ptr<at::Half>() + n * K;
         for (int64_t k = 0; k < K; ++k) o[k] = static_cast<at::Half>(buf[k]);

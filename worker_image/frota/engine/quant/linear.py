@@ -47,10 +47,9 @@ from torch import nn
 FUSED_DTYPES = (torch.bfloat16, torch.float16)
 FROTA_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Rows up to which Frota's CPU kernels beat dequantize-then-GEMM (bench/quantization.py
-# --kernels); for int8 per channel with bf16/fp16 rows, torch's int8 kernel wins above
-# INT8_FUSED_MAX_ROWS.
-GEMV_MAX_ROWS = 16
-INT8_FUSED_MAX_ROWS = 4
+# --kernels: at 8 rows they are even with it and with torch's int8 kernel, at 16 the
+# dequantized bf16 GEMM is faster)
+GEMV_MAX_ROWS = 8
 
 
 def frota_kernels(device: torch.device):  # type: ignore[no-untyped-def]
@@ -146,14 +145,9 @@ class Int8Linear(QuantLinear):
         self._scales_cast: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
 
     def kernel_name(self, x: torch.Tensor) -> str:
-        rows = x.shape[0]
-        if self.group_size is None and x.dtype in FUSED_DTYPES:
-            rows_max = INT8_FUSED_MAX_ROWS
-        else:
-            rows_max = GEMV_MAX_ROWS
         if (self.qweight is not None and x.dtype in FROTA_DTYPES
-                and rows <= rows_max and frota_kernels(x.device) is not None):
-            return "frota_int8"
+                and frota_kernels(x.device) is not None):
+            return "frota_int8" if x.shape[0] <= GEMV_MAX_ROWS else "dequant"
         if x.dtype not in FUSED_DTYPES:
             return "dequant"
         if self.group_size is None:
