@@ -17,6 +17,7 @@ from frota.server.metrics import ServerMetrics
 
 log = logging.getLogger("frota.server.requests")
 
+
 class ChunkSink(Protocol):
     """Where stream chunks go (`frota.server.streaming.EventStream`)."""
 

@@ -46,9 +46,7 @@ class EventStream:
 
     async def flush(self) -> None:
         if self._pending:
-            data = b"".join(self._pending)
-            self._pending.clear()
-            await self.response.write(data)
+            await self.response.write(self._take())
 
     async def finish(self, error: dict[str, Any] | None = None) -> web.StreamResponse:
         """End the stream in one write: queued events, an optional error event, `[DONE]`."""
@@ -56,7 +54,10 @@ class EventStream:
         if error is not None:
             self.send(error)
         self._pending.append(DONE)
+        await self.response.write_eof(self._take())
+        return self.response
+
+    def _take(self) -> bytes:
         data = b"".join(self._pending)
         self._pending.clear()
-        await self.response.write_eof(data)
-        return self.response
+        return data
