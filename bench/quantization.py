@@ -224,6 +224,18 @@ def kernel_times(batches: list[int], copies: int = 30) -> list[dict]:
         finally:
             linear.frota_kernels = real  # type: ignore[assignment]
 
+    def bf16_packed(weights) -> dict[str, list]:  # type: ignore[no-untyped-def]
+        """The engine's bf16 linears: packed once for oneDNN, where this engine has that."""
+        try:
+            from frota.engine.kernels.linear import PackedLinear, supported
+        except ImportError:
+            return {}
+        if not supported(torch.bfloat16):
+            return {}
+        return {"bf16_packed": [PackedLinear(torch.nn.Linear(w.shape[1], w.shape[0], bias=False,
+                                                              dtype=torch.bfloat16))
+                                for w in weights]}
+
     rows = []
     torch.manual_seed(0)
     for name, (n, k, _) in SHAPES.items():
@@ -231,6 +243,7 @@ def kernel_times(batches: list[int], copies: int = 30) -> list[dict]:
         weights = [torch.randn(n, k) * 0.02 for _ in range(count)]
         kinds: dict[str, list] = {
             "bf16": [functools.partial(F.linear, weight=w.bfloat16()) for w in weights],
+            **bf16_packed(weights),
             "int8_torch": layers(lambda w: Int8Linear(quantize_int8(w)), weights, True),
             "int8g32_torch": layers(lambda w: Int8Linear(quantize_int8(w, 32)), weights, True),
             "int4_torch": layers(lambda w: Int4Linear(quantize_int4(w, 32)), weights, True),
