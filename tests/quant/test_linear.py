@@ -237,3 +237,30 @@ def test_fp8_uses_scaled_mm_on_capable_gpus() -> None:
     layer = Fp8Linear(quantize_fp8(torch.randn(128, 256))).to("cuda")
     x = torch.randn(3, 256, dtype=torch.bfloat16, device="cuda")
     assert layer.kernel_name(x) == "scaled_mm"
+
+
+def test_without_a_compiler_the_layers_use_torch(monkeypatch, caplog) -> None:  # type: ignore[no-untyped-def]
+    """A failed build is logged once and leaves `kernels()` None: torch's ops serve."""
+    def no_compiler():  # type: ignore[no-untyped-def]
+        raise RuntimeError("g++: command not found")
+
+    monkeypatch.setattr(cpu_kernels, "_state", {})
+    monkeypatch.setattr(cpu_kernels, "_build", no_compiler)
+    with caplog.at_level("WARNING", logger="frota.engine.quant"):
+        assert cpu_kernels.kernels() is None
+    assert "unavailable" in caplog.text and "g++" in caplog.text
+    torch.manual_seed(0)
+    layer = Int4Linear(quantize_int4(torch.randn(64, 128), 32))
+    layer.prepare(torch.bfloat16)
+    x = _inputs(1, 128, torch.bfloat16)
+    assert layer.qs is None and layer.kernel_name(x) == "int4pack_mm_cpu"
+    _check(layer, x)
+
+
+def test_kernels_can_be_turned_off(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(cpu_kernels, "_state", {})
+    monkeypatch.setenv("FROTA_QUANT_KERNELS", "torch")
+    assert cpu_kernels.kernels() is None
+    layer = Int8Linear(quantize_int8(torch.randn(32, 64), group_size=32))
+    layer.prepare(torch.bfloat16)
+    assert layer.kernel_name(_inputs(1, 64, torch.bfloat16)) == "int8pack_mm_grouped"
