@@ -549,11 +549,14 @@ at::Tensor int4_dequant(const at::Tensor& qs, const at::Tensor& d, const at::Ten
 
 }  // namespace
 
+// The GIL is released while a kernel runs, as torch's own ops do: the server's event
+// loop keeps running beside a decode step.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
-  mod.def("int8_mm", &int8_mm);
-  mod.def("int8_dequant", &int8_dequant);
-  mod.def("int4_mm", &int4_mm);
-  mod.def("int4_dequant", &int4_dequant);
+  using release = py::call_guard<py::gil_scoped_release>;
+  mod.def("int8_mm", &int8_mm, release());
+  mod.def("int8_dequant", &int8_dequant, release());
+  mod.def("int4_mm", &int4_mm, release());
+  mod.def("int4_dequant", &int4_dequant, release());
 }
 """
 
