@@ -112,3 +112,15 @@ def test_engine_args_reject_unknown_quantization() -> None:
         EngineArgs(kv_cache_dtype="int4")
     with pytest.raises(ValueError, match="parallel"):
         EngineArgs(tensor_parallel_size=2, quantization="int8")
+
+
+def test_quantized_bfloat16_model_keeps_float32_rotary_tables() -> None:
+    """Quantizing casts the rest of the model to bf16 but not its rotary cos/sin caches,
+    as the GGUF/HF loaders keep them for a bf16 model (same RoPE numerics as SmolLM2's
+    bf16 row, and the engine's fused RoPE + KV-write kernel takes float32 tables)."""
+    spec = "synthetic:dense-tiny,layers=1,seed=3"
+    engine = LLMEngine(EngineArgs(model=spec, dtype="bfloat16", quantization="int8",
+                                  num_kv_blocks=16, block_size=4, verbose=False))
+    attn = engine.runner.model.layers[0].self_attn
+    assert attn.rotary.cos.dtype == torch.float32 and attn.rotary.sin.dtype == torch.float32
+    assert engine.runner.model.norm.weight.dtype == torch.bfloat16

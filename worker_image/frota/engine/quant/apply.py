@@ -276,4 +276,21 @@ def quantize_loaded_model(
             source.path, cfg.num_heads, cfg.num_kv_heads, tied  # type: ignore[attr-defined]
         )
     quantize_model(model, config, dtype, native, tied)
-    return model.to(dtype)
+    return _to_dtype_keeping_caches(model, dtype)
+
+
+def _to_dtype_keeping_caches(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """`model.to(dtype)`, except float caches that are not weights (non-persistent buffers:
+    the rotary cos/sin tables) stay as built, as a model loaded straight in `dtype` keeps
+    them: the same RoPE numerics as the float model, and the engine's fused RoPE + KV-write
+    kernel takes only float32 tables."""
+    keep = []
+    for module in model.modules():
+        for name in getattr(module, "_non_persistent_buffers_set", ()):
+            buf = module._buffers.get(name)
+            if buf is not None and buf.is_floating_point():
+                keep.append((module, name, buf))
+    model.to(dtype)
+    for module, name, buf in keep:
+        module._buffers[name] = buf
+    return model
