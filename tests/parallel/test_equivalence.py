@@ -11,15 +11,19 @@ import torch
 from tests.parallel.conftest import run_group
 
 LOGITS_TOL = 1e-4
+# SmolLM2 (30 layers, logits up to ~30): the single process multiplies through oneDNN-packed
+# weights, the shards through F.linear plus an all-reduce; float32 sums in different orders
+# differ by up to ~1.4e-4 there (5e-6 relative). Tokens must still be equal.
+SMOLLM2_LOGITS_TOL = 3e-4
 
 
-def assert_same(result: dict | None, outcomes, reference: dict) -> None:
+def assert_same(result: dict | None, outcomes, reference: dict, tol: float = LOGITS_TOL) -> None:
     assert result is not None, "\n".join(o.stdout[-3000:] for o in outcomes)
     assert all(o.returncode == 0 for o in outcomes), [o.returncode for o in outcomes]
     assert result["tokens"] == reference["tokens"]
     for got, want in zip(result["logits"], reference["logits"], strict=True):
         assert got.shape == want.shape
-        assert torch.allclose(got, want, atol=LOGITS_TOL, rtol=0), (got - want).abs().max()
+        assert torch.allclose(got, want, atol=tol, rtol=0), (got - want).abs().max().item()
 
 
 @pytest.mark.parametrize(("model", "tp", "pp", "ep"), [
@@ -57,7 +61,7 @@ def test_expert_token_counts_sum_to_tokens_times_top_k(tmp_path):
 def test_smollm2_tp3_gives_the_single_process_tokens_and_logits(tmp_path, reference):
     # 9 query heads, 3 KV heads, hidden 576, MLP 1536 and vocabulary 49152 all divide by 3.
     result, outcomes = run_group(tmp_path, "smollm2", 3)
-    assert_same(result, outcomes, reference("smollm2"))
+    assert_same(result, outcomes, reference("smollm2"), tol=SMOLLM2_LOGITS_TOL)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,

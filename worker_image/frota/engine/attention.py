@@ -80,10 +80,12 @@ def write_kv(
 def paged_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     k_cache: torch.Tensor, v_cache: torch.Tensor,
-    meta: AttentionMetadata, scale: float,
+    meta: AttentionMetadata, scale: float, kv_written: bool = False,
 ) -> torch.Tensor:
-    """q: [T, H, D]; k, v: [T, KVH, D] (this step's tokens). Returns [T, H, D]."""
-    write_kv(k, v, k_cache, v_cache, meta)
+    """q: [T, H, D]; k, v: [T, KVH, D] (this step's tokens). Returns [T, H, D].
+    `kv_written`: k and v are already in the caches (the fused RoPE kernel wrote them)."""
+    if not kv_written:
+        write_kv(k, v, k_cache, v_cache, meta)
     if meta.num_decodes == q.shape[0]:
         return decode_attention(q, k_cache, v_cache, meta, scale)
     out = torch.empty_like(q)

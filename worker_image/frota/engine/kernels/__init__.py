@@ -3,10 +3,15 @@
 PyTorch has no paged attention for the CPU: expressed with its ops, decode
 attention must gather every block of every sequence into a new tensor before
 it can multiply, which copies the whole KV context once per layer per step.
-`paged_attention.cpp` reads the pool in place instead. It is compiled with the
-system C++ compiler the first time an engine needs it (about a minute, once
-per machine and torch version; the result is cached under
-`$XDG_CACHE_HOME/frota/kernels`), for the machine it runs on (`-march=native`).
+`paged_attention.cpp` reads the pool in place instead. `layer_ops.cpp` fuses
+the chains of small ops around the matmuls (RMSNorm with its residual add,
+RoPE with the KV cache write, SiLU-and-multiply): at decode batch sizes their
+dispatch overhead is most of a step's time outside the matmuls.
+
+They are compiled with the system C++ compiler the first time an engine needs
+them (a minute or two, once per machine and torch version; `python -m
+frota.engine.kernels` does it ahead of time; the result is cached under
+`$XDG_CACHE_HOME/frota/kernels`), for the machine they run on (`-march=native`).
 
 Without a compiler, or with `FROTA_CPU_KERNELS=0`, `cpu_kernels()` returns
 None and the engine uses its PyTorch paths, which compute the same thing.
@@ -22,9 +27,12 @@ import platform
 from pathlib import Path
 from types import ModuleType
 
+import torch
+
 log = logging.getLogger(__name__)
 
-SOURCES = (Path(__file__).with_name("paged_attention.cpp"),)
+SOURCES = tuple(Path(__file__).with_name(name)
+                for name in ("paged_attention.cpp", "layer_ops.cpp", "bindings.cpp"))
 CFLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp")
 
 
@@ -34,8 +42,6 @@ def enabled() -> bool:
 
 def build_directory() -> Path:
     """One directory per (sources, flags, torch version, CPU), so a change rebuilds."""
-    import torch
-
     key = hashlib.sha256()
     for source in SOURCES:
         key.update(source.read_bytes())
@@ -52,6 +58,11 @@ def _cpu_flags() -> str:
     except OSError:
         pass
     return platform.processor()
+
+
+def for_tensor(t: torch.Tensor) -> ModuleType | None:
+    """The kernels module when `t` is on the CPU and the kernels are available."""
+    return cpu_kernels() if t.device.type == "cpu" else None
 
 
 def is_built() -> bool:

@@ -7,7 +7,7 @@
 // Shapes: q [B, H, D]; k_cache, v_cache [num_blocks, KVH, block_size, D];
 // block_tables [B, max_blocks] int32 (rows padded past each sequence's last block);
 // context_lens [B] int32. Grouped-query attention: H = KVH * G, query head h reads KV head h / G.
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -108,9 +108,4 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
                                tables.size(1), static_cast<float>(scale));
   });
   return out;
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode_attention", &paged_decode_attention,
-        "Decode attention over a paged KV pool (one query token per sequence)");
 }

@@ -4,6 +4,7 @@ so quantized or sharded variants can slot in later."""
 from __future__ import annotations
 
 import torch
+from frota.engine import kernels
 from torch import nn
 
 
@@ -20,7 +21,20 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """`norm(x)`; with `residual`, `(norm(residual + x), residual + x)`, where the fused CPU
+        kernel adds into `residual` in place."""
+        plain = x.dtype == self.weight.dtype and x.dim() == 2 and x.is_contiguous() and (
+            residual is None or residual.is_contiguous())
+        ops = kernels.for_tensor(x) if plain else None
+        if residual is None:
+            return ops.rms_norm(x, self.weight, self.eps) if ops else self._norm(x)
+        if ops:
+            return ops.add_rms_norm(x, residual, self.weight, self.eps), residual
+        residual = residual + x
+        return self._norm(residual), residual
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 
 import torch
 import torch.nn.functional as F
+from frota.engine import kernels
 from frota.engine.attention import AttentionMetadata, paged_attention
 from frota.engine.config import ModelConfig
 from frota.engine.model.layers import RMSNorm, RotaryEmbedding, make_linear
@@ -35,12 +36,21 @@ class LlamaAttention(nn.Module):
 
     def forward(self, positions, x, kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata):
         t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        qkv = self.qkv_proj(x)
+        k_cache, v_cache = kv_cache
+        ops = kernels.for_tensor(qkv)
+        fused = (ops is not None and type(k_cache) is torch.Tensor and k_cache.dtype == qkv.dtype
+                 and self.rotary.cos.dtype == torch.float32)
+        if fused:  # RoPE in place and the K/V cache write, in one pass
+            ops.rope_and_cache(qkv, positions, self.rotary.cos, self.rotary.sin, k_cache, v_cache,
+                               meta.slot_blocks, meta.slot_offsets, self.num_heads, self.num_kv_heads)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(t, self.num_heads, self.head_dim)
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.view(t, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary(positions, q, k)
-        o = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
+        if not fused:
+            q, k = self.rotary(positions, q, k)
+        o = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, kv_written=fused)
         return self.o_proj(o.reshape(t, self.q_size))
 
 
@@ -54,7 +64,11 @@ class LlamaMLP(nn.Module):
         self.down_proj = make_linear(intermediate_size, hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        ops = kernels.for_tensor(gate_up)
+        if ops:
+            return self.down_proj(ops.silu_and_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -70,8 +84,10 @@ class LlamaDecoderLayer(nn.Module):
             self.mlp = LlamaMLP(cfg.hidden_size, cfg.intermediate_size)
 
     def forward(self, positions, x, kv_cache, meta):
-        x = x + self.self_attn(positions, self.input_layernorm(x), kv_cache, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        """May overwrite `x` (the fused residual add); returns the layer's output."""
+        h = self.self_attn(positions, self.input_layernorm(x), kv_cache, meta)
+        h, x = self.post_attention_layernorm(h, residual=x)
+        return x + self.mlp(h)
 
 
 class LlamaForCausalLM(nn.Module):

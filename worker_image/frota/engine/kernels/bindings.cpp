@@ -1,0 +1,21 @@
+// The Python module of Frota's CPU kernels (see __init__.py).
+#include <torch/extension.h>
+
+at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                  const at::Tensor& block_tables, const at::Tensor& context_lens, double scale);
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+at::Tensor add_rms_norm(at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps);
+void rope_and_cache(at::Tensor& qkv, const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin,
+                    at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& slot_blocks,
+                    const at::Tensor& slot_offsets, int64_t heads, int64_t kv_heads);
+at::Tensor silu_and_mul(const at::Tensor& gate_up);
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_decode_attention", &paged_decode_attention,
+        "Decode attention over a paged KV pool (one query token per sequence)");
+  m.def("rms_norm", &rms_norm, "weight * rms_norm(x)");
+  m.def("add_rms_norm", &add_rms_norm, "residual += x in place; returns weight * rms_norm(residual)");
+  m.def("rope_and_cache", &rope_and_cache,
+        "Rotary embedding of q and k in the fused qkv, in place, and k/v written to the paged caches");
+  m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up");
+}
