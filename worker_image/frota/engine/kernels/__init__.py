@@ -11,7 +11,7 @@ dispatch overhead is most of a step's time outside the matmuls.
 They are compiled with the system C++ compiler the first time an engine needs
 them (a minute or two, once per machine and torch version; `python -m
 frota.engine.kernels` does it ahead of time; the result is cached under
-`$XDG_CACHE_HOME/frota/kernels`), for the machine they run on (`-march=native`).
+`cache_root()`), for the machine they run on (`-march=native`).
 
 Without a compiler, or with `FROTA_CPU_KERNELS=0`, `cpu_kernels()` returns
 None and the engine uses its PyTorch paths, which compute the same thing.
@@ -45,19 +45,27 @@ def build_directory() -> Path:
     key = hashlib.sha256()
     for source in SOURCES:
         key.update(source.read_bytes())
-    key.update(" ".join((*CFLAGS, torch.__version__, platform.machine(), _cpu_flags())).encode())
-    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "frota" / "kernels"
-    return root / key.hexdigest()[:16]
+    key.update(" ".join((*CFLAGS, torch.__version__, platform.machine(), cpu_flags())).encode())
+    return cache_root() / key.hexdigest()[:16]
 
 
-def _cpu_flags() -> str:
+def cache_root() -> Path:
+    """Where every Frota C++ build lives: `$FROTA_KERNEL_CACHE`, else `$XDG_CACHE_HOME/frota/kernels`
+    (`~/.cache/frota/kernels`)."""
+    if os.environ.get("FROTA_KERNEL_CACHE"):
+        return Path(os.environ["FROTA_KERNEL_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "frota" / "kernels"
+
+
+def cpu_flags() -> str:
+    """The CPU's feature flags: a `-march=native` build is only reused on a like CPU."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
+            if line.startswith(("flags", "Features")):
                 return line
     except OSError:
         pass
-    return platform.processor()
+    return platform.processor() or platform.machine()
 
 
 def for_tensor(t: torch.Tensor) -> ModuleType | None:

@@ -33,7 +33,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("frota.engine.quant")
@@ -580,27 +579,14 @@ def kernels() -> Any | None:
     return module
 
 
-def _cpu_flags() -> str:
-    """The CPU's feature flags: a build for `-march=native` is only reused on a like CPU."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine()
-
-
 def _build() -> Any:
     import torch
+    from frota.engine.kernels import cache_root, cpu_flags
     from torch.utils.cpp_extension import load_inline
 
-    digest = hashlib.sha1((CPP + torch.__version__ + _cpu_flags()).encode()).hexdigest()[:12]
+    digest = hashlib.sha1((CPP + torch.__version__ + cpu_flags()).encode()).hexdigest()[:12]
     name = f"frota_quant_{digest}"
-    root = Path(os.environ.get("FROTA_KERNEL_CACHE", Path.home() / ".cache" / "frota" / "kernels"))
-    build = root / name
+    build = cache_root() / name
     build.mkdir(parents=True, exist_ok=True)
     return load_inline(
         name=name,
