@@ -311,6 +311,11 @@ class PodRunner(threading.Thread):
             "KUBERNETES_SERVICE_PORT": port,
             "KUBERNETES_SERVICE_PORT_HTTPS": port,
             "KUBERNETES_PORT": f"tcp://{host}:{port}",
+            # The "image" here is this checkout's venv, whose C++ CPU kernels
+            # scripts/bootstrap.sh built: like kernels baked into an image, every pod
+            # reuses them instead of compiling its own copy under its private /tmp.
+            "FROTA_KERNEL_CACHE": os.environ.get("FROTA_KERNEL_CACHE")
+            or str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "frota" / "kernels"),
         }
         gpus = self.agent.gpu_ids(self)
         if gpus is not None:
