@@ -11,7 +11,7 @@ import torch
 from frota.engine.config import ModelConfig
 from frota.engine.errors import ModelNotFoundError
 from frota.engine.loader import progress
-from frota.engine.model.build import build_model
+from frota.engine.model.build import build_model, cast_keeping_caches
 from frota.engine.tokenizer import ByteTokenizer
 
 PRESETS: dict[str, dict[str, int]] = {
@@ -82,7 +82,7 @@ def load_synthetic(spec: str, dtype: torch.dtype, device: torch.device, verbose:
             param.copy_(torch.randn(param.shape, generator=gen))
         else:
             param.copy_(torch.randn(param.shape, generator=gen) / param.shape[-1] ** 0.5)
-    model = model.to(device=device, dtype=dtype)
+    model = cast_keeping_caches(model.to(device=device), dtype)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     return model, cfg, ByteTokenizer(cfg.vocab_size)

@@ -14,6 +14,7 @@ from collections.abc import Iterator, Mapping
 import numpy as np
 import torch
 import torch.nn.functional as F
+from frota.engine.model.build import cast_keeping_caches
 from frota.engine.quant.config import QuantConfig
 from frota.engine.quant.formats import Int4Weight, Int8Weight, QuantizedWeight, quantize
 from frota.engine.quant.gguf_native import concat_rows, native_weight, permute_rows
@@ -276,21 +277,4 @@ def quantize_loaded_model(
             source.path, cfg.num_heads, cfg.num_kv_heads, tied  # type: ignore[attr-defined]
         )
     quantize_model(model, config, dtype, native, tied)
-    return _to_dtype_keeping_caches(model, dtype)
-
-
-def _to_dtype_keeping_caches(model: nn.Module, dtype: torch.dtype) -> nn.Module:
-    """`model.to(dtype)`, except float caches that are not weights (non-persistent buffers:
-    the rotary cos/sin tables) stay as built, as a model loaded straight in `dtype` keeps
-    them: the same RoPE numerics as the float model, and the engine's fused RoPE + KV-write
-    kernel takes only float32 tables."""
-    keep = []
-    for module in model.modules():
-        for name in getattr(module, "_non_persistent_buffers_set", ()):
-            buf = module._buffers.get(name)
-            if buf is not None and buf.is_floating_point():
-                keep.append((module, name, buf))
-    model.to(dtype)
-    for module, name, buf in keep:
-        module._buffers[name] = buf
-    return model
+    return cast_keeping_caches(model, dtype)
