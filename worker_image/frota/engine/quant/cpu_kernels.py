@@ -100,6 +100,22 @@ inline void load_scales(const at::Half* p, int64_t n, float* out) {
 }
 inline void load_scales(const float* p, int64_t n, float* out) { std::memcpy(out, p, n * sizeof(float)); }
 
+// The float32 dot product of a dequantized weight row with an activation row.
+inline float dot(const float* w, const float* x, int64_t K) {
+  float acc = 0.f;
+  int64_t k = 0;
+#ifdef __AVX512F__
+  __m512 a = _mm512_setzero_ps(), c = a;
+  for (; k + 32 <= K; k += 32) {
+    a = _mm512_fmadd_ps(_mm512_loadu_ps(w + k), _mm512_loadu_ps(x + k), a);
+    c = _mm512_fmadd_ps(_mm512_loadu_ps(w + k + 16), _mm512_loadu_ps(x + k + 16), c);
+  }
+  acc = _mm512_reduce_add_ps(_mm512_add_ps(a, c));
+#endif
+  for (; k < K; ++k) acc += w[k] * x[k];
+  return acc;
+}
+
 #ifdef __AVX512F__
 inline __m512 i8x16(const int8_t* p) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
@@ -264,17 +280,7 @@ at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s
         const float* xr = xf.data() + m * K;
         for (int64_t r = 0; r < rows; ++r) {
           const float* w = buf.data() + r * K;
-          float acc = 0.f;
-          int64_t k = 0;
-#ifdef __AVX512F__
-          __m512 a = _mm512_setzero_ps(), c = a;
-          for (; k + 32 <= K; k += 32) {
-            a = _mm512_fmadd_ps(_mm512_loadu_ps(w + k), _mm512_loadu_ps(xr + k), a);
-            c = _mm512_fmadd_ps(_mm512_loadu_ps(w + k + 16), _mm512_loadu_ps(xr + k + 16), c);
-          }
-          acc = _mm512_reduce_add_ps(_mm512_add_ps(a, c));
-#endif
-          for (; k < K; ++k) acc += w[k] * xr[k];
+          const float acc = dot(w, xr, K);
           y[m * N + n0 + r] = group == 0 ? acc * sp[n0 + r] : acc;
         }
       }
@@ -500,17 +506,7 @@ at::Tensor int4_mm_impl(const at::Tensor& x, const at::Tensor& qs, const at::Ten
         const float* xr = xf.data() + mi * K;
         for (int64_t r = 0; r < rows; ++r) {
           const float* w = buf.data() + r * K;
-          float acc = 0.f;
-          int64_t k = 0;
-#ifdef __AVX512F__
-          __m512 a = _mm512_setzero_ps(), c = a;
-          for (; k + 32 <= K; k += 32) {
-            a = _mm512_fmadd_ps(_mm512_loadu_ps(w + k), _mm512_loadu_ps(xr + k), a);
-            c = _mm512_fmadd_ps(_mm512_loadu_ps(w + k + 16), _mm512_loadu_ps(xr + k + 16), c);
-          }
-          acc = _mm512_reduce_add_ps(_mm512_add_ps(a, c));
-#endif
-          for (; k < K; ++k) acc += w[k] * xr[k];
+          const float acc = dot(w, xr, K);
           y[mi * N + n0 + r] = acc;
         }
       }
