@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
+from frota.engine.kernels import cache_root
 
 from e2e.cluster import netns
 from e2e.cluster.kubeapi import ApiError
@@ -314,8 +315,7 @@ class PodRunner(threading.Thread):
             # The "image" here is this checkout's venv, whose C++ CPU kernels
             # scripts/bootstrap.sh built: like kernels baked into an image, every pod
             # reuses them instead of compiling its own copy under its private /tmp.
-            "FROTA_KERNEL_CACHE": os.environ.get("FROTA_KERNEL_CACHE")
-            or str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "frota" / "kernels"),
+            "FROTA_KERNEL_CACHE": str(cache_root()),
         }
         gpus = self.agent.gpu_ids(self)
         if gpus is not None:

@@ -20,10 +20,11 @@ chunks of sequences in prefill.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
-from frota.engine.kernels import cpu_kernels
+from frota.engine import kernels
 
 
 @dataclass
@@ -117,17 +118,20 @@ def decode_attention(
     meta: AttentionMetadata, scale: float,
 ) -> torch.Tensor:
     """One query per sequence, over all of its cached tokens."""
-    if _use_kernel(q, k_cache, v_cache):
-        return cpu_kernels().paged_decode_attention(
+    ops = paged_kernels(q, k_cache, v_cache)
+    if ops:
+        return ops.paged_decode_attention(
             q, k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale)
     return decode_attention_torch(q, k_cache, v_cache, meta, scale)
 
 
-def _use_kernel(q: torch.Tensor, k_cache, v_cache) -> bool:
-    """The C++ kernel takes plain CPU tensors (a quantized KV pool is an object that
-    dequantizes on read, so it takes the PyTorch path)."""
-    return (q.device.type == "cpu" and type(k_cache) is torch.Tensor and type(v_cache) is torch.Tensor
-            and k_cache.dtype == q.dtype and cpu_kernels() is not None)
+def paged_kernels(t: torch.Tensor, k_cache, v_cache) -> ModuleType | None:
+    """The C++ CPU kernels, when they can run on these tensors: `t` on the CPU and the caches
+    plain tensors of its dtype (a quantized KV pool is an object that dequantizes on read, so
+    it takes the PyTorch paths)."""
+    if type(k_cache) is torch.Tensor and type(v_cache) is torch.Tensor and k_cache.dtype == t.dtype:
+        return kernels.for_tensor(t)
+    return None
 
 
 def decode_attention_torch(

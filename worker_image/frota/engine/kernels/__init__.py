@@ -26,8 +26,10 @@ import os
 import platform
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +44,8 @@ def enabled() -> bool:
 
 def build_directory() -> Path:
     """One directory per (sources, flags, torch version, CPU), so a change rebuilds."""
+    import torch
+
     key = hashlib.sha256()
     for source in SOURCES:
         key.update(source.read_bytes())

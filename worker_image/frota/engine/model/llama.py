@@ -12,7 +12,7 @@ from collections.abc import Iterable
 import torch
 import torch.nn.functional as F
 from frota.engine import kernels
-from frota.engine.attention import AttentionMetadata, paged_attention
+from frota.engine.attention import AttentionMetadata, paged_attention, paged_kernels
 from frota.engine.config import ModelConfig
 from frota.engine.model.layers import RMSNorm, RotaryEmbedding, make_linear
 from frota.engine.model.moe import MixtureOfExperts
@@ -38,9 +38,8 @@ class LlamaAttention(nn.Module):
         t = x.shape[0]
         qkv = self.qkv_proj(x)
         k_cache, v_cache = kv_cache
-        ops = kernels.for_tensor(qkv)
-        fused = (ops is not None and type(k_cache) is torch.Tensor and k_cache.dtype == qkv.dtype
-                 and self.rotary.cos.dtype == torch.float32)
+        ops = paged_kernels(qkv, k_cache, v_cache)
+        fused = ops is not None and self.rotary.cos.dtype == torch.float32
         if fused:  # RoPE in place and the K/V cache write, in one pass
             ops.rope_and_cache(qkv, positions, self.rotary.cos, self.rotary.sin, k_cache, v_cache,
                                meta.slot_blocks, meta.slot_offsets, self.num_heads, self.num_kv_heads)
