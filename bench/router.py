@@ -217,9 +217,14 @@ class Proc:
         raise TimeoutError(f"{self.name} not ready after {timeout:.0f}s; see {self.log.name}")
 
     def cpu_seconds(self) -> float:
+        """CPU time of the process and its children (a launcher may exec a server)."""
         import psutil
-        times = psutil.Process(self.popen.pid).cpu_times()
-        return times.user + times.system
+        process = psutil.Process(self.popen.pid)
+        total = 0.0
+        for p in [process, *process.children(recursive=True)]:
+            times = p.cpu_times()
+            total += times.user + times.system
+        return total
 
     def stop(self) -> None:
         if self.popen.poll() is None:
@@ -364,14 +369,16 @@ async def overhead(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
         warm = [body] * args.concurrency
         for url in targets.values():
             await run_load(url, warm, args.concurrency)
-        cpu = 0.0
+        routers = {"frota": router, "vllm-router": vllm_router}
+        cpu = dict.fromkeys(targets, 0.0)
         per_pass = max(args.concurrency, args.requests // args.passes)
         for _ in range(args.passes):  # alternate, so drift hits every target alike
             for name, url in targets.items():
-                before = router.cpu_seconds() if name == "frota" else 0.0
+                proc = routers.get(name)
+                before = proc.cpu_seconds() if proc else 0.0
                 results = await run_load(url, [body] * per_pass, args.concurrency)
-                if name == "frota":
-                    cpu += router.cpu_seconds() - before
+                if proc:
+                    cpu[name] += proc.cpu_seconds() - before
                 ttfts[name] += [r.ttft for r in results if r.ok]
                 failures[name] += sum(not r.ok for r in results)
         num_requests = per_pass * args.passes
@@ -388,7 +395,7 @@ async def overhead(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
             "router_ttft_p50_ms": ms(p["frota"]["p50"]),
             "router_ttft_p99_ms": ms(p["frota"]["p99"]),
             "added_latency_p50_ms": ms(added_p50), "added_latency_p99_ms": ms(added_p99),
-            "router_cpu_ms_per_request": round(cpu / num_requests * 1000, 3),
+            "router_cpu_ms_per_request": round(cpu["frota"] / num_requests * 1000, 3),
             "failed_requests": failures,
             "targets": {"added_latency_p50_ms": 2.0, "added_latency_p99_ms": 10.0},
             "meets_targets": ms(added_p50) <= 2.0 and ms(added_p99) <= 10.0,
@@ -402,6 +409,7 @@ async def overhead(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
             out["vllm_router"] = {
                 "binary": vllm_binary, "added_latency_p50_ms": ms(v50),
                 "added_latency_p99_ms": ms(v99),
+                "router_cpu_ms_per_request": round(cpu["vllm-router"] / num_requests * 1000, 3),
                 "ratio_p50_frota_over_vllm_router": round(added_p50 / v50, 2) if v50 > 0
                 else None,
                 "ratio_p99_frota_over_vllm_router": round(added_p99 / v99, 2) if v99 > 0

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from frota.router.app import ROUTER_KEY, RouterConfig, build_app
+from frota.router.app import RouterApp, RouterConfig, build_app
 from frota.router.discovery import StaticDiscovery
 
 
@@ -123,16 +123,16 @@ async def start_worker() -> AsyncIterator[StartWorker]:
 class RunningRouter:
     """A router app on a real port, with a client session pointed at it."""
 
-    server: TestServer
+    app: RouterApp
     session: aiohttp.ClientSession
 
     @property
     def url(self) -> str:
-        return str(self.server.make_url("")).rstrip("/")
+        return f"http://127.0.0.1:{self.app.port}"
 
     @property
     def state(self):  # type: ignore[no-untyped-def]
-        return self.server.app[ROUTER_KEY]
+        return self.app.router
 
     def metric(self, name: str, **labels: str) -> float:
         value = self.state.metrics.registry.get_sample_value(name, labels)
@@ -150,9 +150,8 @@ async def start_router() -> AsyncIterator[StartRouter]:
                     wait_healthy: int | None = None) -> RunningRouter:
         config = config or RouterConfig(probe_interval=0.05)
         app = build_app(config, StaticDiscovery([w.url for w in workers]))
-        server = TestServer(app)
-        await server.start_server()
-        router = RunningRouter(server, aiohttp.ClientSession())
+        await app.start("127.0.0.1", 0)
+        router = RunningRouter(app, aiohttp.ClientSession())
         started.append(router)
         want = len(workers) if wait_healthy is None else wait_healthy
         for _ in range(200):
@@ -166,4 +165,4 @@ async def start_router() -> AsyncIterator[StartRouter]:
     yield start
     for router in started:
         await router.session.close()
-        await router.server.close()
+        await router.app.stop()

@@ -188,7 +188,7 @@ async def test_kubernetes_discovery_relists_on_410_gone(kube):
 
 
 async def test_the_router_follows_endpointslices_without_restart(kube, start_worker):
-    from frota.router.app import ROUTER_KEY, RouterConfig, build_app
+    from frota.router.app import RouterConfig, build_app
 
     fake, kubeconfig = kube
     a, b = await start_worker(name="a"), await start_worker(name="b")
@@ -199,9 +199,9 @@ async def test_the_router_follows_endpointslices_without_restart(kube, start_wor
 
     discovery = KubernetesDiscovery(KubeApi.from_kubeconfig(kubeconfig), "serving",
                                     "frota.dev/role=worker", port_name="http")
-    server = TestServer(build_app(RouterConfig(probe_interval=0.05), discovery))
-    await server.start_server()
-    pool = server.app[ROUTER_KEY].pool
+    app = build_app(RouterConfig(probe_interval=0.05), discovery)
+    await app.start("127.0.0.1", 0)
+    pool = app.router.pool
     try:
         await wait_until(lambda: bool(fake.watches))
         fake.emit("ADDED", slice_of(a, "sa"))
@@ -211,7 +211,7 @@ async def test_the_router_follows_endpointslices_without_restart(kube, start_wor
         fake.emit("DELETED", slice_of(a, "sa"))
         await wait_until(lambda: [w.url for w in pool.healthy()] == [b.url])
     finally:
-        await server.close()
+        await app.stop()
 
 
 def test_in_cluster_config_reads_the_service_account(tmp_path, monkeypatch):

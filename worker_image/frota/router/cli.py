@@ -174,16 +174,10 @@ def config_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 
 async def serve(args: argparse.Namespace) -> None:
-    from aiohttp import web
     from frota.router.app import build_app
 
     app = build_app(config_from_args(args), _discovery(args))
-    # handler_cancellation: a client that disconnects cancels its handler, which
-    # closes the upstream connection, which makes the worker abort the request.
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, args.host, args.port, backlog=2048, reuse_address=True)
-    await site.start()
+    await app.start(args.host, args.port)
     # Everything allocated so far (modules, the app) lives as long as the process: keep
     # it out of the cyclic GC, so full collections stay short on the request path.
     gc.freeze()
@@ -195,7 +189,7 @@ async def serve(args: argparse.Namespace) -> None:
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    await runner.cleanup()
+    await app.stop()
 
 
 def run(args: argparse.Namespace) -> int:

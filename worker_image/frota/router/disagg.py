@@ -29,17 +29,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 from frota.router.discovery import Discovery
 from frota.router.health import Worker, WorkerPool
+from frota.router.http1 import Response, ResponseStream
 from frota.router.proxy import (
-    DROP_REQUEST_HEADERS,
     DirectPlan,
     Proxy,
     RequestContext,
     RetryableFailure,
     RoutePlan,
+    forwarded_headers,
 )
+from frota.router.upstream import UpstreamError
 from prometheus_client import Counter, Histogram
 
 log = logging.getLogger(__name__)
@@ -122,14 +123,17 @@ class Disaggregation:
         self.discovery = prefill_discovery
         self.pool: WorkerPool | None = None
         self.metrics: DisaggMetrics | None = None
+        self.session: aiohttp.ClientSession | None = None
         self._next = 0
 
-    async def start(self, proxy: Proxy, probe_interval: float, probe_timeout: float,
-                    eject_after: int) -> None:
+    async def start(self, proxy: Proxy, session: aiohttp.ClientSession, probe_interval: float,
+                    probe_timeout: float, eject_after: int) -> None:
+        """`session` is the router's aiohttp session, for probes, discovery and handle drops."""
         self.metrics = DisaggMetrics(proxy.metrics.registry)
-        self.pool = WorkerPool(proxy.session, proxy.metrics, probe_interval=probe_interval,
+        self.session = session
+        self.pool = WorkerPool(session, proxy.metrics, probe_interval=probe_interval,
                                probe_timeout=probe_timeout, eject_after=eject_after)
-        await self.discovery.start(proxy.session, self.pool.set_urls)
+        await self.discovery.start(session, self.pool.set_urls)
         proxy.disagg = self
 
     async def stop(self) -> None:
@@ -169,7 +173,7 @@ class DisaggPlan(RoutePlan):
         assert disagg.metrics is not None
         self.metrics = disagg.metrics
 
-    async def execute(self, ctx: RequestContext) -> web.StreamResponse:
+    async def execute(self, ctx: RequestContext) -> Response | ResponseStream:
         handle, prefill = await self._prefill(ctx)
         if handle is None:
             return await self._colocated(ctx, prefill)
@@ -181,14 +185,10 @@ class DisaggPlan(RoutePlan):
         self.metrics.requests.labels("disaggregated").inc()
         return response
 
-    async def _colocated(self, ctx: RequestContext, reason: str) -> web.StreamResponse:
+    async def _colocated(self, ctx: RequestContext, reason: str) -> Response | ResponseStream:
         self.metrics.fallbacks.labels(reason).inc()
         self.metrics.requests.labels("colocated_fallback").inc()
         return await DirectPlan(self.proxy).execute(ctx)
-
-    def _headers(self, ctx: RequestContext) -> dict[str, str]:
-        return {k: v for k, v in ctx.request.headers.items()
-                if k.lower() not in DROP_REQUEST_HEADERS}
 
     async def _prefill(self, ctx: RequestContext) -> tuple[dict[str, Any] | None, Any]:
         """(the KV handle, the prefill worker) or (None, the reason it failed)."""
@@ -199,57 +199,61 @@ class DisaggPlan(RoutePlan):
         assert pool is not None
         started = time.perf_counter()
         worker.num_outstanding += 1
+        resp = None
         try:
-            async with self.proxy.session.post(
-                    worker.url + "/internal/kv/prefill" + ctx.route.path, data=ctx.route.body,
-                    headers=self._headers(ctx), timeout=aiohttp.ClientTimeout(
-                        total=self.disagg.config.prefill_timeout,
-                        connect=self.proxy.config.connect_timeout)) as resp:
-                body = await resp.read()
-                if resp.status != 200:
-                    if resp.status >= 500:
-                        pool.record_failure(worker, f"prefill answered {resp.status}",
-                                            eject_now=resp.status == 503)
-                    log.info("prefill on %s answered %d: %s", worker.url, resp.status,
-                             body[:300])
-                    return None, f"prefill_status_{resp.status}"
+            resp = await self.proxy.client.request(
+                worker.url, "POST", "/internal/kv/prefill" + ctx.route.path,
+                forwarded_headers(ctx.request), ctx.route.body,
+                read_timeout=self.disagg.config.prefill_timeout)
+            body = await resp.read()
+            if resp.status != 200:
+                if resp.status >= 500:
+                    pool.record_failure(worker, f"prefill answered {resp.status}",
+                                        eject_now=resp.status == 503)
+                log.info("prefill on %s answered %d: %s", worker.url, resp.status, body[:300])
+                return None, f"prefill_status_{resp.status}"
             handle = json.loads(body)["kv_handle"]
-        except (aiohttp.ClientError, TimeoutError, OSError, ValueError, KeyError) as exc:
+        except (UpstreamError, ValueError, KeyError) as exc:
             pool.record_failure(worker, f"prefill: {type(exc).__name__}")
             log.info("prefill on %s failed: %r", worker.url, exc)
             return None, "prefill_error"
         finally:
             worker.num_outstanding -= 1
+            if resp is not None:
+                resp.close()
         pool.record_success(worker)
         self.metrics.prefill_latency.observe(time.perf_counter() - started)
         if not handle.get("url"):
             handle["url"] = worker.url  # the address we reached it at reaches it from pods too
         return handle, worker
 
-    async def _decode(self, ctx: RequestContext, handle: dict[str, Any]) -> web.StreamResponse | None:
+    async def _decode(self, ctx: RequestContext,
+                      handle: dict[str, Any]) -> Response | ResponseStream | None:
         """The decode worker's answer, relayed; None when the request should run colocated."""
         proxy = self.proxy
         worker = proxy.pick(ctx, set())
         if worker is None:
             return None
-        headers = self._headers(ctx)
-        headers[HANDLE_HEADER] = json.dumps(handle, separators=(",", ":"))
+        headers = forwarded_headers(ctx.request)
+        headers.append((HANDLE_HEADER, json.dumps(handle, separators=(",", ":"))))
         started = time.perf_counter()
         worker.num_outstanding += 1
         outstanding = proxy.metrics.worker_outstanding.labels(worker.url)
         outstanding.inc()
         try:
             try:
-                upstream = await proxy.session.post(
-                    worker.url + ctx.route.path, data=ctx.route.body, headers=headers,
-                    timeout=proxy._timeout)
-            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-                proxy.pool.record_failure(worker, f"request: {type(exc).__name__}")
+                upstream = await proxy.client.request(worker.url, "POST", ctx.route.path,
+                                                      headers, ctx.route.body)
+            except UpstreamError as exc:
+                proxy.pool.record_failure(worker, f"request: {exc}")
                 return None
             self.metrics.handoff_latency.observe(time.perf_counter() - started)
             try:
                 if upstream.status != 200:
-                    text = await upstream.read()
+                    try:
+                        text = await upstream.read()
+                    except UpstreamError:
+                        text = b""
                     log.info("decode on %s answered %d: %s", worker.url, upstream.status,
                              text[:300])
                     if upstream.status >= 500 and upstream.status not in KV_FAILURE_STATUSES:
@@ -270,8 +274,9 @@ class DisaggPlan(RoutePlan):
     def _drop_handle(self, prefill: Worker, handle: dict[str, Any]) -> None:
         """Free the prefill worker's pinned blocks early (best effort; the TTL is the backstop)."""
         async def drop() -> None:
+            assert self.disagg.session is not None
             with contextlib.suppress(aiohttp.ClientError, TimeoutError, OSError):
-                async with self.proxy.session.delete(
+                async with self.disagg.session.delete(
                         f"{prefill.url}/internal/kv/blocks/{handle['id']}",
                         timeout=aiohttp.ClientTimeout(total=5)) as resp:
                     await resp.read()

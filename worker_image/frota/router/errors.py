@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from aiohttp import web
+from frota.router.http1 import Response, json_response
 
 
 def error_body(message: str, type_: str, code: str | int | None = None,
@@ -14,10 +14,10 @@ def error_body(message: str, type_: str, code: str | int | None = None,
 
 def error_response(status: int, message: str, type_: str, code: str | int | None = None,
                    *, param: str | None = None,
-                   headers: dict[str, str] | None = None) -> web.Response:
+                   headers: dict[str, str] | None = None) -> Response:
     """A JSON error response in the OpenAI shape."""
-    return web.json_response(error_body(message, type_, code, param), status=status,
-                             headers=headers)
+    return json_response(error_body(message, type_, code, param), status=status,
+                         headers=headers)
 
 
 def sse_error_event(message: str, type_: str = "upstream_error", code: str | int = 502) -> bytes:

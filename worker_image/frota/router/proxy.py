@@ -1,15 +1,17 @@
 """Forwarding a request to workers: route plans, retries, streaming passthrough.
 
-A `RoutePlan` is how one admitted request travels through the fleet. Today there
-is one, `DirectPlan`: the policy picks a worker, the request is forwarded, and a
-failure before the first byte reaches the client is retried on another worker.
-A disaggregated plan (prefill worker, then decode worker with a KV handle) is
-another `RoutePlan` built from the same `Proxy` primitives (`attempt` to open an
-upstream response, `relay_stream` to pass it on), without touching the app.
+A `RoutePlan` is how one admitted request travels through the fleet. `DirectPlan`:
+the policy picks a worker, the request is forwarded, and a failure before the
+first byte reaches the client is retried on another worker. The disaggregated plan
+(prefill worker, then decode worker with a KV handle, `frota.router.disagg`) is
+built from the same `Proxy` primitives (`attempt` to open an upstream response,
+`relay_stream` to pass it on), without touching the app.
 
 Streams are relayed as raw bytes, chunk by chunk as they arrive: the router
-never parses or re-serializes SSE events. Non-streaming bodies are read whole
-before the client sees anything, which makes them retryable as a whole.
+never parses or re-serializes SSE events, and a chunk goes from the worker's
+connection to the client's in one callback (`frota.router.upstream`). Non-streaming
+bodies are read whole before the client sees anything, which makes them retryable
+as a whole.
 """
 
 from __future__ import annotations
@@ -20,21 +22,20 @@ import random
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
 
-import aiohttp
-from aiohttp import web
 from frota.router.errors import error_response, sse_error_event
 from frota.router.health import Worker, WorkerPool
+from frota.router.http1 import Request, Response, ResponseStream
 from frota.router.metrics import RouterMetrics
 from frota.router.policies import RouteRequest, RoutingPolicy
+from frota.router.upstream import UpstreamClient, UpstreamError, UpstreamResponse
 
 log = logging.getLogger(__name__)
 
 # Hop-by-hop and router-only headers: never forwarded in either direction.
 DROP_REQUEST_HEADERS = frozenset({
     "host", "content-length", "transfer-encoding", "connection", "keep-alive",
-    "authorization", "accept-encoding", "te", "upgrade", "proxy-authorization",
+    "authorization", "accept-encoding", "te", "upgrade", "proxy-authorization", "expect",
 })
 DROP_RESPONSE_HEADERS = frozenset({
     "content-length", "transfer-encoding", "connection", "keep-alive", "date", "server",
@@ -42,6 +43,8 @@ DROP_RESPONSE_HEADERS = frozenset({
 # Worker answers that mean "try another replica" (nothing was generated).
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 WORKER_HEADER = "x-frota-worker"
+# Bytes pass through as the worker sent them; asking for identity keeps them plain.
+IDENTITY = ("Accept-Encoding", "identity")
 
 
 @dataclass
@@ -57,7 +60,7 @@ class ProxyConfig:
 class RetryableFailure(Exception):
     """An attempt failed before its first byte reached the client."""
 
-    def __init__(self, reason: str, response: web.Response | None = None) -> None:
+    def __init__(self, reason: str, response: Response | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
         self.response = response  # the worker's own answer, passed on if retries run out
@@ -67,24 +70,29 @@ class RetryableFailure(Exception):
 class RequestContext:
     """One client request on its way through the router."""
 
-    request: web.Request
+    request: Request
     route: RouteRequest
     started: float  # time.perf_counter() when the router received it
 
 
-class Proxy:
-    """The primitives route plans are made of; one per app, sharing one ClientSession."""
+def forwarded_headers(request: Request) -> list[tuple[str, str]]:
+    """The client's headers a worker should see (hop-by-hop and credentials dropped)."""
+    headers = [(k, v) for k, v in request.raw_headers if k.lower() not in DROP_REQUEST_HEADERS]
+    headers.append(IDENTITY)
+    return headers
 
-    def __init__(self, session: aiohttp.ClientSession, pool: WorkerPool, policy: RoutingPolicy,
+
+class Proxy:
+    """The primitives route plans are made of; one per app, sharing one `UpstreamClient`."""
+
+    def __init__(self, client: UpstreamClient, pool: WorkerPool, policy: RoutingPolicy,
                  metrics: RouterMetrics, config: ProxyConfig) -> None:
-        self.session = session
+        self.client = client
         self.pool = pool
         self.policy = policy
         self.metrics = metrics
         self.config = config
-        self._timeout = aiohttp.ClientTimeout(
-            total=None, connect=config.connect_timeout, sock_read=config.read_timeout)
-        self.disagg: Any = None  # frota.router.disagg.Disaggregation, when prefill workers exist
+        self.disagg = None  # frota.router.disagg.Disaggregation, when prefill workers exist
 
     def plan_for(self, ctx: RequestContext) -> RoutePlan:
         if self.disagg is not None:
@@ -101,102 +109,97 @@ class Proxy:
                                       decision.worker.url).inc()
         return decision.worker
 
-    async def attempt(self, worker: Worker, ctx: RequestContext) -> aiohttp.ClientResponse:
+    async def attempt(self, worker: Worker, ctx: RequestContext,
+                      headers: list[tuple[str, str]] | None = None) -> UpstreamResponse:
         """Send the request to `worker`; return its response once the headers say it
         is going ahead. Raise `RetryableFailure` when another worker should try."""
         request = ctx.request
-        headers = {k: v for k, v in request.headers.items()
-                   if k.lower() not in DROP_REQUEST_HEADERS}
         sent = time.perf_counter()
         try:
-            upstream = await self.session.request(
-                request.method, worker.url + request.path_qs, data=ctx.route.body or None,
-                headers=headers, timeout=self._timeout)
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            self.pool.record_failure(worker, f"request: {type(exc).__name__}")
-            raise RetryableFailure("connect_error") from exc
+            upstream = await self.client.request(
+                worker.url, request.method, request.target,
+                headers if headers is not None else forwarded_headers(request), ctx.route.body)
+        except UpstreamError as exc:
+            self.pool.record_failure(worker, f"request: {exc}")
+            raise RetryableFailure(exc.reason) from exc
         self.metrics.upstream_latency.labels(worker.url).observe(time.perf_counter() - sent)
         if upstream.status in RETRY_STATUSES:
             try:
                 body = await upstream.read()
-            except (aiohttp.ClientError, TimeoutError, OSError):
+            except UpstreamError:
                 body = b""
             finally:
-                upstream.release()
+                upstream.close()
             if upstream.status != 429:  # 429 is a full queue, not a sick worker
                 self.pool.record_failure(worker, f"answered {upstream.status}",
                                          eject_now=upstream.status == 503)
-            response = web.Response(body=body, status=upstream.status,
-                                    headers=_response_headers(upstream, worker))
+            response = Response(upstream.status, body, _response_headers(upstream, worker))
             raise RetryableFailure(f"status_{upstream.status}", response)
         return upstream
 
-    async def read_whole(self, upstream: aiohttp.ClientResponse, worker: Worker) -> web.Response:
+    async def read_whole(self, upstream: UpstreamResponse, worker: Worker) -> Response:
         """Read a non-streaming answer whole; a failure is still retryable."""
         try:
             body = await upstream.read()
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            upstream.close()
-            self.pool.record_failure(worker, f"body: {type(exc).__name__}")
+        except UpstreamError as exc:
+            self.pool.record_failure(worker, f"body: {exc}")
             raise RetryableFailure("disconnected") from exc
         self.pool.record_success(worker)
-        return web.Response(body=body, status=upstream.status,
-                            headers=_response_headers(upstream, worker))
+        return Response(upstream.status, body, _response_headers(upstream, worker))
 
-    async def relay_stream(self, upstream: aiohttp.ClientResponse, worker: Worker,
-                           ctx: RequestContext) -> web.StreamResponse:
+    async def relay_stream(self, upstream: UpstreamResponse, worker: Worker,
+                           ctx: RequestContext) -> ResponseStream:
         """Pass a streaming answer through chunk by chunk.
 
         The first chunk is awaited before the client's response starts, so a worker
-        that dies before producing anything is retryable. After that a worker
-        failure ends the stream with an OpenAI error event.
+        that dies before producing anything is retryable. After that each chunk goes
+        to the client from the upstream connection's callback, and a worker failure
+        ends the stream with an OpenAI error event.
         """
-        content = upstream.content
         try:
-            first = await content.readany()
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            upstream.close()
-            self.pool.record_failure(worker, f"stream: {type(exc).__name__}")
+            first = await upstream.next_chunk()
+        except UpstreamError as exc:
+            self.pool.record_failure(worker, f"stream: {exc}")
             raise RetryableFailure("disconnected") from exc
         if not first:
-            upstream.close()
             self.pool.record_failure(worker, "empty stream")
             raise RetryableFailure("empty_stream")
         self.pool.record_success(worker)
-        response = web.StreamResponse(status=upstream.status,
-                                      headers=_response_headers(upstream, worker))
-        await response.prepare(ctx.request)
-        await response.write(first)
+        stream = ResponseStream(ctx.request, upstream.status,
+                                _response_headers(upstream, worker))
+        stream.start(first)
         last = time.perf_counter()
         self.metrics.ttft.observe(last - ctx.started)
         itl = self.metrics.itl
-        while True:
-            try:
-                chunk = await content.readany()
-            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-                upstream.close()
-                self.metrics.stream_errors.inc()
-                self.pool.record_failure(worker, f"mid-stream: {type(exc).__name__}")
-                log.warning("stream from %s broke after its first byte: %r", worker.url, exc)
-                await response.write(sse_error_event(
-                    f"the worker serving this stream failed ({type(exc).__name__}); "
-                    "the response is incomplete, retry the request"))
-                break
-            if not chunk:
-                break
-            await response.write(chunk)  # a client that left raises here; upstream closes below
-            now = time.perf_counter()
+        clock = time.perf_counter
+        write = stream.write
+
+        def forward(chunk: bytes) -> None:
+            nonlocal last
+            write(chunk)
+            now = clock()
             itl.observe(now - last)
             last = now
-        await response.write_eof()
-        return response
+
+        stream.set_flow_control(upstream.pause_reading, upstream.resume_reading)
+        try:
+            await upstream.relay(forward)
+        except UpstreamError as exc:
+            self.metrics.stream_errors.inc()
+            self.pool.record_failure(worker, f"mid-stream: {exc}")
+            log.warning("stream from %s broke after its first byte: %s", worker.url, exc)
+            stream.write(sse_error_event(
+                f"the worker serving this stream failed ({exc.reason}); "
+                "the response is incomplete, retry the request"))
+        stream.end()
+        return stream
 
 
 class RoutePlan(ABC):
     """How one request travels through the fleet (direct today; prefill/decode later)."""
 
     @abstractmethod
-    async def execute(self, ctx: RequestContext) -> web.StreamResponse:
+    async def execute(self, ctx: RequestContext) -> Response | ResponseStream:
         """Serve `ctx` and return the response (already written when streamed)."""
 
 
@@ -207,7 +210,7 @@ class DirectPlan(RoutePlan):
     def __init__(self, proxy: Proxy) -> None:
         self.proxy = proxy
 
-    async def execute(self, ctx: RequestContext) -> web.StreamResponse:
+    async def execute(self, ctx: RequestContext) -> Response | ResponseStream:
         proxy, config = self.proxy, self.proxy.config
         tried: set[str] = set()
         failure: RetryableFailure | None = None
@@ -250,8 +253,7 @@ class DirectPlan(RoutePlan):
             "service_unavailable", "no_healthy_workers", headers={"Retry-After": "1"})
 
 
-def _response_headers(upstream: aiohttp.ClientResponse, worker: Worker) -> dict[str, str]:
-    headers = {k: v for k, v in upstream.headers.items()
-               if k.lower() not in DROP_RESPONSE_HEADERS}
-    headers[WORKER_HEADER] = worker.url
+def _response_headers(upstream: UpstreamResponse, worker: Worker) -> list[tuple[str, str]]:
+    headers = [(k, v) for k, v in upstream.headers if k.lower() not in DROP_RESPONSE_HEADERS]
+    headers.append((WORKER_HEADER, worker.url))
     return headers

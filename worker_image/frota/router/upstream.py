@@ -1,0 +1,357 @@
+"""The router's HTTP/1.1 client to its workers: pooled keep-alive connections whose
+responses are read whole, chunk by chunk, or relayed straight into a client's stream.
+
+A relayed stream costs one `data_received` per chunk: httptools (llhttp) strips the
+chunk framing and `on_body` calls the sink, which writes to the client's transport
+(`frota.router.http1.ResponseStream.write`). No reader buffer, future or task
+wake-up per chunk; the relay's one future resolves when the worker's response ends.
+
+- Connections are kept per worker (LIFO, so the warmest is reused) and closed after
+  `idle_timeout` unused. A reused connection the worker closed meanwhile (a
+  keep-alive race: nothing of the response arrived) is retried once on a fresh one.
+- `read_timeout` is the longest silence from a worker mid-response (waiting for the
+  headers included); one sweeper task checks all busy connections every second.
+- Failures raise `UpstreamError` with a `reason` the proxy turns into retries
+  and metrics: `connect_error`, `disconnected`, `timeout`, `bad_response`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from urllib.parse import urlsplit
+
+import httptools
+
+HeaderList = list[tuple[str, str]]
+Sink = Callable[[bytes], None]
+
+
+class UpstreamError(Exception):
+    """A worker could not be reached or its response broke off."""
+
+    def __init__(self, reason: str, detail: str, *, nothing_received: bool = False) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.nothing_received = nothing_received  # not a byte of the response arrived
+
+
+class UpstreamResponse:
+    """A worker's response: status and headers once `UpstreamClient.request` returns, the
+    body after. Read it with `next_chunk`/`read`, or hand it to a sink with `relay`."""
+
+    __slots__ = (
+        "_chunks",
+        "_conn",
+        "_done",
+        "_error",
+        "_head",
+        "_relayed",
+        "_sink",
+        "_waiter",
+        "headers",
+        "status",
+    )
+
+    def __init__(self, conn: _Connection) -> None:
+        loop = asyncio.get_running_loop()
+        self.status = 0
+        self.headers: HeaderList = []
+        self._conn: _Connection | None = conn
+        self._head: asyncio.Future[None] = loop.create_future()
+        self._chunks: deque[bytes] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._done = False
+        self._error: UpstreamError | None = None
+        self._sink: Sink | None = None
+        self._relayed: asyncio.Future[None] | None = None
+
+    @property
+    def content_type(self) -> str:
+        for name, value in self.headers:
+            if name.lower() == "content-type":
+                return value.split(";", 1)[0].strip().lower()
+        return ""
+
+    @property
+    def complete(self) -> bool:
+        return self._done
+
+    async def next_chunk(self) -> bytes:
+        """The next piece of the body as it arrived; b"" once the body is complete."""
+        while not self._chunks:
+            if self._error is not None:
+                raise self._error
+            if self._done:
+                return b""
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._chunks.popleft()
+
+    async def read(self) -> bytes:
+        """The whole (rest of the) body."""
+        parts = []
+        while chunk := await self.next_chunk():
+            parts.append(chunk)
+        return b"".join(parts)
+
+    def relay(self, sink: Sink) -> asyncio.Future[None]:
+        """From now on call `sink` with each piece of the body as it arrives (buffered
+        pieces first). The future resolves at the end of the body, or raises
+        `UpstreamError` when the worker breaks off."""
+        self._relayed = asyncio.get_running_loop().create_future()
+        while self._chunks:
+            sink(self._chunks.popleft())
+        if self._error is not None:
+            self._relayed.set_exception(self._error)
+        elif self._done:
+            self._relayed.set_result(None)
+        else:
+            self._sink = sink
+        return self._relayed
+
+    def pause_reading(self) -> None:
+        if self._conn is not None and not self._done:
+            self._conn.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self._conn is not None and not self._done:
+            self._conn.transport.resume_reading()
+
+    def close(self) -> None:
+        """Done with it: an unfinished response is cut off (the worker sees the disconnect
+        and stops generating); a finished one's connection is already back in the pool."""
+        conn, self._conn = self._conn, None
+        self._sink = None
+        if conn is not None and not self._done:
+            conn.transport.abort()
+
+    # -- fed by the connection
+    def _on_body(self, data: bytes) -> None:
+        if self._sink is not None:
+            self._sink(data)
+            return
+        self._chunks.append(data)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def _on_end(self) -> None:
+        self._done = True
+        self._conn = None
+        self._sink = None
+        if self._relayed is not None and not self._relayed.done():
+            self._relayed.set_result(None)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def _on_error(self, error: UpstreamError) -> None:
+        self._conn = None
+        self._sink = None
+        if not self._head.done():
+            self._head.set_exception(error)
+            return
+        self._error = error
+        if self._relayed is not None and not self._relayed.done():
+            self._relayed.set_exception(error)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection to a worker, serving one response at a time."""
+
+    def __init__(self, client: UpstreamClient, key: str) -> None:
+        self.client = client
+        self.key = key
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]
+        self.parser = httptools.HttpResponseParser(self)
+        self.response: UpstreamResponse | None = None
+        self.closed = False
+        self.received = False
+        self.last_active = 0.0
+        self.read_timeout: float | None = None
+        self.until_close = False  # a body without length or chunking runs to the close
+
+    def send(self, response: UpstreamResponse, data: bytes, read_timeout: float | None) -> None:
+        self.response = response
+        self.received = False
+        self.read_timeout = read_timeout
+        self.last_active = time.monotonic()
+        self.client.busy.add(self)
+        self.transport.write(data)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.last_active = time.monotonic()
+        self.received = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self.fail(UpstreamError("bad_response", f"unparsable HTTP response ({exc})"))
+            self.transport.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.client.forget(self)
+        response, self.response = self.response, None
+        if response is None:
+            return
+        if self.until_close and response._head.done():
+            response._on_end()  # the close is the end of such a body
+            return
+        detail = f"connection lost ({type(exc).__name__ if exc else 'closed by the worker'})"
+        response._on_error(UpstreamError("disconnected", detail,
+                                         nothing_received=not self.received))
+
+    def fail(self, error: UpstreamError) -> None:
+        response, self.response = self.response, None
+        self.client.busy.discard(self)
+        if response is not None:
+            response._on_error(error)
+
+    # -- parser callbacks
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self.response is not None:
+            self.response.headers.append((name.decode("latin-1"), value.decode("latin-1")))
+
+    def on_headers_complete(self) -> None:
+        response = self.response
+        if response is None:
+            return
+        response.status = self.parser.get_status_code()
+        framed = any(n.lower() in ("content-length", "transfer-encoding")
+                     for n, _ in response.headers)
+        self.until_close = not framed and response.status not in (204, 304)
+        if not response._head.done():
+            response._head.set_result(None)
+
+    def on_body(self, body: bytes) -> None:
+        if self.response is not None:
+            self.response._on_body(body)
+
+    def on_message_complete(self) -> None:
+        response, self.response = self.response, None
+        self.client.busy.discard(self)
+        keep = self.parser.should_keep_alive() and not self.until_close
+        if response is not None:
+            response._on_end()
+        if keep and not self.closed:
+            self.client.release(self)
+        else:
+            self.transport.close()
+
+
+class UpstreamClient:
+    """Pooled HTTP/1.1 connections to workers, by base URL (`http://host:port[/prefix]`)."""
+
+    def __init__(self, *, connect_timeout: float = 3.0, read_timeout: float | None = 600.0,
+                 idle_timeout: float = 15.0) -> None:
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        self.idle_timeout = idle_timeout
+        self.idle: dict[str, list[tuple[float, _Connection]]] = {}
+        self.busy: set[_Connection] = set()
+        self._origins: dict[str, tuple[str, int, str, str]] = {}
+        self._sweeper: asyncio.Task[None] | None = None
+
+    async def request(self, base_url: str, method: str, target: str,
+                      headers: Iterable[tuple[str, str]], body: bytes = b"", *,
+                      read_timeout: float | None = None) -> UpstreamResponse:
+        """Send a request to the worker at `base_url`; return once its response headers
+        are in. Raises `UpstreamError`."""
+        host, port, host_header, prefix = self._origin(base_url)
+        lines = [f"{method} {prefix}{target} HTTP/1.1\r\nHost: {host_header}\r\n"]
+        lines += [f"{name}: {value}\r\n" for name, value in headers]
+        if body or method in ("POST", "PUT", "PATCH"):
+            lines.append(f"Content-Length: {len(body)}\r\n")
+        lines.append("\r\n")
+        data = "".join(lines).encode("latin-1") + body
+        timeout = read_timeout if read_timeout is not None else self.read_timeout
+        if timeout is not None and self._sweeper is None:
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+        for _ in range(2):
+            conn, reused = await self._acquire(base_url, host, port)
+            response = UpstreamResponse(conn)
+            conn.send(response, data, timeout)
+            try:
+                await response._head
+            except UpstreamError as exc:
+                if reused and exc.reason == "disconnected" and exc.nothing_received:
+                    continue  # the worker closed this idle connection as we reused it
+                raise
+            except asyncio.CancelledError:
+                response.close()
+                raise
+            return response
+        raise UpstreamError("disconnected", "the worker closed two connections in a row")
+
+    async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+            self._sweeper = None
+        for idle in self.idle.values():
+            for _, conn in idle:
+                conn.transport.close()
+        for conn in list(self.busy):
+            conn.transport.abort()
+        self.idle.clear()
+
+    # -- the pool
+    def _origin(self, base_url: str) -> tuple[str, int, str, str]:
+        origin = self._origins.get(base_url)
+        if origin is None:
+            parts = urlsplit(base_url)
+            if parts.scheme != "http" or not parts.hostname:
+                raise ValueError(f"worker URL {base_url!r}: only http://host[:port] is supported")
+            port = parts.port or 80
+            host_header = parts.netloc.rsplit("@", 1)[-1]
+            origin = (parts.hostname, port, host_header, parts.path.rstrip("/"))
+            self._origins[base_url] = origin
+        return origin
+
+    async def _acquire(self, key: str, host: str, port: int) -> tuple[_Connection, bool]:
+        idle = self.idle.get(key)
+        now = time.monotonic()
+        while idle:
+            since, conn = idle.pop()
+            if not conn.closed and now - since < self.idle_timeout:
+                return conn, True
+            conn.transport.close()
+        loop = asyncio.get_running_loop()
+        try:
+            _, conn = await asyncio.wait_for(
+                loop.create_connection(lambda: _Connection(self, key), host, port),
+                self.connect_timeout)
+        except (TimeoutError, OSError) as exc:
+            raise UpstreamError("connect_error", f"{host}:{port}: {exc!r}") from exc
+        return conn, False
+
+    def release(self, conn: _Connection) -> None:
+        self.idle.setdefault(conn.key, []).append((time.monotonic(), conn))
+
+    def forget(self, conn: _Connection) -> None:
+        self.busy.discard(conn)
+        idle = self.idle.get(conn.key)
+        if idle:
+            self.idle[conn.key] = [(t, c) for t, c in idle if c is not conn]
+
+    async def _sweep(self) -> None:
+        """Time out busy connections silent for longer than their read timeout."""
+        while True:
+            await asyncio.sleep(1.0)
+            now = time.monotonic()
+            for conn in list(self.busy):
+                if conn.read_timeout is not None and now - conn.last_active > conn.read_timeout:
+                    conn.fail(UpstreamError(
+                        "timeout", f"no data from the worker for {conn.read_timeout:g}s"))
+                    conn.transport.abort()
