@@ -416,10 +416,50 @@ async def overhead(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
                 else None}
         else:
             out["vllm_router"] = "not found (pip install vllm-router; pass --vllm-router PATH)"
+        if args.plot:
+            plot_overhead(ttfts, out, args.plot)
         return out
     finally:
         for proc in reversed(procs):
             proc.stop()
+
+
+def plot_overhead(ttfts: dict[str, list[float]], out: dict[str, Any], path: str) -> None:
+    """Left: TTFT distributions, direct and through each router. Right: what each router
+    adds (p50, p99) and its CPU per request."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {"direct": "gray", "frota": "tab:blue", "vllm-router": "tab:orange"}
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, values in ttfts.items():
+        ordered = sorted(v * 1000 for v in values if v == v)
+        if ordered:
+            left.plot(ordered, [(i + 1) / len(ordered) for i in range(len(ordered))],
+                      label=name, color=colors[name])
+    left.set_xlabel("TTFT (ms)")
+    left.set_ylabel("fraction of requests")
+    left.set_title(f"TTFT, streaming, concurrency {out['concurrency']}")
+    left.legend()
+    routers = {"frota": (out["added_latency_p50_ms"], out["added_latency_p99_ms"],
+                         out["router_cpu_ms_per_request"])}
+    vllm = out.get("vllm_router")
+    if isinstance(vllm, dict):
+        routers["vllm-router"] = (vllm["added_latency_p50_ms"], vllm["added_latency_p99_ms"],
+                                  vllm["router_cpu_ms_per_request"])
+    labels = ["added TTFT p50 (ms)", "added TTFT p99 (ms)", "CPU per request (ms)"]
+    for j, (name, values) in enumerate(routers.items()):
+        right.bar([i + 0.4 * j for i in range(len(labels))], values, 0.4, label=name,
+                  color=colors[name])
+    right.axhline(0, color="black", linewidth=0.5)
+    right.set_xticks([i + 0.2 for i in range(len(labels))], labels)
+    right.set_title(f"router cost (targets: p50 <= 2 ms, p99 <= 10 ms; "
+                    f"load {out['load_average_1m']})")
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(path)
 
 
 # --------------------------------------------------------------------------- --prefix
@@ -530,9 +570,13 @@ def main() -> int:
                         "(default for --prefix)")
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--concurrency", type=int, default=None)
-    parser.add_argument("--requests", type=int, default=1536,
-                        help="--overhead: requests per target, over all passes")
-    parser.add_argument("--passes", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=None,
+                        help="--overhead: requests per target, over all passes (3072); "
+                        "--disagg: requests (24)")
+    parser.add_argument("--passes", type=int, default=6,
+                        help="--overhead: the targets take turns this many times")
+    parser.add_argument("--plot", default=None,
+                        help="--overhead: draw the TTFT distributions and router CPU (PNG)")
     parser.add_argument("--max-tokens", type=int, default=None)
     parser.add_argument("--model-name", default="smollm2")
     parser.add_argument("--vllm-router", default=None, help="path of the vllm-router binary")
@@ -563,11 +607,12 @@ def main() -> int:
     if args.disagg:
         args.concurrency = args.concurrency or 6
         args.max_tokens = args.max_tokens or 32
-        args.requests = args.requests if args.requests != 1536 else 24
+        args.requests = args.requests or 24
         args.max_num_seqs = min(args.max_num_seqs, 16)
     elif args.overhead:
         fast_event_loop()
         args.backend = args.backend or "stand-in"
+        args.requests = args.requests or 3072
         args.concurrency = args.concurrency or 64
         args.max_tokens = args.max_tokens or 32
     else:
