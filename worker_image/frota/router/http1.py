@@ -251,18 +251,26 @@ class _Connection(asyncio.Protocol):
 
     def on_url(self, url: bytes) -> None:
         self._url += url
-        self._header_bytes += len(url)
+        self._count_head_bytes(len(url))  # the request line counts toward the limit too
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._header_bytes += len(name) + len(value)
-        if self._header_bytes > self.server.max_header_bytes:
-            self.reject = self.reject or (431, "request headers too large",
-                                          "request_header_fields_too_large")
+        if not self._count_head_bytes(len(name) + len(value)):
             return
         self._headers.append((name.decode("latin-1"), value.decode("latin-1")))
 
+    def _count_head_bytes(self, num_bytes: int) -> bool:
+        self._header_bytes += num_bytes
+        if self._header_bytes > self.server.max_header_bytes:
+            self.reject = self.reject or (431, "request headers too large",
+                                          "request_header_fields_too_large")
+            return False
+        return True
+
     def on_headers_complete(self) -> None:
         if self.reject is not None:
+            return
+        if self.parser.should_upgrade():  # llhttp completes the message before it says so
+            self.reject = (400, "protocol upgrades are not supported", "unsupported_upgrade")
             return
         for name, value in self._headers:
             lower = name.lower()
@@ -375,6 +383,8 @@ class HttpServer:
         """Stop accepting; give requests in flight `grace` seconds, then cut them off."""
         if self._server is None:
             return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
         self._server.close()
         for conn in list(self.connections):
             if conn.task is None:
@@ -382,6 +392,11 @@ class HttpServer:
         tasks = [c.task for c in self.connections if c.task is not None]
         if tasks:
             await asyncio.wait(tasks, timeout=grace)
+        # Answers written but not yet flushed to slow clients get the rest of the grace.
+        while loop.time() < deadline and any(
+                c.task is None and c.transport.get_write_buffer_size()
+                for c in self.connections):
+            await asyncio.sleep(0.05)
         for conn in list(self.connections):
             if conn.task is not None:
                 conn.task.cancel()

@@ -244,6 +244,7 @@ class _Connection(asyncio.Protocol):
         if response is not None:
             response._on_end()
         if keep and not self.closed:
+            self.transport.resume_reading()  # a relay may have paused it; nobody else resumes
             self.client.release(self)
         else:
             self.transport.close()

@@ -1,0 +1,543 @@
+"""The router's HTTP/1.1 server (`frota.router.http1`), byte by byte over real sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+import aiohttp
+import pytest
+from frota.router.app import _error
+from frota.router.http1 import (
+    WRITE_HIGH_WATER,
+    HttpServer,
+    Request,
+    Response,
+    ResponseStream,
+    json_response,
+)
+
+TIMEOUT = 5.0
+GET = b"GET / HTTP/1.1\r\nHost: t\r\n\r\n"
+
+
+@dataclass
+class RawResponse:
+    status_line: str
+    status: int
+    headers: dict[str, str]  # lower-case names
+    body: bytes
+
+
+async def read_response(reader: asyncio.StreamReader) -> RawResponse:
+    """One response off the wire: Content-Length, chunked, or until the close."""
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), TIMEOUT)
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines:
+        if line:
+            name, _, value = line.partition(":")
+            assert name.lower() not in headers, f"repeated header {name}"
+            headers[name.lower()] = value.strip()
+    if "content-length" in headers:
+        body = await asyncio.wait_for(reader.readexactly(int(headers["content-length"])), TIMEOUT)
+    elif headers.get("transfer-encoding") == "chunked":
+        parts = []
+        while True:
+            size = int(await asyncio.wait_for(reader.readuntil(b"\r\n"), TIMEOUT), 16)
+            data = await asyncio.wait_for(reader.readexactly(size + 2), TIMEOUT)
+            assert data.endswith(b"\r\n")
+            if size == 0:
+                break
+            parts.append(data[:-2])
+        body = b"".join(parts)
+    else:
+        body = await asyncio.wait_for(reader.read(), TIMEOUT)
+    return RawResponse(status_line, int(status_line.split()[1]), headers, body)
+
+
+async def assert_closed(reader: asyncio.StreamReader) -> None:
+    """The server closed the connection (and sent nothing more)."""
+    try:
+        rest = await asyncio.wait_for(reader.read(), TIMEOUT)
+    except ConnectionResetError:
+        return
+    assert rest == b""
+
+
+def assert_openai_error(response: RawResponse, status: int, code: str) -> dict:
+    assert response.status == status
+    assert response.headers["content-type"].startswith("application/json")
+    body = json.loads(response.body)
+    assert set(body) == {"error"}
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["code"] == code and isinstance(error["message"], str) and error["message"]
+    return error
+
+
+async def echo(request: Request) -> Response:
+    return json_response({"method": request.method, "target": request.target,
+                          "body": request.body.decode(), "version": request.http_version,
+                          "headers": request.headers})
+
+
+async def small_buffer_socket(port: int) -> socket.socket:
+    """A client socket that takes little from the server before the test reads it."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    return sock
+
+
+Serve = Callable[..., Awaitable[tuple[HttpServer, int]]]
+Connect = Callable[..., Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Serve]:
+    servers: list[HttpServer] = []
+
+    async def start(handler: Callable[[Request], Awaitable[Response | ResponseStream]],
+                    **limits: object) -> tuple[HttpServer, int]:
+        server = HttpServer(handler, _error, **limits)  # type: ignore[arg-type]
+        servers.append(server)
+        return server, await server.listen("127.0.0.1", 0)
+
+    yield start
+    for server in servers:
+        await server.close(grace=0.1)
+
+
+@pytest.fixture
+async def connect() -> AsyncIterator[Connect]:
+    writers: list[asyncio.StreamWriter] = []
+
+    async def open_(port: int, sock: socket.socket | None = None
+                    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        if sock is None:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        else:
+            reader, writer = await asyncio.open_connection(sock=sock)
+        writers.append(writer)
+        return reader, writer
+
+    yield open_
+    for writer in writers:
+        writer.close()
+
+
+async def test_keep_alive_serves_two_requests_on_one_connection(serve, connect):
+    server, port = await serve(echo)
+    reader, writer = await connect(port)
+    for target in ("/one", "/two?x=1"):
+        writer.write(f"GET {target} HTTP/1.1\r\nHost: t\r\n\r\n".encode())
+        response = await read_response(reader)
+        assert response.status_line == "HTTP/1.1 200 OK"
+        assert "connection" not in response.headers
+        assert json.loads(response.body)["target"] == target
+    assert len(server.connections) == 1
+    # HTTP/1.1 with `Connection: close` is answered, then closed.
+    writer.write(b"GET /three HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+    response = await read_response(reader)
+    assert response.status == 200 and response.headers["connection"] == "close"
+    await assert_closed(reader)
+
+
+async def test_a_request_is_parsed_into_its_parts(serve, connect):
+    seen: list[Request] = []
+
+    async def handler(request: Request) -> Response:
+        seen.append(request)
+        return Response(204)
+
+    _, port = await serve(handler)
+    reader, writer = await connect(port)
+    writer.write(b"PUT /v1/x?a=1&b=2 HTTP/1.1\r\nHost: t\r\nX-Tag: one\r\nx-tag: two\r\n"
+                 b"Content-Length: 4\r\n\r\nbody")
+    response = await read_response(reader)
+    assert response.status_line == "HTTP/1.1 204 No Content"
+    (request,) = seen
+    assert (request.method, request.target, request.path, request.query) == (
+        "PUT", "/v1/x?a=1&b=2", "/v1/x", "a=1&b=2")
+    assert request.headers["x-tag"] == "one, two"  # repeated headers joined
+    assert ("X-Tag", "one") in request.raw_headers  # as sent
+    assert request.body == b"body" and request.keep_alive and request.http_version == "1.1"
+
+
+async def test_pipelined_requests_are_answered_in_order(serve, connect):
+    events: list[str] = []
+
+    async def handler(request: Request) -> Response:
+        events.append(f"start {request.path}")
+        await asyncio.sleep({"/slow": 0.2, "/mid": 0.05}.get(request.path, 0.0))
+        events.append(f"end {request.path}")
+        return Response(200, request.path.encode())
+
+    _, port = await serve(handler)
+    reader, writer = await connect(port)
+    writer.write(b"GET /slow HTTP/1.1\r\nHost: t\r\n\r\n"
+                 b"POST /fast HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\nhi"
+                 b"GET /mid HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+    bodies = [(await read_response(reader)).body for _ in range(3)]
+    assert bodies == [b"/slow", b"/fast", b"/mid"]
+    # One request at a time: the next starts only once the one before it is answered.
+    assert events == ["start /slow", "end /slow", "start /fast", "end /fast",
+                      "start /mid", "end /mid"]
+    await assert_closed(reader)
+
+
+async def test_http10_request_is_answered_with_connection_close(serve, connect):
+    _, port = await serve(echo)
+    reader, writer = await connect(port)
+    writer.write(b"GET /old HTTP/1.0\r\n\r\n")
+    response = await read_response(reader)
+    assert response.status == 200
+    assert response.headers["connection"] == "close"
+    assert json.loads(response.body)["version"] == "1.0"
+    await assert_closed(reader)
+
+
+async def test_streamed_response_to_http10_is_unchunked_and_ends_with_close(serve, connect):
+    async def handler(request: Request) -> ResponseStream:
+        stream = ResponseStream(request, 200, [("Content-Type", "text/event-stream")])
+        stream.start(b"one ")
+        await asyncio.sleep(0.01)
+        stream.write(b"two")
+        stream.end()
+        return stream
+
+    _, port = await serve(handler)
+    reader, writer = await connect(port)
+    writer.write(b"POST /v1/completions HTTP/1.0\r\nContent-Length: 0\r\n\r\n")
+    response = await read_response(reader)  # no length, not chunked: read until the close
+    assert response.status == 200
+    assert "transfer-encoding" not in response.headers
+    assert "content-length" not in response.headers
+    assert response.headers["connection"] == "close"
+    assert response.body == b"one two"
+
+
+async def test_stream_chunks_decode_with_aiohttp(serve):
+    gate = asyncio.Event()
+
+    async def handler(request: Request) -> ResponseStream:
+        stream = ResponseStream(request, 201, [("Content-Type", "text/event-stream")])
+        stream.start(b"data: first\n\n")
+        stream.write(b"")  # nothing to send: must not end the chunked body
+        await gate.wait()
+        stream.write(b"data: second\n\n")
+        stream.write(b"x" * 70000)
+        stream.end()
+        stream.end()  # twice is harmless
+        return stream
+
+    _, port = await serve(handler)
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"http://127.0.0.1:{port}/s") as resp:
+            assert resp.status == 201
+            assert resp.headers["Transfer-Encoding"] == "chunked"
+            # The first chunk went out with the head, before the handler goes on.
+            first = await asyncio.wait_for(resp.content.readany(), TIMEOUT)
+            assert first == b"data: first\n\n"
+            gate.set()
+            rest = await asyncio.wait_for(resp.read(), TIMEOUT)
+        assert rest == b"data: second\n\n" + b"x" * 70000
+        async with session.get(f"http://127.0.0.1:{port}/s") as resp:  # connection reused
+            assert await asyncio.wait_for(resp.read(), TIMEOUT) == (
+                b"data: first\n\ndata: second\n\n" + b"x" * 70000)
+
+
+async def test_a_stream_the_handler_left_open_is_ended_and_the_connection_reused(serve,
+                                                                                   connect):
+    async def handler(request: Request) -> ResponseStream:
+        stream = ResponseStream(request, 200, [])
+        if request.path == "/started":
+            stream.start(b"abc")
+        return stream  # neither ended nor, for /bare, started
+
+    _, port = await serve(handler)
+    reader, writer = await connect(port)
+    for path, body in (("/started", b"abc"), ("/bare", b"")):
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: t\r\n\r\n".encode())
+        response = await read_response(reader)
+        assert response.status == 200 and response.body == body
+        assert response.headers["transfer-encoding"] == "chunked"
+
+
+async def test_malformed_request_gets_400_in_the_openai_shape_and_close(serve, connect):
+    called = []
+
+    async def handler(request: Request) -> Response:
+        called.append(request)
+        return Response(200)
+
+    _, port = await serve(handler)
+    reader, writer = await connect(port)
+    writer.write(b"GET / HTTP/1.1\r\nHost: t\r\nBad Header\r\n\r\n")
+    response = await read_response(reader)
+    error = assert_openai_error(response, 400, "bad_request")
+    assert error["type"] == "invalid_request_error" and error["param"] is None
+    assert "malformed" in error["message"]
+    assert response.headers["connection"] == "close"
+    await assert_closed(reader)
+    assert called == []
+
+
+async def test_protocol_upgrade_gets_400_without_reaching_the_handler(serve, connect):
+    called = []
+
+    async def handler(request: Request) -> Response:
+        called.append(request)
+        return Response(200, b"served")
+
+    _, port = await serve(handler)
+    for request in (b"GET /chat HTTP/1.1\r\nHost: t\r\nConnection: Upgrade\r\n"
+                    b"Upgrade: websocket\r\n\r\n",
+                    b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n"):
+        reader, writer = await connect(port)
+        writer.write(request)
+        response = await read_response(reader)
+        assert_openai_error(response, 400, "unsupported_upgrade")
+        await assert_closed(reader)
+    assert called == []
+
+
+async def test_content_length_over_max_body_gets_413_before_the_body(serve, connect):
+    _, port = await serve(echo, max_body=1000)
+    reader, writer = await connect(port)
+    writer.write(b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 1001\r\n\r\n")  # no body yet
+    response = await read_response(reader)
+    assert_openai_error(response, 413, "request_too_large")
+    assert response.headers["connection"] == "close"
+    await assert_closed(reader)
+    # At the limit is fine.
+    reader, writer = await connect(port)
+    writer.write(b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\n" + b"b" * 1000)
+    response = await read_response(reader)
+    assert response.status == 200 and json.loads(response.body)["body"] == "b" * 1000
+
+
+def chunked(*parts: bytes) -> bytes:
+    return b"".join(b"%x\r\n%b\r\n" % (len(p), p) for p in parts) + b"0\r\n\r\n"
+
+
+async def test_chunked_body_over_max_body_gets_413(serve, connect):
+    _, port = await serve(echo, max_body=100)
+    head = b"POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+    reader, writer = await connect(port)
+    writer.write(head + chunked(b"a" * 60, b"b" * 41))
+    assert_openai_error(await read_response(reader), 413, "request_too_large")
+    await assert_closed(reader)
+    reader, writer = await connect(port)
+    writer.write(head + chunked(b"a" * 60, b"b" * 40))  # 100 bytes: reassembled whole
+    response = await read_response(reader)
+    assert response.status == 200
+    assert json.loads(response.body)["body"] == "a" * 60 + "b" * 40
+
+
+async def test_headers_over_max_header_bytes_get_431(serve, connect):
+    _, port = await serve(echo, max_header_bytes=1024)
+    reader, writer = await connect(port)
+    writer.write(b"GET / HTTP/1.1\r\nHost: t\r\nX-Big: " + b"v" * 1100 + b"\r\n\r\n")
+    response = await read_response(reader)
+    assert_openai_error(response, 431, "request_header_fields_too_large")
+    await assert_closed(reader)
+    # Many small headers add up too.
+    reader, writer = await connect(port)
+    many = b"".join(b"X-H%d: %b\r\n" % (i, b"v" * 60) for i in range(20))
+    writer.write(b"GET / HTTP/1.1\r\nHost: t\r\n" + many + b"\r\n")
+    assert (await read_response(reader)).status == 431
+    # So does the request line, even with no header after it.
+    reader, writer = await connect(port)
+    writer.write(b"GET /" + b"u" * 1100 + b" HTTP/1.0\r\n\r\n")
+    assert (await read_response(reader)).status == 431
+    reader, writer = await connect(port)
+    writer.write(b"GET / HTTP/1.1\r\nHost: t\r\nX-Big: " + b"v" * 900 + b"\r\n\r\n")
+    response = await read_response(reader)
+    assert response.status == 200
+    assert json.loads(response.body)["headers"]["x-big"] == "v" * 900
+
+
+async def test_expect_100_continue_is_answered_before_the_body(serve, connect):
+    _, port = await serve(echo)
+    reader, writer = await connect(port)
+    writer.write(b"POST /e HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n"
+                 b"Expect: 100-continue\r\n\r\n")
+    interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), TIMEOUT)
+    assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+    writer.write(b"hello")
+    response = await read_response(reader)
+    assert response.status == 200 and json.loads(response.body)["body"] == "hello"
+
+
+async def test_a_handler_that_raises_gets_500_and_the_server_goes_on(serve, connect):
+    async def handler(request: Request) -> Response:
+        if request.path == "/boom":
+            raise RuntimeError("handler bug")
+        return Response(200, b"fine")
+
+    _, port = await serve(handler)
+    reader, writer = await connect(port)
+    writer.write(b"GET /boom HTTP/1.1\r\nHost: t\r\n\r\n")
+    error = assert_openai_error(await read_response(reader), 500, "internal_error")
+    assert error["type"] == "internal_error"
+    assert "handler bug" not in error["message"]  # no internals leak to the client
+    writer.write(b"GET /ok HTTP/1.1\r\nHost: t\r\n\r\n")  # the same connection still works
+    assert (await read_response(reader)).body == b"fine"
+    reader, writer = await connect(port)  # and so do new ones
+    writer.write(b"GET /ok HTTP/1.1\r\nHost: t\r\n\r\n")
+    assert (await read_response(reader)).body == b"fine"
+
+
+async def test_a_client_that_leaves_cancels_its_handler(serve, connect):
+    started, cancelled = asyncio.Event(), asyncio.Event()
+    gone = []
+
+    async def handler(request: Request) -> Response:
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            gone.append(request.client_gone)
+            cancelled.set()
+            raise
+        return Response(200)
+
+    server, port = await serve(handler)
+    _, writer = await connect(port)
+    writer.write(GET)
+    await asyncio.wait_for(started.wait(), TIMEOUT)
+    writer.close()
+    await asyncio.wait_for(cancelled.wait(), TIMEOUT)
+    assert gone == [True]
+    for _ in range(100):
+        if not server.connections:
+            break
+        await asyncio.sleep(0.01)
+    assert not server.connections
+
+
+async def test_a_slow_reader_pauses_the_stream_source_and_resumes_it(serve, connect):
+    paused, resumed = asyncio.Event(), asyncio.Event()
+    calls: list[str] = []
+    sent = []
+
+    def pause() -> None:
+        calls.append("pause")
+        paused.set()
+
+    def resume() -> None:
+        calls.append("resume")
+        resumed.set()
+
+    async def handler(request: Request) -> ResponseStream:
+        stream = ResponseStream(request, 200, [])
+        stream.set_flow_control(pause, resume)
+        stream.start()
+        chunk = b"x" * 65536
+        while not paused.is_set() and stream.num_bytes < 256 * 1024 * 1024:
+            stream.write(chunk)  # never waits: the source would go on without flow control
+        sent.append(stream.num_bytes)
+        await resumed.wait()
+        stream.write(b"END")
+        stream.end()
+        return stream
+
+    server, port = await serve(handler)
+    sock = await small_buffer_socket(port)
+    await asyncio.get_running_loop().sock_sendall(sock, GET)  # and nothing reads it yet
+    await asyncio.wait_for(paused.wait(), TIMEOUT)
+    (conn,) = server.connections
+    assert conn.transport.get_write_buffer_size() > WRITE_HIGH_WATER
+    await asyncio.sleep(0.2)  # the client still reads nothing: the source stays paused
+    assert calls == ["pause"]
+    reader, _ = await connect(port, sock=sock)
+    response = await read_response(reader)
+    await asyncio.wait_for(resumed.wait(), TIMEOUT)
+    assert calls == ["pause", "resume"]
+    assert len(response.body) == sent[0] + 3 and response.body.endswith(b"xEND")
+
+
+async def test_close_lets_a_request_in_flight_finish_within_grace(serve, connect):
+    started = asyncio.Event()
+
+    async def handler(request: Request) -> Response:
+        if request.path == "/slow":
+            started.set()
+            await asyncio.sleep(0.3)
+        return Response(200, b"done " + request.path.encode())
+
+    server, port = await serve(handler)
+    idle_reader, idle_writer = await connect(port)
+    idle_writer.write(GET)
+    assert (await read_response(idle_reader)).status == 200  # now idle, kept alive
+    reader, writer = await connect(port)
+    writer.write(b"GET /slow HTTP/1.1\r\nHost: t\r\n\r\n")
+    await asyncio.wait_for(started.wait(), TIMEOUT)
+    closing = asyncio.create_task(server.close(grace=5.0))
+    await assert_closed(idle_reader)  # idle connections go at once
+    response = await read_response(reader)
+    assert response.status == 200 and response.body == b"done /slow"
+    await asyncio.wait_for(closing, TIMEOUT)
+    await assert_closed(reader)
+    with pytest.raises(OSError):
+        await connect(port)
+
+
+async def test_close_lets_an_answer_finish_reaching_a_slow_client(serve, connect):
+    started = asyncio.Event()
+    body = bytes(range(256)) * (32 * 1024)  # 8 MiB: far more than the socket buffers hold
+
+    async def handler(request: Request) -> Response:
+        started.set()
+        await asyncio.sleep(0.1)
+        return Response(200, body)
+
+    server, port = await serve(handler)
+    reader, writer = await connect(port, sock=await small_buffer_socket(port))
+    writer.write(GET)
+    await asyncio.wait_for(started.wait(), TIMEOUT)
+    closing = asyncio.create_task(server.close(grace=5.0))
+    for _ in range(200):  # the handler has answered; most of the answer is still queued
+        (conn,) = server.connections
+        if conn.task is None:
+            break
+        await asyncio.sleep(0.01)
+    assert conn.transport.get_write_buffer_size() > 0
+    response = await read_response(reader)
+    assert response.body == body
+    await asyncio.wait_for(closing, TIMEOUT)
+
+
+async def test_close_cuts_off_a_request_that_outlasts_grace(serve, connect):
+    started, cancelled = asyncio.Event(), asyncio.Event()
+
+    async def handler(request: Request) -> Response:
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return Response(200)
+
+    server, port = await serve(handler)
+    reader, writer = await connect(port)
+    writer.write(GET)
+    await asyncio.wait_for(started.wait(), TIMEOUT)
+    await asyncio.wait_for(server.close(grace=0.2), TIMEOUT)
+    assert cancelled.is_set()
+    await assert_closed(reader)
+
+
+async def test_an_idle_connection_closes_after_keepalive_timeout(serve, connect):
+    _, port = await serve(echo, keepalive_timeout=0.2)
+    reader, writer = await connect(port)
+    writer.write(GET)
+    assert (await read_response(reader)).status == 200
+    await assert_closed(reader)
