@@ -541,3 +541,31 @@ async def test_an_idle_connection_closes_after_keepalive_timeout(serve, connect)
     writer.write(GET)
     assert (await read_response(reader)).status == 200
     await assert_closed(reader)
+
+
+async def test_a_header_that_never_ends_is_cut_off_at_the_limit(serve, connect):
+    # llhttp hands a header over only when it is complete: the server bounds it by bytes
+    # received, so an endless header value cannot grow without limit.
+    _, port = await serve(echo, max_header_bytes=1024)
+    reader, writer = await connect(port)
+    writer.write(b"GET / HTTP/1.1\r\nHost: t\r\nX-Endless: ")
+    for _ in range(4):
+        writer.write(b"v" * 512)  # never the end of the line
+        await writer.drain()
+    response = await read_response(reader)
+    assert_openai_error(response, 431, "request_header_fields_too_large")
+    await assert_closed(reader)
+
+
+async def test_a_request_that_stalls_halfway_is_closed_after_keepalive_timeout(serve, connect):
+    calls = []
+
+    async def handler(request: Request) -> Response:
+        calls.append(request)
+        return Response(200, b"late")
+
+    _, port = await serve(handler, keepalive_timeout=0.3)
+    reader, writer = await connect(port)
+    writer.write(b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\nhalf")
+    await assert_closed(reader)  # the other half never came: closed, nothing served
+    assert calls == []

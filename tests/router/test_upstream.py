@@ -497,3 +497,22 @@ async def test_a_pause_that_outlives_the_response_does_not_stall_the_pool(start_
         assert worker.num_connections == 1
     finally:
         await client.close()
+
+
+async def test_idle_connections_close_after_idle_timeout_without_new_requests(start_raw):
+    closed = asyncio.Event()
+
+    async def handle(worker, reader, writer) -> None:
+        while await worker.read_request(reader):
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        closed.set()  # EOF: the client closed its idle connection
+
+    worker = await start_raw(handle)
+    client = UpstreamClient(read_timeout=None, idle_timeout=0.2)
+    try:
+        assert await (await client.request(worker.url, "GET", "/", [])).read() == b"ok"
+        assert len(client.idle[worker.url]) == 1
+        await asyncio.wait_for(closed.wait(), 3.0)  # the sweeper ticks every second
+        assert client.idle[worker.url] == []
+    finally:
+        await client.close()

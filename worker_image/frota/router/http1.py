@@ -15,8 +15,9 @@ path is a few parser callbacks and one task.
   `ResponseStream` it has written (chunked). `ResponseStream.write` does not wait:
   it hands the bytes to the transport, and when the client reads slower than the
   source writes, flow control pauses the source (`on_pause`/`on_resume`) instead.
-- Keep-alive per HTTP/1.1; `Connection: close` and HTTP/1.0 close after the response;
-  idle connections close after `keepalive_timeout`.
+- Keep-alive per HTTP/1.1; `Connection: close` and HTTP/1.0 close after the response.
+  A connection has `keepalive_timeout` to send its next request whole: idle ones, and
+  ones that start a request and stall (slowloris), are closed.
 - A client that disconnects cancels its request's task (the proxy then closes the
   upstream connection, and the worker aborts the generation).
 - Bad input answers in the OpenAI error shape and closes the connection: malformed
@@ -197,6 +198,7 @@ class _Connection(asyncio.Protocol):
         self._url = b""
         self._headers: HeaderList = []
         self._header_bytes = 0
+        self._in_head = False  # between the first byte of a request and its blank line
         self._body: list[bytes] = []
         self._body_size = 0
 
@@ -210,6 +212,8 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         try:
             self.parser.feed_data(data)
+            if self._in_head:  # llhttp hands a header over only once complete: bound it here
+                self._count_head_bytes(len(data))
         except httptools.HttpParserUpgrade:
             self.reject = (400, "protocol upgrades are not supported", "unsupported_upgrade")
         except httptools.HttpParserError as exc:
@@ -240,9 +244,9 @@ class _Connection(asyncio.Protocol):
 
     # -- parser callbacks
     def on_message_begin(self) -> None:
-        if self.idle_timer is not None:
-            self.idle_timer.cancel()
-            self.idle_timer = None
+        # The keep-alive timer keeps running until the request is whole: a client that
+        # starts a request and goes quiet is closed like an idle one.
+        self._in_head = True
         self._url = b""
         self._headers = []
         self._header_bytes = 0
@@ -267,6 +271,7 @@ class _Connection(asyncio.Protocol):
         return True
 
     def on_headers_complete(self) -> None:
+        self._in_head = False
         if self.reject is not None:
             return
         if self.parser.should_upgrade():  # llhttp completes the message before it says so
@@ -293,6 +298,9 @@ class _Connection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         if self.reject is not None:
             return
+        if self.idle_timer is not None:
+            self.idle_timer.cancel()
+            self.idle_timer = None
         parser = self.parser
         request = Request(self, parser.get_method().decode("latin-1"),
                           self._url.decode("latin-1"), self._headers, b"".join(self._body),

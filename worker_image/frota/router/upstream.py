@@ -276,7 +276,7 @@ class UpstreamClient:
         lines.append("\r\n")
         data = "".join(lines).encode("latin-1") + body
         timeout = read_timeout if read_timeout is not None else self.read_timeout
-        if timeout is not None and self._sweeper is None:
+        if self._sweeper is None:
             self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
         for _ in range(2):
             conn, reused = await self._acquire(base_url, host, port)
@@ -347,7 +347,8 @@ class UpstreamClient:
             self.idle[conn.key] = [(t, c) for t, c in idle if c is not conn]
 
     async def _sweep(self) -> None:
-        """Time out busy connections silent for longer than their read timeout."""
+        """Every second: time out busy connections silent for longer than their read
+        timeout, and close idle ones unused for `idle_timeout`."""
         while True:
             await asyncio.sleep(1.0)
             now = time.monotonic()
@@ -356,3 +357,9 @@ class UpstreamClient:
                     conn.fail(UpstreamError(
                         "timeout", f"no data from the worker for {conn.read_timeout:g}s"))
                     conn.transport.abort()
+            for key, idle in list(self.idle.items()):
+                stale = [conn for since, conn in idle if now - since >= self.idle_timeout]
+                if stale:
+                    self.idle[key] = [(t, c) for t, c in idle if c not in stale]
+                    for conn in stale:
+                        conn.transport.close()
