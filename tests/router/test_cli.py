@@ -82,3 +82,15 @@ def test_missing_workers_is_a_clear_error():
     out = subprocess.run([sys.executable, "-m", "frota.cli.main", "router"],
                          capture_output=True, text=True, env={**os.environ, "FROTA_WORKERS": ""})
     assert out.returncode != 0 and "--workers" in out.stderr
+
+
+def test_a_bad_option_value_is_one_line_naming_the_flag():
+    for flags, named in ((["--policy", "prefix-aware", "--prefix-min-match", "2"],
+                          "--prefix-min-match"),
+                         (["--api-key-file", "/nonexistent/keys"], "/nonexistent/keys")):
+        out = subprocess.run([sys.executable, "-m", "frota.cli.main", "router",
+                              "--workers", "http://127.0.0.1:9", "--port", "0", *flags],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2
+        assert out.stderr.startswith("frota router: error:") and named in out.stderr
+        assert "Traceback" not in out.stderr

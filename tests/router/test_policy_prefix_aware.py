@@ -89,3 +89,44 @@ def test_completions_prompts_hash_like_chat_text():
     assert request.prompt_text == "abc"
     assert RouteRequest("/v1/completions", b'{"prompt": [1, 2]}').prompt_text == "1 2"
     assert RouteRequest("/v1/completions", b"not json").prompt_text == ""
+
+
+def test_a_short_shared_prefix_does_not_pile_first_turns_onto_one_worker():
+    # Every conversation opens with the same short system prompt: following it would send
+    # all first turns to its owner. Below min_match they go to the least loaded worker,
+    # and each conversation's later turns (mostly its own history) follow its first.
+    workers = [Worker(f"http://w{i}") for i in range(2)]
+    policy = PrefixAwarePolicy(block_chars=16, balance=10.0, min_match=0.5)
+    system = "Be terse. " * 4  # 40 characters, shorter than each user message
+    firsts = {}
+    for conv in range(8):  # all in flight at once
+        decision = policy.choose(chat(system, f"{conv}: this conversation asks something rather long about the fleet"),
+                                 workers)
+        decision.worker.num_outstanding += 1
+        firsts[conv] = decision.worker
+    assert [w.num_outstanding for w in workers] == [4, 4]
+    for conv in range(8):
+        later = chat(system, f"{conv}: this conversation asks something rather long about the fleet", "and then more")
+        decision = policy.choose(later, workers)
+        assert decision.worker is firsts[conv] and decision.reason == "prefix_hit"
+
+
+def test_min_match_zero_follows_any_remembered_prefix():
+    workers = [Worker(f"http://w{i}") for i in range(2)]
+    policy = PrefixAwarePolicy(block_chars=16, balance=10.0, min_match=0.0)
+    system = "Be terse. " * 4
+    picks = set()
+    for conv in range(8):
+        decision = policy.choose(chat(system, f"{conv}: this conversation asks something rather long about the fleet"),
+                                 workers)
+        decision.worker.num_outstanding += 1
+        picks.add(decision.worker.url)
+    assert len(picks) == 1  # the shared system prompt's owner takes them all
+
+
+def test_prefix_aware_options_are_checked():
+    import pytest
+
+    for kwargs in ({"min_match": 1.5}, {"balance": -1}, {"block_chars": 0}):
+        with pytest.raises(ValueError, match="--prefix-"):
+            PrefixAwarePolicy(**kwargs)

@@ -43,6 +43,7 @@ class RouterConfig:
     prefix_block_chars: int = 128
     prefix_max_blocks: int = 64
     prefix_balance: float = 0.25
+    prefix_min_match: float = 0.5
     session_header: str = "x-session-id"
     max_inflight: int = 256
     max_queue: int = 1024
@@ -75,6 +76,7 @@ class Router:
             config.policy, load_signal=config.load_signal,
             prefix_block_chars=config.prefix_block_chars,
             prefix_max_blocks=config.prefix_max_blocks, prefix_balance=config.prefix_balance,
+            prefix_min_match=config.prefix_min_match,
             session_header=config.session_header)
         self.admission = AdmissionController(
             self.metrics, max_inflight=config.max_inflight, max_queue=config.max_queue,

@@ -14,6 +14,7 @@ import gc
 import logging
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +77,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="prefix-aware: leading blocks hashed per prompt")
     g.add_argument("--prefix-balance", type=float, default=_env("--prefix-balance", 0.25),
                    help="prefix-aware: a worker may take (1 + this) x its fair share of load")
+    g.add_argument("--prefix-min-match", type=float, default=_env("--prefix-min-match", 0.5),
+                   help="prefix-aware: follow a remembered prefix only when it covers this "
+                   "fraction of the prompt's blocks; else route to the least loaded worker")
     g.add_argument("--session-header", default=_env("--session-header", "x-session-id"),
                    help="session: header carrying the session key (else the body's `user`)")
 
@@ -161,7 +165,8 @@ def config_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     return RouterConfig(
         policy=PolicyName(args.policy), load_signal=LoadSignal(args.load_signal),
         prefix_block_chars=args.prefix_block_chars, prefix_max_blocks=args.prefix_max_blocks,
-        prefix_balance=args.prefix_balance, session_header=args.session_header,
+        prefix_balance=args.prefix_balance, prefix_min_match=args.prefix_min_match,
+        session_header=args.session_header,
         max_inflight=args.max_inflight, max_queue=args.max_queue,
         queue_timeout=args.queue_timeout,
         proxy=ProxyConfig(max_retries=args.max_retries, retry_backoff=args.retry_backoff,
@@ -173,10 +178,7 @@ def config_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         disagg=_disaggregation(args))
 
 
-async def serve(args: argparse.Namespace) -> None:
-    from frota.router.app import build_app
-
-    app = build_app(config_from_args(args), _discovery(args))
+async def serve(args: argparse.Namespace, app) -> None:  # type: ignore[no-untyped-def]
     await app.start(args.host, args.port)
     # Everything allocated so far (modules, the app) lives as long as the process: keep
     # it out of the cyclic GC, so full collections stay short on the request path.
@@ -196,10 +198,17 @@ def run(args: argparse.Namespace) -> int:
     """Serve the router until SIGINT/SIGTERM."""
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from frota.router.app import build_app
+
+    try:  # bad option values (a policy's, an API key file's) fail here, in one line
+        app = build_app(config_from_args(args), _discovery(args))
+    except (ValueError, OSError) as exc:
+        print(f"frota router: error: {exc}", file=sys.stderr)
+        return 2
     try:
         import uvloop  # optional: faster event loop when installed
     except ImportError:
-        asyncio.run(serve(args))
+        asyncio.run(serve(args, app))
     else:
-        uvloop.run(serve(args))
+        uvloop.run(serve(args, app))
     return 0

@@ -21,6 +21,7 @@ def make_policy(
     prefix_block_chars: int = 128,
     prefix_max_blocks: int = 64,
     prefix_balance: float = 0.25,
+    prefix_min_match: float = 0.5,
     session_header: str = "x-session-id",
 ) -> RoutingPolicy:
     """Build the policy `name` with the options that concern it."""
@@ -30,6 +31,7 @@ def make_policy(
         case PolicyName.LEAST_LOAD:
             return LeastLoadPolicy(LoadSignal(load_signal))
         case PolicyName.PREFIX_AWARE:
-            return PrefixAwarePolicy(prefix_block_chars, prefix_max_blocks, prefix_balance)
+            return PrefixAwarePolicy(prefix_block_chars, prefix_max_blocks, prefix_balance,
+                                     prefix_min_match)
         case PolicyName.SESSION:
             return SessionPolicy(session_header)

@@ -36,9 +36,13 @@ class PrefixAwarePolicy(RoutingPolicy):
     The prompt text (see `RouteRequest.prompt_text`) is cut into character blocks
     and hashed as a chain. The router remembers, for each block hash, the worker
     it last sent that prefix to (an LRU table of `max_table_entries`). A request
-    goes to the owner of its longest remembered prefix ("prefix_hit"); a prompt
-    with no remembered prefix goes where consistent hashing of its hashed
-    prefix points ("hash"), so unrelated prompts spread evenly.
+    goes to the owner of its longest remembered prefix ("prefix_hit") when that
+    prefix covers at least `min_match` of the prompt's hashed blocks. Otherwise
+    what is cached is worth less than an even load: the request goes to the
+    least loaded worker, ties broken by consistent hashing of the prompt ("hash"
+    when the ring's first choice, else "least_outstanding"). So the first turn of
+    a chat whose only shared part is a short system prompt lands where there is
+    room, and its later turns, mostly history, follow it.
 
     Load is bounded (consistent hashing with bounded loads): a worker may take a
     request only while its outstanding count stays within `(1 + balance)` times
@@ -51,12 +55,17 @@ class PrefixAwarePolicy(RoutingPolicy):
     needs_body = True
 
     def __init__(self, block_chars: int = 128, max_blocks: int = 64, balance: float = 0.25,
-                 max_table_entries: int = 200_000) -> None:
-        if block_chars < 1 or max_blocks < 1 or balance < 0:
-            raise ValueError("block_chars and max_blocks must be >= 1 and balance >= 0")
+                 min_match: float = 0.5, max_table_entries: int = 200_000) -> None:
+        for flag, ok, want in (("--prefix-block-chars", block_chars >= 1, ">= 1"),
+                               ("--prefix-max-blocks", max_blocks >= 1, ">= 1"),
+                               ("--prefix-balance", balance >= 0, ">= 0"),
+                               ("--prefix-min-match", 0 <= min_match <= 1, "in [0, 1]")):
+            if not ok:
+                raise ValueError(f"prefix-aware: {flag} must be {want}")
         self.block_chars = block_chars
         self.max_blocks = max_blocks
         self.balance = balance
+        self.min_match = min_match
         self.max_table_entries = max_table_entries
         self._owner: OrderedDict[int, str] = OrderedDict()
         self._ring = RingCache()
@@ -70,23 +79,26 @@ class PrefixAwarePolicy(RoutingPolicy):
         bound = self._bound(candidates)
         by_url = {w.url: w for w in candidates}
         decision: Decision | None = None
-        for h in reversed(hashes):
-            url = self._owner.get(h)
+        matched_owner = False
+        for i in range(len(hashes) - 1, -1, -1):
+            url = self._owner.get(hashes[i])
             if url is not None and url in by_url:
-                owner = by_url[url]
-                if owner.num_outstanding + 1 <= bound:
-                    decision = Decision(owner, "prefix_hit")
-                break  # the longest cached prefix is over its bound: fall to the ring
+                if (i + 1) >= self.min_match * len(hashes):
+                    matched_owner = True
+                    owner = by_url[url]
+                    if owner.num_outstanding + 1 <= bound:
+                        decision = Decision(owner, "prefix_hit")
+                break  # the longest remembered prefix decides (over its bound: the ring)
         if decision is None:
-            key = hashes[-1] if hashes else 0
-            reason = "hash"
-            for worker in self._ring.walk(key, candidates):
-                if worker.num_outstanding + 1 <= bound:
-                    decision = Decision(worker, reason)
-                    break
+            ring = list(self._ring.walk(hashes[-1] if hashes else 0, candidates))
+            if matched_owner:  # a worthwhile prefix, but its owner is full: walk the ring
                 reason = "overflow"
-            else:  # unreachable in practice: the bound always leaves room somewhere
-                decision = Decision(min(candidates, key=lambda w: w.num_outstanding), "overflow")
+                worker = next((w for w in ring if w.num_outstanding + 1 <= bound), None)
+                worker = worker or min(ring, key=lambda w: w.num_outstanding)
+            else:  # nothing worth following: the least loaded, ties by the ring
+                worker = min(ring, key=lambda w: w.num_outstanding)
+                reason = "hash" if worker is ring[0] else "least_outstanding"
+            decision = Decision(worker, reason)
         self._remember(hashes, decision.worker.url)
         return decision
 
