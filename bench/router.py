@@ -238,7 +238,9 @@ class Proc:
 
 
 def start_worker(args: argparse.Namespace, name: str, log_dir: Path, *,
-                 cache_blocks: int = 0) -> Proc:
+                 cache_blocks: int = 0, num_kv_blocks: int | None = None) -> Proc:
+    """A stand-in (`cache_blocks`: its simulated prefix cache) or a real worker
+    (`num_kv_blocks`: its KV cache size; None sizes it from memory)."""
     port = free_port()
     if args.backend == "stand-in":
         argv = [sys.executable, __file__, "--stand-in-serve", "--port", str(port),
@@ -251,8 +253,8 @@ def start_worker(args: argparse.Namespace, name: str, log_dir: Path, *,
         argv = [sys.executable, "-m", "frota.cli.main", "worker", "--model", "smollm2",
                 "--host", "127.0.0.1", "--port", str(port),
                 "--max-num-seqs", str(args.max_num_seqs)]
-        if args.num_kv_blocks and cache_blocks:
-            argv += ["--num-kv-blocks", str(args.num_kv_blocks)]
+        if num_kv_blocks:
+            argv += ["--num-kv-blocks", str(num_kv_blocks)]
     return Proc(name, argv, port, log_dir)
 
 
@@ -498,6 +500,8 @@ async def conversations(url: str, args: argparse.Namespace) -> list[Result]:
             local = random.Random(args.seed * 1000 + index)
             async with semaphore:
                 for turn in range(args.turns):
+                    if turn and args.think_time:  # the user reads the reply, then types
+                        await asyncio.sleep(local.expovariate(1 / args.think_time))
                     messages.append({"role": "user", "content": f"Conversation {index}, "
                                      f"turn {turn}: {words(local, args.turn_words)}"})
                     body = {"model": args.model_name, "messages": messages, "stream": True,
@@ -511,16 +515,33 @@ async def conversations(url: str, args: argparse.Namespace) -> list[Result]:
 
 
 async def prefix(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
+    """One run per `--num-kv-blocks` value; several make a sweep over cache pressure."""
+    sizes = [int(v) for v in str(args.num_kv_blocks).split(",")]
+    runs = []
+    for size in sizes:
+        runs.append(await prefix_one(args, log_dir, size))
+        print(json.dumps(runs[-1]), file=sys.stderr, flush=True)  # progress: one line a run
+    if args.plot:
+        plot_prefix(runs, args.plot)
+    if len(runs) == 1:
+        return runs[0]
+    return {"mode": "prefix-sweep", "runs": runs}
+
+
+async def prefix_one(args: argparse.Namespace, log_dir: Path,
+                     num_kv_blocks: int) -> dict[str, Any]:
     out: dict[str, Any] = {
         "mode": "prefix",
         "backend": ("stand-in workers with a SIMULATED prefix cache (LRU of 64-char blocks)"
                     if args.backend == "stand-in" else "frota worker smollm2"),
         "workers": 2, "conversations": args.conversations, "turns": args.turns,
-        "concurrency": args.concurrency, "num_kv_blocks": args.num_kv_blocks,
+        "think_time_s": args.think_time,
+        "concurrency": args.concurrency, "num_kv_blocks": num_kv_blocks or None,
         "load_average_1m_at_start": round(os.getloadavg()[0], 2)}
     for policy in ("round-robin", "prefix-aware"):
         workers = [start_worker(args, f"{policy}-w{i}", log_dir,
-                                cache_blocks=args.stand_in_cache_blocks) for i in range(2)]
+                                cache_blocks=args.stand_in_cache_blocks,
+                                num_kv_blocks=num_kv_blocks) for i in range(2)]
         procs = list(workers)
         try:
             for w in workers:
@@ -555,6 +576,37 @@ async def prefix(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     return out
 
 
+def plot_prefix(runs: list[dict[str, Any]], path: str) -> None:
+    """Hit rate and TTFT p50 of both policies against each worker's KV-cache size."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = sorted(runs, key=lambda r: r["num_kv_blocks"] or 1e9)
+    labels = [str(r["num_kv_blocks"]) if r["num_kv_blocks"] else "no limit" for r in runs]
+    x = range(len(runs))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for j, policy in enumerate(("round-robin", "prefix-aware")):
+        left.bar([i + 0.4 * j for i in x], [r[policy]["prefix_cache_hit_rate"] for r in runs],
+                 0.4, label=policy)
+        right.bar([i + 0.4 * j for i in x], [r[policy]["ttft_p50_ms"] for r in runs], 0.4,
+                  label=policy)
+    for i, r in enumerate(runs):
+        if r.get("hit_rate_ratio"):
+            left.annotate(f"{r['hit_rate_ratio']}x", (i + 0.4, r["prefix-aware"]
+                          ["prefix_cache_hit_rate"]), ha="center", va="bottom")
+    for ax, title in ((left, "prefix-cache hit rate"), (right, "TTFT p50 (ms)")):
+        ax.set_xticks([i + 0.2 for i in x], labels)
+        ax.set_xlabel("KV-cache blocks per worker (16 tokens each)")
+        ax.set_title(title)
+        ax.legend()
+    fig.suptitle(f"two SmolLM2 workers, {runs[0]['conversations']} chats x {runs[0]['turns']} "
+                 "turns, shared system prompt")
+    fig.tight_layout()
+    fig.savefig(path)
+
+
 # --------------------------------------------------------------------------- main
 
 def main() -> int:
@@ -576,18 +628,24 @@ def main() -> int:
     parser.add_argument("--passes", type=int, default=6,
                         help="--overhead: the targets take turns this many times")
     parser.add_argument("--plot", default=None,
-                        help="--overhead: draw the TTFT distributions and router CPU (PNG)")
+                        help="draw a PNG: --overhead the TTFT distributions and router CPU, "
+                        "--prefix hit rate and TTFT by KV-cache size")
     parser.add_argument("--max-tokens", type=int, default=None)
     parser.add_argument("--model-name", default="smollm2")
     parser.add_argument("--vllm-router", default=None, help="path of the vllm-router binary")
     parser.add_argument("--ready-timeout", type=float, default=900.0)
     parser.add_argument("--max-num-seqs", type=int, default=64)
-    parser.add_argument("--num-kv-blocks", type=int, default=160,
-                        help="--prefix: KV blocks per real worker (smaller than the workload)")
+    parser.add_argument("--num-kv-blocks", default="128",
+                        help="--prefix: KV blocks per real worker, smaller than the workload's "
+                        "working set (0: sized from memory); a comma list runs a sweep")
     parser.add_argument("--conversations", type=int, default=24)
     parser.add_argument("--turns", type=int, default=8)
     parser.add_argument("--system-words", type=int, default=30)
     parser.add_argument("--turn-words", type=int, default=40)
+    parser.add_argument("--think-time", type=float, default=0.5,
+                        help="--prefix: mean seconds between a reply and the next turn "
+                        "(exponential); without it conversations move in lockstep and "
+                        "round-robin keeps sending each one to the same worker")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--stand-in-ttft", type=float, default=0.01)
     parser.add_argument("--stand-in-itl", type=float, default=0.02)
