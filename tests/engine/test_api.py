@@ -100,7 +100,7 @@ def test_invalid_requests_fail_before_work(loaded):
 def test_unknown_model_and_alias_errors_name_the_problem(monkeypatch):
     with pytest.raises(ModelNotFoundError, match="no-such-model"):
         resolve_model("no-such-model")
-    with pytest.raises(ModelNotFoundError, match="unknown preset"):
+    with pytest.raises(ModelNotFoundError, match="unknown synthetic preset"):
         resolve_model("synthetic:huge")  # resolves; parse fails on load
         load_model("synthetic:huge", torch.float32, torch.device("cpu"), verbose=False)
     monkeypatch.setattr("importlib.util.find_spec", lambda name: None)

@@ -97,29 +97,6 @@ def test_synthetic_specs_parse_like_the_engine():
     ]
 
 
-def test_synthetic_presets_match_the_engines_table():
-    import ast
-    from pathlib import Path
-
-    from frota.operator.model_shapes import SYNTHETIC_KEYS, SYNTHETIC_PRESETS
-
-    path = Path(__file__).resolve().parents[2] / "worker_image/frota/engine/loader/synthetic.py"
-    if not path.exists():
-        pytest.skip("engine source not present")
-    tree = ast.parse(path.read_text())
-    tables = {}
-    for node in ast.walk(tree):
-        target = getattr(node, "target", None) or (node.targets[0] if isinstance(node, ast.Assign) else None)
-        if isinstance(target, ast.Name) and target.id in ("PRESETS", "_KEYS"):
-            tables[target.id] = node.value
-    presets = {
-        ast.literal_eval(k): {kw.arg: ast.literal_eval(kw.value) for kw in v.keywords}
-        for k, v in zip(tables["PRESETS"].keys, tables["PRESETS"].values, strict=True)
-    }
-    assert presets == SYNTHETIC_PRESETS
-    assert ast.literal_eval(tables["_KEYS"]) == set(SYNTHETIC_KEYS)
-
-
 def test_role_overrides_are_named_by_their_own_field():
     spec = Spec().disaggregated().set(
         "spec.disaggregation.prefill.parallelism", {"tensor": 2}).set(

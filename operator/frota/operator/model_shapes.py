@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from frota.api.synthetic import SyntheticSpecError, parse_synthetic_spec
+
 Delivery = Literal["image", "pvc", "download", "synthetic"]
 
 MODELS_DIR = "/models"
@@ -52,39 +54,14 @@ SMOLLM2_135M = ModelShape(
 # alias -> shape of the model baked into the worker image.
 ALIASES: dict[str, ModelShape] = {"smollm2": SMOLLM2_135M}
 
-# synthetic:PRESET[,key=value...] -> the seeded random model the engine builds
-# (frota.engine.loader.synthetic, which needs torch; a test keeps the tables equal).
-SYNTHETIC_PRESETS: dict[str, dict[str, int]] = {
-    "dense-tiny": dict(layers=2, hidden=64, intermediate=128, heads=4, kv_heads=2, vocab=320),
-    "moe-tiny": dict(layers=2, hidden=64, intermediate=96, heads=4, kv_heads=2, vocab=320,
-                     experts=4, top_k=2),
-    "dense-small": dict(layers=4, hidden=256, intermediate=512, heads=8, kv_heads=4, vocab=1024),
-    "moe-small": dict(layers=4, hidden=256, intermediate=256, heads=8, kv_heads=4, vocab=1024,
-                      experts=8, top_k=2),
-}
-SYNTHETIC_KEYS = frozenset({"layers", "hidden", "intermediate", "heads", "kv_heads", "head_dim", "vocab",
-                            "experts", "top_k", "max_len", "rope_theta", "tie", "seed"})
-
 
 def synthetic_shape(spec: str) -> ModelShape:
-    """The shape of `synthetic:SPEC`, parsed the way the engine parses it."""
-    values: dict[str, float] = dict(SYNTHETIC_PRESETS["dense-tiny"])
-    for i, part in enumerate(p.strip() for p in spec.split(",") if p.strip()):
-        if "=" not in part:
-            if i != 0 or part not in SYNTHETIC_PRESETS:
-                raise UnknownModelError(
-                    f"unknown synthetic preset {part!r}; presets: {', '.join(SYNTHETIC_PRESETS)}"
-                )
-            values = dict(SYNTHETIC_PRESETS[part])
-            continue
-        key, _, raw = part.partition("=")
-        if key not in SYNTHETIC_KEYS:
-            raise UnknownModelError(f"unknown synthetic key {key!r}; keys: {', '.join(sorted(SYNTHETIC_KEYS))}")
-        try:
-            values[key] = float(raw)
-        except ValueError:
-            raise UnknownModelError(f"synthetic key {key} must be a number, not {raw!r}") from None
-    v = {k: int(x) for k, x in values.items() if k != "rope_theta"}
+    """The shape of `synthetic:SPEC`, from the parser the engine uses."""
+    try:
+        values = parse_synthetic_spec(spec)
+    except SyntheticSpecError as exc:
+        raise UnknownModelError(str(exc)) from None
+    v = {k: int(x) for k, x in values.items()}
     experts = v.get("experts", 0)
     return ModelShape(
         name=f"synthetic:{spec}",

@@ -1,54 +1,29 @@
 """`synthetic:` models: seeded random weights of any shape, dense or MoE, with a byte tokenizer.
 
-Spec: `synthetic:PRESET[,key=value...]` or `synthetic:key=value,...` (preset dense-tiny).
-Presets: dense-tiny, moe-tiny, dense-small, moe-small. Keys: layers, hidden, intermediate,
-heads, kv_heads, head_dim, vocab, experts, top_k, max_len, rope_theta, tie, seed.
+Spec: `synthetic:PRESET[,key=value...]` or `synthetic:key=value,...` (preset dense-tiny),
+parsed by `frota.api.synthetic` (which the operator's planner shares). Presets: dense-tiny,
+moe-tiny, dense-small, moe-small. Keys: layers, hidden, intermediate, heads, kv_heads,
+head_dim, vocab, experts, top_k, max_len, rope_theta, tie, seed.
 """
 
 from __future__ import annotations
 
 import torch
+from frota.api.synthetic import SyntheticSpecError, parse_synthetic_spec
 from frota.engine.config import ModelConfig
 from frota.engine.errors import ModelNotFoundError
 from frota.engine.loader import progress
 from frota.engine.model.build import build_model, cast_keeping_caches
 from frota.engine.tokenizer import ByteTokenizer
 
-PRESETS: dict[str, dict[str, int]] = {
-    "dense-tiny": dict(layers=2, hidden=64, intermediate=128, heads=4, kv_heads=2, vocab=320),
-    "moe-tiny": dict(layers=2, hidden=64, intermediate=96, heads=4, kv_heads=2, vocab=320,
-                     experts=4, top_k=2),
-    "dense-small": dict(layers=4, hidden=256, intermediate=512, heads=8, kv_heads=4, vocab=1024),
-    "moe-small": dict(layers=4, hidden=256, intermediate=256, heads=8, kv_heads=4, vocab=1024,
-                      experts=8, top_k=2),
-}
-_KEYS = {"layers", "hidden", "intermediate", "heads", "kv_heads", "head_dim", "vocab", "experts",
-         "top_k", "max_len", "rope_theta", "tie", "seed"}
-
 
 def parse_spec(spec: str) -> tuple[ModelConfig, int]:
     """(config, seed) from the text after `synthetic:`."""
-    values: dict[str, float] = dict(PRESETS["dense-tiny"])
-    for i, part in enumerate(p.strip() for p in spec.split(",") if p.strip()):
-        if "=" not in part:
-            if i != 0 or part not in PRESETS:
-                raise ModelNotFoundError(
-                    f"synthetic model {spec!r}: unknown preset {part!r} (presets: {', '.join(PRESETS)})"
-                )
-            values = dict(PRESETS[part])
-            continue
-        key, _, raw = part.partition("=")
-        if key not in _KEYS:
-            raise ModelNotFoundError(f"synthetic model {spec!r}: unknown key {key!r} (keys: {sorted(_KEYS)})")
-        try:
-            values[key] = float(raw) if key == "rope_theta" else int(raw)
-        except ValueError as exc:
-            raise ModelNotFoundError(f"synthetic model {spec!r}: {key} must be a number") from exc
-    v = {k: int(x) if k != "rope_theta" else x for k, x in values.items()}
-    if v["vocab"] < 258:
-        raise ModelNotFoundError(f"synthetic model {spec!r}: vocab must be >= 258 (bytes + BOS + EOS)")
-    if v["heads"] % v.get("kv_heads", v["heads"]):
-        raise ModelNotFoundError(f"synthetic model {spec!r}: heads must be a multiple of kv_heads")
+    try:
+        values = parse_synthetic_spec(spec)
+    except SyntheticSpecError as exc:
+        raise ModelNotFoundError(f"synthetic model {spec!r}: {exc}") from None
+    v = {k: int(x) for k, x in values.items() if k != "rope_theta"}
     cfg = ModelConfig(
         vocab_size=v["vocab"],
         hidden_size=v["hidden"],
@@ -57,7 +32,7 @@ def parse_spec(spec: str) -> tuple[ModelConfig, int]:
         num_heads=v["heads"],
         num_kv_heads=v.get("kv_heads", v["heads"]),
         head_dim=v.get("head_dim", v["hidden"] // v["heads"]),
-        rope_theta=float(v.get("rope_theta", 10000.0)),
+        rope_theta=float(values.get("rope_theta", 10000.0)),
         max_position=v.get("max_len", 2048),
         tie_word_embeddings=bool(v.get("tie", 0)),
         num_experts=v.get("experts", 0),
