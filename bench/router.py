@@ -1,26 +1,29 @@
-"""Router benchmarks; each mode prints one JSON object.
+"""Router benchmarks; each mode prints one JSON object (`--plot` also draws a PNG).
 
     python bench/router.py --overhead   # TTFT added by the router, router CPU per request
     python bench/router.py --prefix     # prefix-cache hit rate: round-robin vs prefix-aware
     python bench/router.py --disagg     # colocated vs disaggregated prefill/decode (router_disagg.py)
 
 --overhead runs the same load (streaming, concurrency 64) against a worker
-directly and through `frota router`, in one run, alternating passes, and
-reports the TTFT difference. By default the worker is a STAND-IN (this file,
-`--stand-in-serve`): an aiohttp server that streams fixed tokens at a fixed
-pace and runs no model. It exists to isolate the router's overhead; it says
-nothing about model speed. `--backend smollm2` runs the same measurement
-against a real `frota worker --model smollm2`. When the `vllm-router` binary
-is found (`--vllm-router PATH`, or on PATH), the same load also runs through it
-and the ratio of added latencies is reported.
+directly and through `frota router`, in one run, the targets taking turns over
+`--passes`, and reports the TTFT difference. Each target has one client whose
+connections stay open (warmed up first), as the `openai` client's do; each pass
+also sends one burst on new connections, reported apart (`cold_connections`). By
+default the worker is a STAND-IN (this file, `--stand-in-serve`): an aiohttp
+server that streams fixed tokens at a fixed pace and runs no model. It exists to
+isolate the router's overhead; it says nothing about model speed. `--backend
+smollm2` runs the same measurement against a real `frota worker --model smollm2`.
+When the `vllm-router` binary is found (`--vllm-router PATH`, or on PATH), the
+same load also runs through it, with its CPU per request.
 
 --prefix starts two workers and runs a shared-system-prompt, multi-turn chat
 workload through the router twice, with round-robin and with prefix-aware,
-restarting the workers in between so both start cold. Hit rates come from the
-workers' own `vllm:prefix_cache_hits` / `vllm:prefix_cache_queries`. Workers
-are real SmolLM2 workers with a KV cache deliberately smaller than the
-workload's working set (`--num-kv-blocks`), which is where cache-aware routing
-pays: round-robin makes every worker cache every conversation. `--backend
+restarting the workers in between so both start cold. Users think between turns
+(`--think-time`), so conversations do not move in lockstep. Hit rates come from
+the workers' own `vllm:prefix_cache_hits` / `vllm:prefix_cache_queries`. Workers
+are real SmolLM2 workers whose KV cache (`--num-kv-blocks`; a comma list sweeps
+sizes) is smaller than the workload's working set, which is where cache-aware
+routing pays: round-robin makes every worker cache every conversation. `--backend
 stand-in` runs it on stand-ins with a SIMULATED prefix cache (an LRU over
 64-character blocks, prefill time proportional to uncached characters).
 """
