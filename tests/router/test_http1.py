@@ -6,7 +6,7 @@ import asyncio
 import json
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 import pytest
@@ -394,20 +394,28 @@ async def test_a_handler_that_raises_gets_500_and_the_server_goes_on(serve, conn
     assert (await read_response(reader)).body == b"fine"
 
 
-async def test_a_client_that_leaves_cancels_its_handler(serve, connect):
-    started, cancelled = asyncio.Event(), asyncio.Event()
-    gone = []
+@dataclass
+class Stalling:
+    """A handler that waits 30 s, noting when it started and when it was cancelled."""
 
-    async def handler(request: Request) -> Response:
-        started.set()
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+    cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+    gone: list[bool] = field(default_factory=list)  # request.client_gone when cancelled
+
+    async def __call__(self, request: Request) -> Response:
+        self.started.set()
         try:
             await asyncio.sleep(30)
         except asyncio.CancelledError:
-            gone.append(request.client_gone)
-            cancelled.set()
+            self.gone.append(request.client_gone)
+            self.cancelled.set()
             raise
         return Response(200)
 
+
+async def test_a_client_that_leaves_cancels_its_handler(serve, connect):
+    handler = Stalling()
+    started, cancelled, gone = handler.started, handler.cancelled, handler.gone
     server, port = await serve(handler)
     _, writer = await connect(port)
     writer.write(GET)
@@ -515,17 +523,8 @@ async def test_close_lets_an_answer_finish_reaching_a_slow_client(serve, connect
 
 
 async def test_close_cuts_off_a_request_that_outlasts_grace(serve, connect):
-    started, cancelled = asyncio.Event(), asyncio.Event()
-
-    async def handler(request: Request) -> Response:
-        started.set()
-        try:
-            await asyncio.sleep(30)
-        except asyncio.CancelledError:
-            cancelled.set()
-            raise
-        return Response(200)
-
+    handler = Stalling()
+    started, cancelled = handler.started, handler.cancelled
     server, port = await serve(handler)
     reader, writer = await connect(port)
     writer.write(GET)
