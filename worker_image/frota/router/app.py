@@ -10,7 +10,6 @@ from __future__ import annotations
 import hmac
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,14 @@ from frota.router.admission import AdmissionController, Rejected
 from frota.router.discovery import Discovery
 from frota.router.errors import error_response
 from frota.router.health import WorkerPool
-from frota.router.http1 import HttpServer, Request, Response, ResponseStream, json_response
+from frota.router.http1 import (
+    Handler,
+    HttpServer,
+    Request,
+    Response,
+    ResponseStream,
+    json_response,
+)
 from frota.router.metrics import RouterMetrics
 from frota.router.policies import LoadSignal, PolicyName, RouteRequest, make_policy
 from frota.router.proxy import Proxy, ProxyConfig, RequestContext
@@ -115,9 +121,6 @@ class Router:
             await self.client.close()
         if self.session is not None:
             await self.session.close()
-
-
-Handler = Callable[[Request], Awaitable[Response | ResponseStream]]
 
 
 class RouterApp:

@@ -14,7 +14,7 @@ path is a few parser callbacks and one task.
 - A handler returns a `Response` (whole body, `Content-Length`) or a
   `ResponseStream` it has written (chunked). `ResponseStream.write` does not wait:
   it hands the bytes to the transport, and when the client reads slower than the
-  source writes, flow control pauses the source (`on_pause`/`on_resume`) instead.
+  source writes, flow control pauses the source (`ResponseStream.set_flow_control`) instead.
 - Keep-alive per HTTP/1.1; `Connection: close` and HTTP/1.0 close after the response.
   A connection has `keepalive_timeout` to send its next request whole: idle ones, and
   ones that start a request and stall (slowloris), are closed.
@@ -51,6 +51,12 @@ Headers = dict[str, str]  # lower-case names; repeated headers joined with ", "
 
 
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
+
+# (status, message, OpenAI error code) for input the server refuses on its own.
+Refusal = tuple[int, str, str]
+BODY_TOO_LARGE: Refusal = (413, "request body too large", "request_too_large")
+HEAD_TOO_LARGE: Refusal = (431, "request headers too large", "request_header_fields_too_large")
+NO_UPGRADES: Refusal = (400, "protocol upgrades are not supported", "unsupported_upgrade")
 
 
 class Request:
@@ -194,7 +200,7 @@ class _Connection(asyncio.Protocol):
         self.task: asyncio.Task[None] | None = None
         self.pipeline: deque[Request] = deque()
         self.idle_timer: asyncio.TimerHandle | None = None
-        self.reject: tuple[int, str, str] | None = None
+        self.reject: Refusal | None = None
         self._url = b""
         self._headers: HeaderList = []
         self._header_bytes = 0
@@ -215,7 +221,7 @@ class _Connection(asyncio.Protocol):
             if self._in_head:  # llhttp hands a header over only once complete: bound it here
                 self._count_head_bytes(len(data))
         except httptools.HttpParserUpgrade:
-            self.reject = (400, "protocol upgrades are not supported", "unsupported_upgrade")
+            self.reject = NO_UPGRADES
         except httptools.HttpParserError as exc:
             if self.reject is None:
                 reason = str(exc).split(":", 1)[-1].strip() or "unparsable"
@@ -265,8 +271,7 @@ class _Connection(asyncio.Protocol):
     def _count_head_bytes(self, num_bytes: int) -> bool:
         self._header_bytes += num_bytes
         if self._header_bytes > self.server.max_header_bytes:
-            self.reject = self.reject or (431, "request headers too large",
-                                          "request_header_fields_too_large")
+            self.reject = self.reject or HEAD_TOO_LARGE
             return False
         return True
 
@@ -275,13 +280,13 @@ class _Connection(asyncio.Protocol):
         if self.reject is not None:
             return
         if self.parser.should_upgrade():  # llhttp completes the message before it says so
-            self.reject = (400, "protocol upgrades are not supported", "unsupported_upgrade")
+            self.reject = NO_UPGRADES
             return
         for name, value in self._headers:
             lower = name.lower()
             if lower == "content-length" and value.isdigit() \
                     and int(value) > self.server.max_body:
-                self.reject = (413, "request body too large", "request_too_large")
+                self.reject = BODY_TOO_LARGE
                 return
             if lower == "expect" and value.lower() == "100-continue":
                 self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -291,7 +296,7 @@ class _Connection(asyncio.Protocol):
             return
         self._body_size += len(body)
         if self._body_size > self.server.max_body:
-            self.reject = (413, "request body too large", "request_too_large")
+            self.reject = BODY_TOO_LARGE
             return
         self._body.append(body)
 

@@ -109,16 +109,15 @@ class Proxy:
                                       decision.worker.url).inc()
         return decision.worker
 
-    async def attempt(self, worker: Worker, ctx: RequestContext,
-                      headers: list[tuple[str, str]] | None = None) -> UpstreamResponse:
+    async def attempt(self, worker: Worker, ctx: RequestContext) -> UpstreamResponse:
         """Send the request to `worker`; return its response once the headers say it
         is going ahead. Raise `RetryableFailure` when another worker should try."""
         request = ctx.request
         sent = time.perf_counter()
         try:
             upstream = await self.client.request(
-                worker.url, request.method, request.target,
-                headers if headers is not None else forwarded_headers(request), ctx.route.body)
+                worker.url, request.method, request.target, forwarded_headers(request),
+                ctx.route.body)
         except UpstreamError as exc:
             self.pool.record_failure(worker, f"request: {exc}")
             raise RetryableFailure(exc.reason) from exc

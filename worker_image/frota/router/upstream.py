@@ -138,8 +138,7 @@ class UpstreamResponse:
             self._sink(data)
             return
         self._chunks.append(data)
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
+        self._wake()
 
     def _on_end(self) -> None:
         self._done = True
@@ -147,6 +146,10 @@ class UpstreamResponse:
         self._sink = None
         if self._relayed is not None and not self._relayed.done():
             self._relayed.set_result(None)
+        self._wake()
+
+    def _wake(self) -> None:
+        """Let a `next_chunk` waiting for data look again."""
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
@@ -159,8 +162,7 @@ class UpstreamResponse:
         self._error = error
         if self._relayed is not None and not self._relayed.done():
             self._relayed.set_exception(error)
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
+        self._wake()
 
 
 class _Connection(asyncio.Protocol):
