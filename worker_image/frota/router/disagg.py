@@ -48,8 +48,6 @@ log = logging.getLogger(__name__)
 HANDLE_HEADER = "x-frota-kv-handle"
 CHARS_PER_TOKEN = 4
 DISAGG_PATHS = ("/v1/completions", "/v1/chat/completions")
-# Decode answers that mean "this KV cannot be used here": run the request colocated.
-KV_FAILURE_STATUSES = frozenset({409, 424})
 PREFILL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
@@ -229,47 +227,24 @@ class DisaggPlan(RoutePlan):
 
     async def _decode(self, ctx: RequestContext,
                       handle: dict[str, Any]) -> Response | ResponseStream | None:
-        """The decode worker's answer, relayed; None when the request should run colocated."""
+        """The decode worker's answer, relayed; None when the request should run
+        colocated: any answer but 200 (409: the KV layout does not fit, 424: the prefill
+        peer is gone) or a failure before the first byte."""
         proxy = self.proxy
         worker = proxy.pick(ctx, set())
         if worker is None:
             return None
-        headers = forwarded_headers(ctx.request)
-        headers.append((HANDLE_HEADER, json.dumps(handle, separators=(",", ":"))))
+        handle_header = (HANDLE_HEADER, json.dumps(handle, separators=(",", ":")))
         started = time.perf_counter()
-        worker.num_outstanding += 1
-        outstanding = proxy.metrics.worker_outstanding.labels(worker.url)
-        outstanding.inc()
         try:
-            try:
-                upstream = await proxy.client.request(worker.url, "POST", ctx.route.path,
-                                                      headers, ctx.route.body)
-            except UpstreamError as exc:
-                proxy.pool.record_failure(worker, f"request: {exc}")
-                return None
-            self.metrics.handoff_latency.observe(time.perf_counter() - started)
-            try:
-                if upstream.status != 200:
-                    try:
-                        text = await upstream.read()
-                    except UpstreamError:
-                        text = b""
-                    log.info("decode on %s answered %d: %s", worker.url, upstream.status,
-                             text[:300])
-                    if upstream.status >= 500 and upstream.status not in KV_FAILURE_STATUSES:
-                        proxy.pool.record_failure(worker, f"answered {upstream.status}")
-                    return None
-                if upstream.content_type == "text/event-stream":
-                    return await proxy.relay_stream(upstream, worker, ctx)
-                return await proxy.read_whole(upstream, worker)
-            except RetryableFailure as exc:
-                log.info("decode on %s failed before the first byte: %s", worker.url, exc.reason)
-                return None
-            finally:
-                upstream.close()
-        finally:
-            worker.num_outstanding -= 1
-            outstanding.dec()
+            with proxy.in_flight(worker):
+                upstream = await proxy.attempt(worker, ctx, extra_headers=[handle_header],
+                                               only_200=True)
+                self.metrics.handoff_latency.observe(time.perf_counter() - started)
+                return await proxy.respond(upstream, worker, ctx)
+        except RetryableFailure as exc:
+            log.info("decode on %s failed before the first byte: %s", worker.url, exc.reason)
+            return None
 
     def _drop_handle(self, prefill: Worker, handle: dict[str, Any]) -> None:
         """Free the prefill worker's pinned blocks early (best effort; the TTL is the backstop)."""

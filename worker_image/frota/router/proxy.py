@@ -17,10 +17,12 @@ as a whole.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from frota.router.errors import error_response, sse_error_event
@@ -109,32 +111,63 @@ class Proxy:
                                       decision.worker.url).inc()
         return decision.worker
 
-    async def attempt(self, worker: Worker, ctx: RequestContext) -> UpstreamResponse:
+    @contextlib.contextmanager
+    def in_flight(self, worker: Worker) -> Iterator[None]:
+        """Count a request against `worker` (policies read the count) while it runs there."""
+        worker.num_outstanding += 1
+        gauge = self.metrics.worker_outstanding.labels(worker.url)
+        gauge.inc()
+        try:
+            yield
+        finally:
+            worker.num_outstanding -= 1
+            gauge.dec()
+
+    async def attempt(self, worker: Worker, ctx: RequestContext, *,
+                      extra_headers: Sequence[tuple[str, str]] = (),
+                      only_200: bool = False) -> UpstreamResponse:
         """Send the request to `worker`; return its response once the headers say it
-        is going ahead. Raise `RetryableFailure` when another worker should try."""
+        is going ahead. Raise `RetryableFailure` when another worker (or, for a decode
+        stage, another plan) should try: on a connect failure, on a status in
+        `RETRY_STATUSES`, and with `only_200` on any status but 200. Other statuses
+        are the request's own answer (a 400 is the client's problem) and go ahead.
+        A 5xx counts against the worker's health; a 429 (a full queue) does not."""
         request = ctx.request
         sent = time.perf_counter()
         try:
             upstream = await self.client.request(
-                worker.url, request.method, request.target, forwarded_headers(request),
-                ctx.route.body)
+                worker.url, request.method, request.target,
+                [*forwarded_headers(request), *extra_headers], ctx.route.body)
         except UpstreamError as exc:
             self.pool.record_failure(worker, f"request: {exc}")
             raise RetryableFailure(exc.reason) from exc
         self.metrics.upstream_latency.labels(worker.url).observe(time.perf_counter() - sent)
-        if upstream.status in RETRY_STATUSES:
+        status = upstream.status
+        if status in RETRY_STATUSES or (only_200 and status != 200):
             try:
                 body = await upstream.read()
             except UpstreamError:
                 body = b""
             finally:
                 upstream.close()
-            if upstream.status != 429:  # 429 is a full queue, not a sick worker
-                self.pool.record_failure(worker, f"answered {upstream.status}",
-                                         eject_now=upstream.status == 503)
-            response = Response(upstream.status, body, _response_headers(upstream, worker))
-            raise RetryableFailure(f"status_{upstream.status}", response)
+            log.info("%s answered %d: %s", worker.url, status, body[:300])
+            if status >= 500:
+                self.pool.record_failure(worker, f"answered {status}", eject_now=status == 503)
+            response = Response(status, body, _response_headers(upstream, worker))
+            raise RetryableFailure(f"status_{status}", response)
         return upstream
+
+    async def respond(self, upstream: UpstreamResponse, worker: Worker,
+                      ctx: RequestContext) -> Response | ResponseStream:
+        """The client's answer from an attempt that went ahead: a stream relayed as it
+        comes, anything else read whole. Raise `RetryableFailure` when nothing has
+        reached the client yet."""
+        try:
+            if upstream.content_type == "text/event-stream":
+                return await self.relay_stream(upstream, worker, ctx)
+            return await self.read_whole(upstream, worker)
+        finally:
+            upstream.close()  # no-op when fully read; cuts the worker off otherwise
 
     async def read_whole(self, upstream: UpstreamResponse, worker: Worker) -> Response:
         """Read a non-streaming answer whole; a failure is still retryable."""
@@ -222,24 +255,13 @@ class DirectPlan(RoutePlan):
                 delay = config.retry_backoff * (2 ** (attempt - 1))
                 await asyncio.sleep(delay * random.uniform(0.5, 1.5))
             tried.add(worker.url)
-            worker.num_outstanding += 1
-            outstanding = proxy.metrics.worker_outstanding.labels(worker.url)
-            outstanding.inc()
             try:
-                upstream = await proxy.attempt(worker, ctx)
-                try:
-                    if upstream.content_type == "text/event-stream":
-                        return await proxy.relay_stream(upstream, worker, ctx)
-                    return await proxy.read_whole(upstream, worker)
-                finally:
-                    upstream.close()  # no-op when fully read; cuts the worker off otherwise
+                with proxy.in_flight(worker):
+                    return await proxy.respond(await proxy.attempt(worker, ctx), worker, ctx)
             except RetryableFailure as exc:
                 failure = exc
                 log.info("attempt %d on %s failed before the first byte: %s",
                          attempt + 1, worker.url, exc.reason)
-            finally:
-                worker.num_outstanding -= 1
-                outstanding.dec()
         if failure is not None and failure.response is not None:
             return failure.response  # every worker said 429/503: pass the last answer on
         if failure is not None:

@@ -35,7 +35,7 @@ class PrefixAwarePolicy(RoutingPolicy):
 
     The prompt text (see `RouteRequest.prompt_text`) is cut into character blocks
     and hashed as a chain. The router remembers, for each block hash, the worker
-    it last sent that prefix to (an LRU table of `max_table_entries`). A request
+    that owns that prefix (an LRU table of `max_table_entries`). A request
     goes to the owner of its longest remembered prefix ("prefix_hit") when that
     prefix covers at least `min_match` of the prompt's hashed blocks. Otherwise
     what is cached is worth less than an even load: the request goes to the
@@ -48,7 +48,9 @@ class PrefixAwarePolicy(RoutingPolicy):
     request only while its outstanding count stays within `(1 + balance)` times
     the fair share; otherwise the request walks the ring to the next worker with
     room ("overflow"). A hot prefix therefore spreads over several replicas
-    instead of melting one, and each of them then caches it.
+    instead of melting one, and each of them then caches it. An overflow borrows
+    a worker: the prefix keeps its owner, so the next request goes back to where
+    it is cached instead of moving it (and evictions) from worker to worker.
     """
 
     name = PolicyName.PREFIX_AWARE
@@ -99,13 +101,18 @@ class PrefixAwarePolicy(RoutingPolicy):
                 worker = min(ring, key=lambda w: w.num_outstanding)
                 reason = "hash" if worker is ring[0] else "least_outstanding"
             decision = Decision(worker, reason)
-        self._remember(hashes, decision.worker.url)
+        self._remember(hashes, decision.worker.url, keep=by_url if matched_owner else None)
         return decision
 
-    def _remember(self, hashes: list[int], url: str) -> None:
+    def _remember(self, hashes: list[int], url: str, keep: dict[str, Worker] | None) -> None:
+        """Record `url` as the owner of `hashes`. With `keep` (the request borrowed
+        another worker because the owner was full), a prefix already owned by a worker
+        in `keep` stays with it: one overflow must not move a hot prefix, or both
+        workers end up caching it and the next overflow moves it back."""
         owner = self._owner
         for h in hashes:
-            owner[h] = url
+            if keep is None or owner.get(h) not in keep:
+                owner[h] = url
             owner.move_to_end(h)
         while len(owner) > self.max_table_entries:
             owner.popitem(last=False)
