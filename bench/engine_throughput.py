@@ -3,9 +3,12 @@ on the same requests, in one process, same dtype. Prints one JSON object per dty
 
     python bench/engine_throughput.py [--quick] [--dtypes float32,bfloat16] [--plot out.png]
     python bench/engine_throughput.py --shared-prefix [--quick]
+    python bench/engine_throughput.py --model /path/hf-dir --device cuda --dtypes bfloat16
 
 Workload: 64 requests, prompt lengths uniform in [32, 512] tokens cut from a fixed English text,
 output lengths uniform in [16, 256] (ignore_eos), all submitted at once.
+`--model` takes anything the engine does; the transformers peer loads a GGUF (dequantized) or an
+HF-layout directory. `--device` (auto: CUDA when there is one) places both engines.
 `--shared-prefix`: 32 requests sharing a 400-token system prompt; TTFT with prefix caching on/off.
 """
 
@@ -33,6 +36,8 @@ def percentile(values: list[float], q: float) -> float:
 
 def make_requests(tokenizer, n: int, prompt_range, output_range, seed: int = 0):
     ids = tokenizer.encode(TEXT.read_text())
+    while len(ids) < prompt_range[1] * 4:  # a short --text: repeat it
+        ids = ids + ids
     rng = random.Random(seed)
     requests = []
     for _ in range(n):
@@ -85,6 +90,7 @@ def run_hf(model, requests, pad_id: int, batch_size: int = 8) -> dict:
     """Static batches in arrival order; each batch runs to its longest output."""
     import torch
 
+    device = model.device
     t0 = time.perf_counter()
     useful = 0
     for b in range(0, len(requests), batch_size):
@@ -97,25 +103,35 @@ def run_hf(model, requests, pad_id: int, batch_size: int = 8) -> dict:
             mask[row, width - len(prompt) :] = 1
         new = max(n for _, n in batch)
         with torch.inference_mode():
-            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new,
-                           min_new_tokens=new, do_sample=False, pad_token_id=pad_id)
+            model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
+                           max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                           pad_token_id=pad_id)
         useful += sum(n for _, n in batch)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
     elapsed = time.perf_counter() - t0
     return {"tokens": useful, "seconds": elapsed, "tok_per_s": useful / elapsed}
 
 
-def load_hf(dtype_name: str):
+def load_hf(dtype_name: str, model_name: str = "smollm2", device=None):
     import torch
     import transformers
     from frota.engine.loader import resolve_model
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    path = Path(resolve_model("smollm2").path)
-    # Dequantized at load, like Frota's engine: both run the same dense weights.
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=getattr(torch, dtype_name),
-        quantization_config=transformers.GgufConfig(dequantize=True))
-    return model.eval()
+    source = resolve_model(model_name)
+    if source.kind == "safetensors":
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            source.path, dtype=getattr(torch, dtype_name))
+    elif source.kind == "gguf":
+        path = Path(source.path)
+        # Dequantized at load, like Frota's engine: both run the same dense weights.
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, dtype=getattr(torch, dtype_name),
+            quantization_config=transformers.GgufConfig(dequantize=True))
+    else:
+        raise SystemExit(f"transformers cannot load {model_name!r}: use a GGUF or an HF directory")
+    return model.to(device or "cpu").eval()
 
 
 def throughput(args) -> list[dict]:
@@ -127,17 +143,23 @@ def throughput(args) -> list[dict]:
     out_range = (16, 64) if args.quick else (16, 256)
     for dtype in args.dtypes.split(","):
         engine = LLMEngine(EngineArgs(model=args.model, dtype=dtype, verbose=False,
-                                      max_num_seqs=64, max_num_batched_tokens=args.max_batched_tokens))
+                                      device=args.device, max_num_seqs=64,
+                                      max_num_batched_tokens=args.max_batched_tokens))
+        device = engine.device
         requests = make_requests(engine.tokenizer, n, (32, 512), out_range)
         run_frota(engine, requests[:2], tag="warm")  # first-call costs stay out of the numbers
         frota = run_frota(engine, requests)
+        print(json.dumps({"dtype": dtype, "partial": "frota only",
+                          **{k: round(v, 4) for k, v in frota.items()}}), file=sys.stderr, flush=True)
         del engine
-        hf_model = load_hf(dtype)
+        free_device(device)
+        hf_model = load_hf(dtype, args.model, device)
         run_hf(hf_model, requests[:1], pad_id=2)
         hf = run_hf(hf_model, requests, pad_id=2)
         del hf_model
+        free_device(device)
         result = {
-            "dtype": dtype, "requests": n, "frota_tok_per_s": round(frota["tok_per_s"], 2),
+            "dtype": dtype, "device": str(device), "requests": n, "frota_tok_per_s": round(frota["tok_per_s"], 2),
             "hf_tok_per_s": round(hf["tok_per_s"], 2),
             "speedup": round(frota["tok_per_s"] / hf["tok_per_s"], 2),
             **{k: round(v, 4) for k, v in frota.items() if k.startswith(("ttft", "itl", "kv_"))},
@@ -145,9 +167,23 @@ def throughput(args) -> list[dict]:
             "preemptions": frota["preemptions"],
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         }
+        if device.type == "cuda":
+            import torch
+
+            result["peak_gpu_mb"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
         print(json.dumps(result), flush=True)
         results.append(result)
     return results
+
+
+def free_device(device) -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def shared_prefix(args) -> dict:
@@ -156,7 +192,7 @@ def shared_prefix(args) -> dict:
 
     n = 8 if args.quick else 32
     dtype = args.dtypes.split(",")[0]
-    first = LLMEngine(EngineArgs(model=args.model, dtype=dtype, verbose=False))
+    first = LLMEngine(EngineArgs(model=args.model, dtype=dtype, verbose=False, device=args.device))
     ids = first.tokenizer.encode(TEXT.read_text())
     system = ids[:400]
     rng = random.Random(1)
@@ -167,7 +203,7 @@ def shared_prefix(args) -> dict:
     ttft = {}
     for caching in (False, True):
         engine = LLMEngine(EngineArgs(model=args.model, dtype=dtype, verbose=False,
-                                      enable_prefix_caching=caching,
+                                      enable_prefix_caching=caching, device=args.device,
                                       max_num_batched_tokens=args.max_batched_tokens),
                            loaded=first.loaded)
         run_frota(engine, [(ids[5000:5040], 2)], tag="warm")
@@ -207,8 +243,12 @@ def plot(results: list[dict], path: str) -> None:
 
 
 def main() -> int:
+    global TEXT
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--model", default="smollm2",
+                        help="alias, .gguf, HF directory (transformers loads it too) or synthetic:")
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda, for both engines")
+    parser.add_argument("--text", default=str(TEXT), help="the text prompts are cut from")
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--quick", action="store_true", help="fewer, shorter requests (a smoke run)")
     parser.add_argument("--shared-prefix", action="store_true")
@@ -216,6 +256,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     parser.add_argument("--plot", default=None, help="write a PNG: throughput and latency side by side")
     args = parser.parse_args()
+    TEXT = Path(args.text)
     import torch
 
     if args.threads:
