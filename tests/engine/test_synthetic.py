@@ -32,6 +32,17 @@ def make_engine(loaded, **kwargs) -> LLMEngine:
     return LLMEngine(EngineArgs(model=spec, verbose=False, **kwargs), loaded=triple)
 
 
+def test_a_preloaded_model_keeps_its_device_when_a_gpu_is_visible(loaded, monkeypatch):
+    # device "auto" picks CUDA when one is visible; weights loaded on the CPU must still
+    # be served from the CPU, with the KV cache beside them, not moved under them.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    engine = make_engine(loaded, num_kv_blocks=16)
+    assert engine.device.type == "cpu" and engine.dtype == torch.float32
+    engine.add_request("r", PROMPTS[1], SamplingParams(max_tokens=3, temperature=0))
+    while engine.has_unfinished:
+        engine.step()
+
+
 def run_all(engine: LLMEngine, prompts, params_list):
     ids = []
     for i, (p, params) in enumerate(zip(prompts, params_list, strict=True)):

@@ -35,6 +35,13 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+def _device_of(model: torch.nn.Module) -> torch.device:
+    """Where a loaded model's weights live (the KV cache must be there too)."""
+    for tensor in (*model.parameters(), *model.buffers()):
+        return tensor.device
+    return torch.device("cpu")
+
+
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -72,9 +79,10 @@ class LLMEngine:
     """Owns the model runner, the scheduler and the per-request detokenizers."""
 
     def __init__(self, args: EngineArgs, loaded: tuple | None = None) -> None:
-        """`loaded`: an already loaded (model, config, tokenizer), to share weights between engines."""
+        """`loaded`: an already loaded (model, config, tokenizer), to share weights between
+        engines; the engine then runs where those weights are, whatever `args.device` says."""
         self.args = args
-        self.device = resolve_device(args.device)
+        self.device = resolve_device(args.device) if loaded is None else _device_of(loaded[0])
         self.dtype = resolve_dtype(args.dtype, self.device)
         self.parallel = None  # frota.engine.parallel.runner.ParallelContext when sharded
         if loaded is None and args.tensor_parallel_size * args.pipeline_parallel_size > 1:
