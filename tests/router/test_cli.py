@@ -87,6 +87,8 @@ def test_missing_workers_is_a_clear_error():
 def test_a_bad_option_value_is_one_line_naming_the_flag():
     for flags, named in ((["--policy", "prefix-aware", "--prefix-min-match", "2"],
                           "--prefix-min-match"),
+                         (["--policy", "prefix-aware", "--prefix-balance-abs", "-1"],
+                          "--prefix-balance-abs"),
                          (["--api-key-file", "/nonexistent/keys"], "/nonexistent/keys")):
         out = subprocess.run([sys.executable, "-m", "frota.cli.main", "router",
                               "--workers", "http://127.0.0.1:9", "--port", "0", *flags],

@@ -53,7 +53,7 @@ def test_unseen_prompts_spread_by_consistent_hashing():
 
 def test_a_hot_prefix_overflows_to_other_workers_within_the_load_bound():
     workers = [Worker(f"http://w{i}") for i in range(4)]
-    policy = PrefixAwarePolicy(block_chars=16, balance=0.25)
+    policy = PrefixAwarePolicy(block_chars=16, balance=0.25, balance_abs=0)
     reasons = Counter()
     for _ in range(40):  # 40 concurrent requests with the same prompt, none finishing
         decision = policy.choose(chat("the same hot system prompt " * 8), workers)
@@ -68,11 +68,35 @@ def test_a_hot_prefix_overflows_to_other_workers_within_the_load_bound():
     assert reasons["overflow"] > 0 and reasons["prefix_hit"] > 0
 
 
+def test_the_load_bound_allows_a_few_requests_over_the_least_loaded_at_low_load():
+    # Two workers, a handful in flight: the relative bound alone (1.25 x 2.5 -> 4) would
+    # send the owner's fourth request elsewhere; the absolute slack keeps it with the
+    # cache until the owner is balance_abs requests ahead of the least loaded worker.
+    workers = [Worker(f"http://w{i}") for i in range(2)]
+    policy = PrefixAwarePolicy(block_chars=16, balance=0.25, balance_abs=3)
+    prompt = chat("a tenant's system prompt, long enough to be worth following " * 3, "q")
+    owner = policy.choose(prompt, workers).worker
+    other = next(w for w in workers if w is not owner)
+    other.num_outstanding = 1
+    taken = []
+    for _ in range(5):
+        decision = policy.choose(prompt, workers)
+        decision.worker.num_outstanding += 1
+        taken.append((decision.worker is owner, decision.reason))
+    assert taken[:4] == [(True, "prefix_hit")] * 4  # up to 1 + 3 on the owner
+    assert taken[4] == (False, "overflow")
+    # Under load the relative bound governs: 1.25 x the fair share of 41 is 26.
+    owner.num_outstanding, other.num_outstanding = 26, 14
+    assert policy.choose(prompt, workers).reason == "overflow"
+    owner.num_outstanding, other.num_outstanding = 25, 15
+    assert policy.choose(prompt, workers).reason == "prefix_hit"
+
+
 def test_an_overflow_borrows_a_worker_without_moving_the_prefix():
     # The owner of a tenant's system prompt is full: one request goes elsewhere, and the
     # next one (once the owner has room) goes back to the owner, where the prefix is cached.
     workers = [Worker(f"http://w{i}") for i in range(2)]
-    policy = PrefixAwarePolicy(block_chars=16, balance=0.0)
+    policy = PrefixAwarePolicy(block_chars=16, balance=0.0, balance_abs=0)
     system = "tenant seven's long system prompt, with its rules and examples " * 4
     owner = policy.choose(chat(system, "question 0"), workers).worker
     other = next(w for w in workers if w is not owner)
@@ -150,6 +174,6 @@ def test_min_match_zero_follows_any_remembered_prefix():
 def test_prefix_aware_options_are_checked():
     import pytest
 
-    for kwargs in ({"min_match": 1.5}, {"balance": -1}, {"block_chars": 0}):
+    for kwargs in ({"min_match": 1.5}, {"balance": -1}, {"block_chars": 0}, {"balance_abs": -1}):
         with pytest.raises(ValueError, match="--prefix-"):
             PrefixAwarePolicy(**kwargs)

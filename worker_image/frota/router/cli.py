@@ -77,6 +77,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="prefix-aware: leading blocks hashed per prompt")
     g.add_argument("--prefix-balance", type=float, default=_env("--prefix-balance", 0.25),
                    help="prefix-aware: a worker may take (1 + this) x its fair share of load")
+    g.add_argument("--prefix-balance-abs", type=int, default=_env("--prefix-balance-abs", 4),
+                   help="prefix-aware: ... or this many requests more than the least loaded "
+                   "worker, whichever allows more (low load)")
     g.add_argument("--prefix-min-match", type=float, default=_env("--prefix-min-match", 0.5),
                    help="prefix-aware: follow a remembered prefix only when it covers this "
                    "fraction of the prompt's blocks; else route to the least loaded worker")
@@ -165,7 +168,8 @@ def config_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     return RouterConfig(
         policy=PolicyName(args.policy), load_signal=LoadSignal(args.load_signal),
         prefix_block_chars=args.prefix_block_chars, prefix_max_blocks=args.prefix_max_blocks,
-        prefix_balance=args.prefix_balance, prefix_min_match=args.prefix_min_match,
+        prefix_balance=args.prefix_balance, prefix_balance_abs=args.prefix_balance_abs,
+        prefix_min_match=args.prefix_min_match,
         session_header=args.session_header,
         max_inflight=args.max_inflight, max_queue=args.max_queue,
         queue_timeout=args.queue_timeout,

@@ -46,8 +46,11 @@ class PrefixAwarePolicy(RoutingPolicy):
 
     Load is bounded (consistent hashing with bounded loads): a worker may take a
     request only while its outstanding count stays within `(1 + balance)` times
-    the fair share; otherwise the request walks the ring to the next worker with
-    room ("overflow"). A hot prefix therefore spreads over several replicas
+    the fair share, or within `balance_abs` requests of the least loaded worker's,
+    whichever allows more; otherwise the request walks the ring to the next worker
+    with room ("overflow"). The relative bound governs at high load; the absolute
+    one at low load, where a fair share is a handful of requests and one more in a
+    continuous batch costs far less than the prefill a cache miss repeats. A hot prefix therefore spreads over several replicas
     instead of melting one, and each of them then caches it. An overflow borrows
     a worker: the prefix keeps its owner, so the next request goes back to where
     it is cached instead of moving it (and evictions) from worker to worker.
@@ -57,24 +60,29 @@ class PrefixAwarePolicy(RoutingPolicy):
     needs_body = True
 
     def __init__(self, block_chars: int = 128, max_blocks: int = 64, balance: float = 0.25,
-                 min_match: float = 0.5, max_table_entries: int = 200_000) -> None:
+                 min_match: float = 0.5, max_table_entries: int = 200_000,
+                 balance_abs: int = 4) -> None:
         for flag, ok, want in (("--prefix-block-chars", block_chars >= 1, ">= 1"),
                                ("--prefix-max-blocks", max_blocks >= 1, ">= 1"),
                                ("--prefix-balance", balance >= 0, ">= 0"),
+                               ("--prefix-balance-abs", balance_abs >= 0, ">= 0"),
                                ("--prefix-min-match", 0 <= min_match <= 1, "in [0, 1]")):
             if not ok:
                 raise ValueError(f"prefix-aware: {flag} must be {want}")
         self.block_chars = block_chars
         self.max_blocks = max_blocks
         self.balance = balance
+        self.balance_abs = balance_abs
         self.min_match = min_match
         self.max_table_entries = max_table_entries
         self._owner: OrderedDict[int, str] = OrderedDict()
         self._ring = RingCache()
 
     def _bound(self, candidates: Sequence[Worker]) -> int:
+        """The most requests a worker may hold, this one included."""
         total = sum(w.num_outstanding for w in candidates) + 1
-        return math.ceil((1 + self.balance) * total / len(candidates))
+        relative = math.ceil((1 + self.balance) * total / len(candidates))
+        return max(relative, min(w.num_outstanding for w in candidates) + self.balance_abs)
 
     def choose(self, request: RouteRequest, candidates: Sequence[Worker]) -> Decision:
         hashes = prefix_block_hashes(request.prompt_text, self.block_chars, self.max_blocks)
