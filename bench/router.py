@@ -16,16 +16,21 @@ smollm2` runs the same measurement against a real `frota worker --model smollm2`
 When the `vllm-router` binary is found (`--vllm-router PATH`, or on PATH), the
 same load also runs through it, with its CPU per request.
 
---prefix starts two workers and runs a shared-system-prompt, multi-turn chat
-workload through the router twice, with round-robin and with prefix-aware,
-restarting the workers in between so both start cold. Users think between turns
-(`--think-time`), so conversations do not move in lockstep. Hit rates come from
-the workers' own `vllm:prefix_cache_hits` / `vllm:prefix_cache_queries`. Workers
-are real SmolLM2 workers whose KV cache (`--num-kv-blocks`; a comma list sweeps
-sizes) is smaller than the workload's working set, which is where cache-aware
-routing pays: round-robin makes every worker cache every conversation. `--backend
-stand-in` runs it on stand-ins with a SIMULATED prefix cache (an LRU over
-64-character blocks, prefill time proportional to uncached characters).
+--prefix starts two workers and runs a workload through the router twice, with
+round-robin and with prefix-aware, restarting the workers in between so both
+start cold. `--workload shared-prefix` (the default): `--groups` tenants, each
+with its own long system prompt, `--prompts-per-group` questions each, shuffled
+(SGLang's "generated shared prefix"). `--workload chat`: multi-turn chats over
+one short system prompt, users thinking between turns (`--think-time`) so that
+conversations do not move in lockstep. Hit rates come from the workers' own
+`vllm:prefix_cache_hits` / `vllm:prefix_cache_queries`. Workers are real SmolLM2
+workers, one torch thread per core each (two workers on two cores: one thread
+each; more would make their OpenMP threads spin against each other), whose KV
+cache (`--num-kv-blocks`; a comma list sweeps sizes) is smaller than the
+workload's working set, which is where cache-aware routing pays: round-robin
+makes every worker cache everything. `--backend stand-in` runs it on stand-ins
+with a SIMULATED prefix cache (an LRU over 64-character blocks, prefill time
+proportional to uncached characters).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -196,12 +202,14 @@ def free_port() -> int:
 class Proc:
     """A child process serving HTTP on `port`, stopped with SIGTERM (then SIGKILL)."""
 
-    def __init__(self, name: str, argv: list[str], port: int, log_dir: Path) -> None:
+    def __init__(self, name: str, argv: list[str], port: int, log_dir: Path,
+                 env: dict[str, str] | None = None) -> None:
         self.name, self.port = name, port
         self.url = f"http://127.0.0.1:{port}"
         self.log = open(log_dir / f"{name}.log", "wb")  # noqa: SIM115 (lives with the process)
         self.popen = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT,
-                                      cwd=ROOT, preexec_fn=die_with_parent)
+                                      cwd=ROOT, preexec_fn=die_with_parent,
+                                      env={**os.environ, **(env or {})})
 
     async def wait_ready(self, timeout: float, path: str = "/ready") -> None:
         deadline = time.monotonic() + timeout
@@ -242,9 +250,12 @@ class Proc:
 
 
 def start_worker(args: argparse.Namespace, name: str, log_dir: Path, *,
-                 cache_blocks: int = 0, num_kv_blocks: int | None = None) -> Proc:
+                 cache_blocks: int = 0, num_kv_blocks: int | None = None,
+                 threads: int | None = None) -> Proc:
     """A stand-in (`cache_blocks`: its simulated prefix cache) or a real worker
-    (`num_kv_blocks`: its KV cache size; None sizes it from memory)."""
+    (`num_kv_blocks`: its KV cache size; None sizes it from memory; `threads`: its
+    torch intra-op threads, so that workers sharing the machine do not oversubscribe
+    the cores, each one's OpenMP threads spinning while the other's run)."""
     port = free_port()
     if args.backend == "stand-in":
         argv = [sys.executable, __file__, "--stand-in-serve", "--port", str(port),
@@ -259,14 +270,17 @@ def start_worker(args: argparse.Namespace, name: str, log_dir: Path, *,
                 "--max-num-seqs", str(args.max_num_seqs)]
         if num_kv_blocks:
             argv += ["--num-kv-blocks", str(num_kv_blocks)]
-    return Proc(name, argv, port, log_dir)
+    env = {"OMP_NUM_THREADS": str(threads)} if threads else None
+    return Proc(name, argv, port, log_dir, env)
 
 
-def start_router(workers: list[Proc], policy: str, log_dir: Path, name: str = "router") -> Proc:
+def start_router(workers: list[Proc], policy: str, log_dir: Path, name: str = "router",
+                 extra: list[str] | None = None) -> Proc:
     port = free_port()
     argv = [sys.executable, "-m", "frota.cli.main", "router", "--host", "127.0.0.1",
             "--port", str(port), "--policy", policy, "--max-inflight", "0",
-            "--workers", ",".join(w.url for w in workers), "--log-level", "warning"]
+            "--workers", ",".join(w.url for w in workers), "--log-level", "warning",
+            *(extra or [])]
     return Proc(name, argv, port, log_dir)
 
 
@@ -545,6 +559,39 @@ async def conversations(url: str, args: argparse.Namespace) -> list[Result]:
     return results
 
 
+async def shared_prefix(url: str, args: argparse.Namespace) -> list[Result]:
+    """`--groups` tenants, each with its own long system prompt, `--prompts-per-group`
+    one-turn questions each, shuffled and sent `--concurrency` at a time (SGLang's
+    "generated shared prefix" workload). The system prompts together outweigh one
+    worker's KV cache, and the fleet's together hold them: where they are cached is
+    up to the router."""
+    rng = random.Random(args.seed)
+    systems = [f"You are the assistant of tenant {g}. " + words(rng, args.system_words)
+               for g in range(args.groups)]
+    bodies = [{"model": args.model_name, "stream": True, "max_tokens": args.max_tokens,
+               "temperature": 0, "user": f"tenant-{g}",
+               "messages": [{"role": "system", "content": systems[g]},
+                            {"role": "user", "content": f"Question {q}: "
+                             f"{words(rng, args.question_words)}"}]}
+              for g in range(args.groups) for q in range(args.prompts_per_group)]
+    rng.shuffle(bodies)
+    async with client_session() as session:
+        return await run_load(url, bodies, args.concurrency, session)
+
+
+async def routing_decisions(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
+    """The router's `frota_router_routing_decisions_total`, summed by decision kind."""
+    async with session.get(url + "/metrics") as r:
+        text = await r.text()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("frota_router_routing_decisions_total{"):
+            kind = re.search(r'decision="([^"]*)"', line)
+            if kind:
+                out[kind[1]] = out.get(kind[1], 0) + float(line.rsplit(" ", 1)[-1])
+    return out
+
+
 async def prefix(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     """One run per `--num-kv-blocks` value; several make a sweep over cache pressure."""
     sizes = [int(v) for v in str(args.num_kv_blocks).split(",")]
@@ -561,30 +608,40 @@ async def prefix(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
 
 async def prefix_one(args: argparse.Namespace, log_dir: Path,
                      num_kv_blocks: int) -> dict[str, Any]:
+    threads = max(1, (os.cpu_count() or 2) // 2)  # the two workers split the cores
     out: dict[str, Any] = {
         "mode": "prefix",
         "backend": ("stand-in workers with a SIMULATED prefix cache (LRU of 64-char blocks)"
                     if args.backend == "stand-in" else "frota worker smollm2"),
-        "workers": 2, "conversations": args.conversations, "turns": args.turns,
-        "think_time_s": args.think_time,
+        "workers": 2, "workload": workload_description(args),
         "concurrency": args.concurrency, "num_kv_blocks": num_kv_blocks or None,
+        "threads_per_worker": threads,
         "load_average_1m_at_start": round(os.getloadavg()[0], 2)}
-    for policy in ("round-robin", "prefix-aware"):
+    for policy in args.policies.split(","):
         workers = [start_worker(args, f"{policy}-w{i}", log_dir,
                                 cache_blocks=args.stand_in_cache_blocks,
-                                num_kv_blocks=num_kv_blocks) for i in range(2)]
+                                num_kv_blocks=num_kv_blocks, threads=threads)
+                   for i in range(2)]
         procs = list(workers)
         try:
             for w in workers:
                 await w.wait_ready(args.ready_timeout)
-            router = start_router(workers, policy, log_dir, name=f"router-{policy}")
+            extra = []
+            for flag, value in (("--prefix-balance", args.prefix_balance),
+                                ("--prefix-balance-abs", args.prefix_balance_abs)):
+                if policy == "prefix-aware" and value is not None:
+                    extra += [flag, str(value)]
+            router = start_router(workers, policy, log_dir, name=f"router-{policy}",
+                                  extra=extra)
             procs.append(router)
             await router.wait_ready(60)
             started = time.perf_counter()
-            results = await conversations(router.url, args)
+            load = shared_prefix if args.workload == "shared-prefix" else conversations
+            results = await load(router.url, args)
             elapsed = time.perf_counter() - started
             async with aiohttp.ClientSession() as session:
                 counts = [await scrape_prefix(session, w.url) for w in workers]
+                decisions = await routing_decisions(session, router.url)
             hits, queries = sum(c[0] for c in counts), sum(c[1] for c in counts)
             ttfts = [r.ttft for r in results if r.ok]
             out[policy] = {
@@ -592,19 +649,29 @@ async def prefix_one(args: argparse.Namespace, log_dir: Path,
                 "prefix_cache_hits": hits, "prefix_cache_queries": queries,
                 "ttft_p50_ms": ms(pct(ttfts, 50)), "ttft_p99_ms": ms(pct(ttfts, 99)),
                 "requests": len(results), "failed": sum(not r.ok for r in results),
-                "per_worker_queries": [c[1] for c in counts],
+                "per_worker_queries": [c[1] for c in counts], "decisions": decisions,
                 "elapsed_s": round(elapsed, 2)}
         finally:
             for proc in reversed(procs):
                 proc.stop()
-    rr, pa = out["round-robin"], out["prefix-aware"]
-    if rr["prefix_cache_hit_rate"] and pa["prefix_cache_hit_rate"] is not None:
+    rr, pa = out.get("round-robin"), out.get("prefix-aware")
+    if rr and pa and rr["prefix_cache_hit_rate"] and pa["prefix_cache_hit_rate"] is not None:
         out["hit_rate_ratio"] = round(pa["prefix_cache_hit_rate"] / rr["prefix_cache_hit_rate"],
                                       2)
         out["meets_targets"] = (out["hit_rate_ratio"] >= 1.8
                                 and pa["ttft_p50_ms"] < rr["ttft_p50_ms"])
     out["targets"] = {"hit_rate_ratio": 1.8, "ttft_p50": "prefix-aware lower"}
     return out
+
+
+def workload_description(args: argparse.Namespace) -> dict[str, Any]:
+    if args.workload == "shared-prefix":
+        return {"name": "shared-prefix", "groups": args.groups,
+                "prompts_per_group": args.prompts_per_group,
+                "system_words": args.system_words, "question_words": args.question_words}
+    return {"name": "chat", "conversations": args.conversations, "turns": args.turns,
+            "system_words": args.system_words, "turn_words": args.turn_words,
+            "think_time_s": args.think_time}
 
 
 def plot_prefix(runs: list[dict[str, Any]], path: str) -> None:
@@ -632,7 +699,10 @@ def plot_prefix(runs: list[dict[str, Any]], path: str) -> None:
         ax.set_xlabel("KV-cache blocks per worker (16 tokens each)")
         ax.set_title(title)
         ax.legend()
-    fig.suptitle(f"two SmolLM2 workers, {runs[0]['conversations']} chats x {runs[0]['turns']} "
+    work = runs[0]["workload"]
+    fig.suptitle(f"two SmolLM2 workers, {work['groups']} tenants' system prompts x "
+                 f"{work['prompts_per_group']} questions" if work["name"] == "shared-prefix"
+                 else f"two SmolLM2 workers, {work['conversations']} chats x {work['turns']} "
                  "turns, shared system prompt")
     fig.tight_layout()
     fig.savefig(path)
@@ -669,9 +739,23 @@ def main() -> int:
     parser.add_argument("--num-kv-blocks", default="128",
                         help="--prefix: KV blocks per real worker, smaller than the workload's "
                         "working set (0: sized from memory); a comma list runs a sweep")
-    parser.add_argument("--conversations", type=int, default=24)
+    parser.add_argument("--workload", choices=["shared-prefix", "chat"],
+                        default="shared-prefix",
+                        help="--prefix: tenants' long system prompts, or multi-turn chats")
+    parser.add_argument("--groups", type=int, default=16,
+                        help="shared-prefix: tenants, each with its own system prompt")
+    parser.add_argument("--prompts-per-group", type=int, default=16)
+    parser.add_argument("--question-words", type=int, default=12)
+    parser.add_argument("--policies", default="round-robin,prefix-aware",
+                        help="--prefix: the policies to run, in order")
+    parser.add_argument("--prefix-balance", type=float, default=None,
+                        help="--prefix: the router's --prefix-balance (default: the router's)")
+    parser.add_argument("--prefix-balance-abs", type=int, default=None,
+                        help="--prefix: the router's --prefix-balance-abs (default: the router's)")
+    parser.add_argument("--conversations", type=int, default=24, help="chat: conversations")
     parser.add_argument("--turns", type=int, default=8)
-    parser.add_argument("--system-words", type=int, default=30)
+    parser.add_argument("--system-words", type=int, default=None,
+                        help="system prompt length (shared-prefix 300, chat 30)")
     parser.add_argument("--turn-words", type=int, default=40)
     parser.add_argument("--think-time", type=float, default=0.5,
                         help="--prefix: mean seconds between a reply and the next turn "
@@ -708,6 +792,8 @@ def main() -> int:
         args.backend = args.backend or "smollm2"
         args.concurrency = args.concurrency or 8
         args.max_tokens = args.max_tokens or 12
+        args.system_words = args.system_words or (300 if args.workload == "shared-prefix"
+                                                  else 30)
         if args.backend == "stand-in":
             # Simulated cache: each worker holds about 60% of the active conversations'
             # history (so one worker cannot cache everything; two together can), and
