@@ -694,6 +694,7 @@ def plot_prefix(runs: list[dict[str, Any]], path: str) -> None:
         if r.get("hit_rate_ratio"):
             left.annotate(f"{r['hit_rate_ratio']}x", (i + 0.4, r["prefix-aware"]
                           ["prefix_cache_hit_rate"]), ha="center", va="bottom")
+    left.set_ylim(0, 1.05)
     for ax, title in ((left, "prefix-cache hit rate"), (right, "TTFT p50 (ms)")):
         ax.set_xticks([i + 0.2 for i in x], labels)
         ax.set_xlabel("KV-cache blocks per worker (16 tokens each)")

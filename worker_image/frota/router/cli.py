@@ -77,7 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="prefix-aware: leading blocks hashed per prompt")
     g.add_argument("--prefix-balance", type=float, default=_env("--prefix-balance", 0.25),
                    help="prefix-aware: a worker may take (1 + this) x its fair share of load")
-    g.add_argument("--prefix-balance-abs", type=int, default=_env("--prefix-balance-abs", 4),
+    g.add_argument("--prefix-balance-abs", type=int, default=_env("--prefix-balance-abs", 8),
                    help="prefix-aware: ... or this many requests more than the least loaded "
                    "worker, whichever allows more (low load)")
     g.add_argument("--prefix-min-match", type=float, default=_env("--prefix-min-match", 0.5),

@@ -21,7 +21,7 @@ def make_policy(
     prefix_block_chars: int = 128,
     prefix_max_blocks: int = 64,
     prefix_balance: float = 0.25,
-    prefix_balance_abs: int = 4,
+    prefix_balance_abs: int = 8,
     prefix_min_match: float = 0.5,
     session_header: str = "x-session-id",
 ) -> RoutingPolicy:

@@ -61,7 +61,7 @@ class PrefixAwarePolicy(RoutingPolicy):
 
     def __init__(self, block_chars: int = 128, max_blocks: int = 64, balance: float = 0.25,
                  min_match: float = 0.5, max_table_entries: int = 200_000,
-                 balance_abs: int = 4) -> None:
+                 balance_abs: int = 8) -> None:
         for flag, ok, want in (("--prefix-block-chars", block_chars >= 1, ">= 1"),
                                ("--prefix-max-blocks", max_blocks >= 1, ">= 1"),
                                ("--prefix-balance", balance >= 0, ">= 0"),
