@@ -92,6 +92,20 @@ def test_the_load_bound_allows_a_few_requests_over_the_least_loaded_at_low_load(
     assert policy.choose(prompt, workers).reason == "prefix_hit"
 
 
+def test_overflows_of_one_prefix_go_to_the_same_worker_whatever_follows_it():
+    # A tenant's prompts share a long system prompt and differ after it. While its owner
+    # is full, every overflow should land on one other worker (which then caches the
+    # prefix), not on a different worker per question.
+    workers = [Worker(f"http://w{i}") for i in range(6)]
+    policy = PrefixAwarePolicy(block_chars=16, balance=0.0, balance_abs=0)
+    system = "a hot tenant's long system prompt with many rules and examples " * 4
+    owner = policy.choose(chat(system, "question 0"), workers).worker
+    owner.num_outstanding = 10
+    borrowed = {policy.choose(chat(system, f"question {q} asks something else"),
+                              workers).worker.url for q in range(1, 30)}
+    assert len(borrowed) == 1 and owner.url not in borrowed
+
+
 def test_an_overflow_borrows_a_worker_without_moving_the_prefix():
     # The owner of a tenant's system prompt is full: one request goes elsewhere, and the
     # next one (once the owner has room) goes back to the owner, where the prefix is cached.

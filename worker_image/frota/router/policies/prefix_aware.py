@@ -50,10 +50,14 @@ class PrefixAwarePolicy(RoutingPolicy):
     whichever allows more; otherwise the request walks the ring to the next worker
     with room ("overflow"). The relative bound governs at high load; the absolute
     one at low load, where a fair share is a handful of requests and one more in a
-    continuous batch costs far less than the prefill a cache miss repeats. A hot prefix therefore spreads over several replicas
-    instead of melting one, and each of them then caches it. An overflow borrows
-    a worker: the prefix keeps its owner, so the next request goes back to where
-    it is cached instead of moving it (and evictions) from worker to worker.
+    continuous batch costs far less than the prefill a cache miss repeats.
+
+    The walk starts at the matched prefix's hash, so all the overflows of one
+    prefix try the same workers in the same order, whatever follows the prefix: a
+    hot prefix spreads over as few replicas as the bound allows instead of melting
+    one, and each of them then caches it. An overflow borrows a worker: the prefix
+    keeps its owner, so the next request goes back to where it is cached instead
+    of moving it (and evictions) from worker to worker.
     """
 
     name = PolicyName.PREFIX_AWARE
@@ -90,17 +94,19 @@ class PrefixAwarePolicy(RoutingPolicy):
         by_url = {w.url: w for w in candidates}
         decision: Decision | None = None
         matched_owner = False
+        ring_key = hashes[-1] if hashes else 0
         for i in range(len(hashes) - 1, -1, -1):
             url = self._owner.get(hashes[i])
             if url is not None and url in by_url:
                 if (i + 1) >= self.min_match * len(hashes):
                     matched_owner = True
+                    ring_key = hashes[i]  # overflows of one prefix go the same way round
                     owner = by_url[url]
                     if owner.num_outstanding + 1 <= bound:
                         decision = Decision(owner, "prefix_hit")
                 break  # the longest remembered prefix decides (over its bound: the ring)
         if decision is None:
-            ring = list(self._ring.walk(hashes[-1] if hashes else 0, candidates))
+            ring = list(self._ring.walk(ring_key, candidates))
             if matched_owner:  # a worthwhile prefix, but its owner is full: walk the ring
                 reason = "overflow"
                 worker = next((w for w in ring if w.num_outstanding + 1 <= bound), None)
