@@ -69,27 +69,43 @@ def test_a_hot_prefix_overflows_to_other_workers_within_the_load_bound():
 
 
 def test_the_load_bound_allows_a_few_requests_over_the_least_loaded_at_low_load():
-    # Two workers, a handful in flight: the relative bound alone (1.25 x 2.5 -> 4) would
-    # send the owner's fourth request elsewhere; the absolute slack keeps it with the
-    # cache until the owner is balance_abs requests ahead of the least loaded worker.
+    # Two workers, a handful in flight, many tenants: the relative bound alone would send
+    # this tenant's fifth request elsewhere (1.25 x 3 -> 4); the absolute slack keeps it
+    # with its cache until its owner is balance_abs requests ahead of the least loaded.
     workers = [Worker(f"http://w{i}") for i in range(2)]
-    policy = PrefixAwarePolicy(block_chars=16, balance=0.25, balance_abs=3)
-    prompt = chat("a tenant's system prompt, long enough to be worth following " * 3, "q")
+    policy = PrefixAwarePolicy(block_chars=16, balance=0.25, balance_abs=4)
+    for tenant in range(12):
+        policy.choose(chat(f"tenant {tenant}'s own system prompt, long enough to follow " * 3,
+                           "q"), workers)
+    prompt = chat("this tenant's system prompt, long enough to be worth following " * 3, "q")
     owner = policy.choose(prompt, workers).worker
     other = next(w for w in workers if w is not owner)
     other.num_outstanding = 1
     taken = []
-    for _ in range(5):
+    for _ in range(6):
         decision = policy.choose(prompt, workers)
         decision.worker.num_outstanding += 1
         taken.append((decision.worker is owner, decision.reason))
-    assert taken[:4] == [(True, "prefix_hit")] * 4  # up to 1 + 3 on the owner
-    assert taken[4] == (False, "overflow")
+    assert taken[:5] == [(True, "prefix_hit")] * 5  # up to 1 + 4 on the owner
+    assert taken[5] == (False, "overflow")
     # Under load the relative bound governs: 1.25 x the fair share of 41 is 26.
     owner.num_outstanding, other.num_outstanding = 26, 14
     assert policy.choose(prompt, workers).reason == "overflow"
     owner.num_outstanding, other.num_outstanding = 25, 15
     assert policy.choose(prompt, workers).reason == "prefix_hit"
+
+
+def test_a_hot_prefix_spreads_under_the_relative_bound_even_at_low_load():
+    # One system prompt behind every request (one tenant, or one app): kept on its owner
+    # up to the absolute slack, it would take all 8 requests in flight while the other
+    # worker idles. More than a fair share of the recent traffic makes it hot, and a hot
+    # prefix gets only the relative bound: 5 of 8 here, the rest on the next worker.
+    workers = [Worker(f"http://w{i}") for i in range(2)]
+    policy = PrefixAwarePolicy(block_chars=16, balance=0.25, balance_abs=8)
+    system = "the one system prompt every request of this app starts with " * 4
+    for q in range(8):
+        policy.choose(chat(system, f"question {q}"), workers).worker.num_outstanding += 1
+    assert sorted(w.num_outstanding for w in workers) == [3, 5]
 
 
 def test_overflows_of_one_prefix_go_to_the_same_worker_whatever_follows_it():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections import OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Sequence
 
 from frota.router.health import Worker
@@ -50,7 +50,11 @@ class PrefixAwarePolicy(RoutingPolicy):
     whichever allows more; otherwise the request walks the ring to the next worker
     with room ("overflow"). The relative bound governs at high load; the absolute
     one at low load, where a fair share is a handful of requests and one more in a
-    continuous batch costs far less than the prefill a cache miss repeats.
+    continuous batch costs far less than the prefill a cache miss repeats. A hot
+    prefix, one that brought more than a worker's fair share of the last
+    `hot_window` requests, gets the relative bound alone: no worker can serve it
+    alone without exceeding its share, and spreading it costs one miss on each
+    worker it spreads to, paid back by all its later requests there.
 
     The walk starts at the matched prefix's hash, so all the overflows of one
     prefix try the same workers in the same order, whatever follows the prefix: a
@@ -65,7 +69,7 @@ class PrefixAwarePolicy(RoutingPolicy):
 
     def __init__(self, block_chars: int = 128, max_blocks: int = 64, balance: float = 0.25,
                  min_match: float = 0.5, max_table_entries: int = 200_000,
-                 balance_abs: int = 8) -> None:
+                 balance_abs: int = 8, hot_window: int = 64) -> None:
         for flag, ok, want in (("--prefix-block-chars", block_chars >= 1, ">= 1"),
                                ("--prefix-max-blocks", max_blocks >= 1, ">= 1"),
                                ("--prefix-balance", balance >= 0, ">= 0"),
@@ -81,30 +85,49 @@ class PrefixAwarePolicy(RoutingPolicy):
         self.max_table_entries = max_table_entries
         self._owner: OrderedDict[int, str] = OrderedDict()
         self._ring = RingCache()
+        # The prefix keys of the last `hot_window` requests, and how often each occurs.
+        self._recent: deque[int] = deque(maxlen=hot_window)
+        self._recent_counts: Counter[int] = Counter()
 
-    def _bound(self, candidates: Sequence[Worker]) -> int:
+    def _bound(self, candidates: Sequence[Worker], hot: bool) -> int:
         """The most requests a worker may hold, this one included."""
         total = sum(w.num_outstanding for w in candidates) + 1
         relative = math.ceil((1 + self.balance) * total / len(candidates))
+        if hot:
+            return relative
         return max(relative, min(w.num_outstanding for w in candidates) + self.balance_abs)
+
+    def _is_hot(self, key: int, num_candidates: int) -> bool:
+        """Count `key` as this request's prefix; True when the prefix brought more than
+        one worker's fair share of the recent requests (no single worker can take it
+        alone without exceeding its share)."""
+        recent, counts = self._recent, self._recent_counts
+        if len(recent) == recent.maxlen:
+            oldest = recent[0]
+            counts[oldest] -= 1
+            if not counts[oldest]:
+                del counts[oldest]
+        recent.append(key)
+        counts[key] += 1
+        return len(recent) > 1 and counts[key] * num_candidates > len(recent)
 
     def choose(self, request: RouteRequest, candidates: Sequence[Worker]) -> Decision:
         hashes = prefix_block_hashes(request.prompt_text, self.block_chars, self.max_blocks)
-        bound = self._bound(candidates)
         by_url = {w.url: w for w in candidates}
-        decision: Decision | None = None
-        matched_owner = False
+        owner: Worker | None = None
         ring_key = hashes[-1] if hashes else 0
         for i in range(len(hashes) - 1, -1, -1):
             url = self._owner.get(hashes[i])
             if url is not None and url in by_url:
                 if (i + 1) >= self.min_match * len(hashes):
-                    matched_owner = True
-                    ring_key = hashes[i]  # overflows of one prefix go the same way round
                     owner = by_url[url]
-                    if owner.num_outstanding + 1 <= bound:
-                        decision = Decision(owner, "prefix_hit")
+                    ring_key = hashes[i]  # overflows of one prefix go the same way round
                 break  # the longest remembered prefix decides (over its bound: the ring)
+        matched_owner = owner is not None
+        bound = self._bound(candidates, hot=self._is_hot(ring_key, len(candidates)))
+        decision: Decision | None = None
+        if owner is not None and owner.num_outstanding + 1 <= bound:
+            decision = Decision(owner, "prefix_hit")
         if decision is None:
             ring = list(self._ring.walk(ring_key, candidates))
             if matched_owner:  # a worthwhile prefix, but its owner is full: walk the ring
