@@ -737,9 +737,10 @@ def main() -> int:
     parser.add_argument("--vllm-router", default=None, help="path of the vllm-router binary")
     parser.add_argument("--ready-timeout", type=float, default=900.0)
     parser.add_argument("--max-num-seqs", type=int, default=64)
-    parser.add_argument("--num-kv-blocks", default="128",
+    parser.add_argument("--num-kv-blocks", default=None,
                         help="--prefix: KV blocks per real worker, smaller than the workload's "
-                        "working set (0: sized from memory); a comma list runs a sweep")
+                        "working set (0: sized from memory); a comma list runs a sweep "
+                        "(shared-prefix 192: the tenants' prompts are 1.7x one cache; chat 128)")
     parser.add_argument("--workload", choices=["shared-prefix", "chat"],
                         default="shared-prefix",
                         help="--prefix: tenants' long system prompts, or multi-turn chats")
@@ -793,8 +794,9 @@ def main() -> int:
         args.backend = args.backend or "smollm2"
         args.concurrency = args.concurrency or 8
         args.max_tokens = args.max_tokens or 12
-        args.system_words = args.system_words or (300 if args.workload == "shared-prefix"
-                                                  else 30)
+        shared = args.workload == "shared-prefix"
+        args.system_words = args.system_words or (300 if shared else 30)
+        args.num_kv_blocks = args.num_kv_blocks or ("192" if shared else "128")
         if args.backend == "stand-in":
             # Simulated cache: each worker holds about 60% of the active conversations'
             # history (so one worker cannot cache everything; two together can), and
