@@ -24,8 +24,8 @@ with its own long system prompt, `--prompts-per-group` questions each, shuffled
 one short system prompt, users thinking between turns (`--think-time`) so that
 conversations do not move in lockstep. Hit rates come from the workers' own
 `vllm:prefix_cache_hits` / `vllm:prefix_cache_queries`. Workers are real SmolLM2
-workers, one torch thread per core each (two workers on two cores: one thread
-each; more would make their OpenMP threads spin against each other), whose KV
+workers that split the cores between them (two workers on two cores: one torch
+thread each; more would make their OpenMP threads spin against each other), whose KV
 cache (`--num-kv-blocks`; a comma list sweeps sizes) is smaller than the
 workload's working set, which is where cache-aware routing pays: round-robin
 makes every worker cache everything. `--backend stand-in` runs it on stand-ins
@@ -511,17 +511,27 @@ def plot_overhead(ttfts: dict[str, list[float]], out: dict[str, Any], path: str)
 
 # --------------------------------------------------------------------------- --prefix
 
-async def scrape_prefix(session: aiohttp.ClientSession, url: str) -> tuple[float, float]:
+async def metric_samples(session: aiohttp.ClientSession,
+                         url: str) -> list[tuple[str, str, float]]:
+    """`url`'s Prometheus samples as (name, labels text, value)."""
     async with session.get(url + "/metrics") as r:
         text = await r.text()
-    hits = queries = 0.0
+    samples = []
     for line in text.splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        value = line.rsplit(" ", 1)[-1] if not line.startswith("#") else ""
+        if line and not line.startswith("#"):
+            series, value = line.rsplit(" ", 1)
+            name, _, labels = series.partition("{")
+            samples.append((name, labels, float(value)))
+    return samples
+
+
+async def scrape_prefix(session: aiohttp.ClientSession, url: str) -> tuple[float, float]:
+    hits = queries = 0.0
+    for name, _, value in await metric_samples(session, url):
         if name in ("vllm:prefix_cache_hits", "vllm:prefix_cache_hits_total"):
-            hits += float(value)
+            hits += value
         elif name in ("vllm:prefix_cache_queries", "vllm:prefix_cache_queries_total"):
-            queries += float(value)
+            queries += value
     return hits, queries
 
 
@@ -581,14 +591,11 @@ async def shared_prefix(url: str, args: argparse.Namespace) -> list[Result]:
 
 async def routing_decisions(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
     """The router's `frota_router_routing_decisions_total`, summed by decision kind."""
-    async with session.get(url + "/metrics") as r:
-        text = await r.text()
     out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("frota_router_routing_decisions_total{"):
-            kind = re.search(r'decision="([^"]*)"', line)
-            if kind:
-                out[kind[1]] = out.get(kind[1], 0) + float(line.rsplit(" ", 1)[-1])
+    for name, labels, value in await metric_samples(session, url):
+        kind = re.search(r'decision="([^"]*)"', labels)
+        if name == "frota_router_routing_decisions_total" and kind:
+            out[kind[1]] = out.get(kind[1], 0) + value
     return out
 
 
@@ -685,7 +692,8 @@ def plot_prefix(runs: list[dict[str, Any]], path: str) -> None:
     labels = [str(r["num_kv_blocks"]) if r["num_kv_blocks"] else "no limit" for r in runs]
     x = range(len(runs))
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    for j, policy in enumerate(("round-robin", "prefix-aware")):
+    policies = [p for p in ("round-robin", "prefix-aware") if p in runs[0]]  # --policies
+    for j, policy in enumerate(policies):
         left.bar([i + 0.4 * j for i in x], [r[policy]["prefix_cache_hit_rate"] for r in runs],
                  0.4, label=policy)
         right.bar([i + 0.4 * j for i in x], [r[policy]["ttft_p50_ms"] for r in runs], 0.4,
