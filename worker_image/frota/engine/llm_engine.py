@@ -6,6 +6,7 @@ scheduler. `step()` is schedule -> run the model -> sample -> postprocess.
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import torch
@@ -37,9 +38,8 @@ def resolve_device(device: str) -> torch.device:
 
 def _device_of(model: torch.nn.Module) -> torch.device:
     """Where a loaded model's weights live (the KV cache must be there too)."""
-    for tensor in (*model.parameters(), *model.buffers()):
-        return tensor.device
-    return torch.device("cpu")
+    tensor = next(itertools.chain(model.parameters(), model.buffers()), None)
+    return tensor.device if tensor is not None else torch.device("cpu")
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:

@@ -16,9 +16,12 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from frota.router.policies import LoadSignal, PolicyName
+
+if TYPE_CHECKING:
+    from frota.router.app import RouterApp
 
 
 def _env(flag: str, default: Any) -> Any:
@@ -182,7 +185,7 @@ def config_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         disagg=_disaggregation(args))
 
 
-async def serve(args: argparse.Namespace, app) -> None:  # type: ignore[no-untyped-def]
+async def serve(args: argparse.Namespace, app: RouterApp) -> None:
     await app.start(args.host, args.port)
     # Everything allocated so far (modules, the app) lives as long as the process: keep
     # it out of the cyclic GC, so full collections stay short on the request path.

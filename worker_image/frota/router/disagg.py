@@ -243,7 +243,9 @@ class DisaggPlan(RoutePlan):
                 self.metrics.handoff_latency.observe(time.perf_counter() - started)
                 return await proxy.respond(upstream, worker, ctx)
         except RetryableFailure as exc:
-            log.info("decode on %s failed before the first byte: %s", worker.url, exc.reason)
+            said = exc.response.body[:300] if exc.response is not None else b""
+            log.info("decode on %s failed before the first byte: %s %s", worker.url,
+                     exc.reason, said)
             return None
 
     def _drop_handle(self, prefill: Worker, handle: dict[str, Any]) -> None:

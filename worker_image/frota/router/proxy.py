@@ -133,11 +133,12 @@ class Proxy:
         are the request's own answer (a 400 is the client's problem) and go ahead.
         A 5xx counts against the worker's health; a 429 (a full queue) does not."""
         request = ctx.request
+        headers = forwarded_headers(request)
+        headers.extend(extra_headers)
         sent = time.perf_counter()
         try:
             upstream = await self.client.request(
-                worker.url, request.method, request.target,
-                [*forwarded_headers(request), *extra_headers], ctx.route.body)
+                worker.url, request.method, request.target, headers, ctx.route.body)
         except UpstreamError as exc:
             self.pool.record_failure(worker, f"request: {exc}")
             raise RetryableFailure(exc.reason) from exc
@@ -150,7 +151,6 @@ class Proxy:
                 body = b""
             finally:
                 upstream.close()
-            log.info("%s answered %d: %s", worker.url, status, body[:300])
             if status >= 500:
                 self.pool.record_failure(worker, f"answered {status}", eject_now=status == 503)
             response = Response(status, body, _response_headers(upstream, worker))

@@ -97,10 +97,8 @@ class PrefixAwarePolicy(RoutingPolicy):
             return relative
         return max(relative, min(w.num_outstanding for w in candidates) + self.balance_abs)
 
-    def _is_hot(self, key: int, num_candidates: int) -> bool:
-        """Count `key` as this request's prefix; True when the prefix brought more than
-        one worker's fair share of the recent requests (no single worker can take it
-        alone without exceeding its share)."""
+    def _note(self, key: int) -> None:
+        """Count `key` as the prefix of the latest request (the window drops the oldest)."""
         recent, counts = self._recent, self._recent_counts
         if len(recent) == recent.maxlen:
             oldest = recent[0]
@@ -109,7 +107,12 @@ class PrefixAwarePolicy(RoutingPolicy):
                 del counts[oldest]
         recent.append(key)
         counts[key] += 1
-        return len(recent) > 1 and counts[key] * num_candidates > len(recent)
+
+    def _is_hot(self, key: int, num_candidates: int) -> bool:
+        """True when `key` brought more than one worker's fair share of the recent
+        requests: no single worker can take it alone without exceeding its share."""
+        recent = self._recent
+        return len(recent) > 1 and self._recent_counts[key] * num_candidates > len(recent)
 
     def choose(self, request: RouteRequest, candidates: Sequence[Worker]) -> Decision:
         hashes = prefix_block_hashes(request.prompt_text, self.block_chars, self.max_blocks)
@@ -123,14 +126,14 @@ class PrefixAwarePolicy(RoutingPolicy):
                     owner = by_url[url]
                     ring_key = hashes[i]  # overflows of one prefix go the same way round
                 break  # the longest remembered prefix decides (over its bound: the ring)
-        matched_owner = owner is not None
+        self._note(ring_key)
         bound = self._bound(candidates, hot=self._is_hot(ring_key, len(candidates)))
         decision: Decision | None = None
         if owner is not None and owner.num_outstanding + 1 <= bound:
             decision = Decision(owner, "prefix_hit")
         if decision is None:
             ring = list(self._ring.walk(ring_key, candidates))
-            if matched_owner:  # a worthwhile prefix, but its owner is full: walk the ring
+            if owner is not None:  # a worthwhile prefix, but its owner is full: walk the ring
                 reason = "overflow"
                 worker = next((w for w in ring if w.num_outstanding + 1 <= bound), None)
                 worker = worker or min(ring, key=lambda w: w.num_outstanding)
@@ -138,14 +141,15 @@ class PrefixAwarePolicy(RoutingPolicy):
                 worker = min(ring, key=lambda w: w.num_outstanding)
                 reason = "hash" if worker is ring[0] else "least_outstanding"
             decision = Decision(worker, reason)
-        self._remember(hashes, decision.worker.url, keep=by_url if matched_owner else None)
+        self._remember(hashes, decision.worker.url, keep=by_url if owner is not None else None)
         return decision
 
     def _remember(self, hashes: list[int], url: str, keep: dict[str, Worker] | None) -> None:
-        """Record `url` as the owner of `hashes`. With `keep` (the request borrowed
-        another worker because the owner was full), a prefix already owned by a worker
-        in `keep` stays with it: one overflow must not move a hot prefix, or both
-        workers end up caching it and the next overflow moves it back."""
+        """Record `url` as the owner of `hashes`. With `keep` (the request followed a
+        remembered prefix, to its owner or, the owner being full, overflowing), a prefix
+        already owned by a worker in `keep` stays with it and only the new blocks become
+        `url`'s: an overflow must not move a hot prefix, or both workers end up caching
+        it and the next overflow moves it back."""
         owner = self._owner
         for h in hashes:
             if keep is None or owner.get(h) not in keep:
