@@ -177,12 +177,13 @@ def throughput(args) -> list[dict]:
 
 
 def free_device(device) -> None:
+    """Let go of what the last model held (`device`: a torch.device or its name)."""
     import gc
 
     import torch
 
     gc.collect()
-    if device.type == "cuda":
+    if torch.device(device).type == "cuda":
         torch.cuda.empty_cache()
 
 

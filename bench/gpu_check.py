@@ -24,6 +24,8 @@ import time
 import traceback
 from pathlib import Path
 
+from engine_throughput import free_device, load_hf  # bench/ is on sys.path: a script there
+
 ROOT = Path(__file__).resolve().parent.parent
 DEVCHECK = ROOT / ".devcheck"
 TEXT = Path("/usr/share/common-licenses/GPL-3")
@@ -229,24 +231,6 @@ def prefix_agree(a: list[int], b: list[int]) -> int:
     return n
 
 
-def free(device: str) -> None:
-    import gc
-
-    import torch
-
-    gc.collect()
-    if device == "cuda":
-        torch.cuda.empty_cache()
-
-
-def load_hf(model_dir: str, dtype: str, device: str):
-    import torch
-    import transformers
-
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
-    return model.to(device).eval()
-
-
 def hf_greedy(model, ids: list[int], n: int, device: str):
     """(first-step logits [cpu f32], n greedy tokens) with the model's own KV cache."""
     import torch
@@ -295,8 +279,8 @@ def compare_engine_hf(step: str, model_dir: str, device: str, dtype: str, length
     engine_generate(engine, prompts[:1], 2, tag="warm")
     tokens, seconds, first = engine_generate(engine, prompts, n)
     del engine
-    free(device)
-    hf = load_hf(model_dir, dtype, device)
+    free_device(device)
+    hf = load_hf(dtype, model_dir, device)
     rows = []
     for p, toks, f in zip(prompts, tokens, first, strict=True):
         hf_first, hf_toks = hf_greedy(hf, p, n, device)
@@ -308,7 +292,7 @@ def compare_engine_hf(step: str, model_dir: str, device: str, dtype: str, length
                      "first_logits_absmax": f.abs().max().item(),
                      "first_top1_same": int(f.argmax()) == int(hf_first.argmax())})
     del hf
-    free(device)
+    free_device(device)
     total = n * len(prompts)
     tf = sum(r["teacher_forced_agree"] for r in rows)
     max_diff = max(r["first_logits_max_abs_diff"] for r in rows)
@@ -341,10 +325,10 @@ def compare_devices(step: str, model_dir: str, device: str, lengths: list[int], 
         if name in ("cpu", "dev"):
             del engine
             engine = None
-            free(dev)
+            free_device(dev)
     hits = engine.stats().prefix_cache_hits if engine is not None else None
     del engine
-    free(device)
+    free_device(device)
     cpu_tokens, cpu_first, _ = results["cpu"]
     out = {}
     for name in ("dev", "dev_chunked", "dev_prefix_hit"):
@@ -427,7 +411,7 @@ def quant_one(step: str, model_dir: str, device: str, dtype: str, method: str, p
                                   "first_top1_same": f"{top1}/{len(prompts)}"},
                   kernels=census)
     del engine, model
-    free(device)
+    free_device(device)
     return result
 
 
@@ -448,7 +432,7 @@ def quant(args) -> None:
          batch=len(prompts), n_tokens=n, batch_tok_per_s=round(len(prompts) * n / seconds, 1),
          batch1_tok_per_s=round(n / one_s, 1))
     del engine
-    free(device)
+    free_device(device)
     for method in ("int8", "int4", "fp8"):
         guarded(step, f"quant_{method}", quant_one, step, args.dir, device, dtype, method,
                 prompts, ref_tokens, ref_first, n)
