@@ -125,6 +125,18 @@ async def apply(obj: Mapping[str, Any], *, logger: Any) -> dict[str, Any]:
     )
 
 
+async def get(kind: str, namespace: str, name: str, *, logger: Any) -> dict[str, Any] | None:
+    """Read one object from the API server itself (not a watch cache); None when it is gone."""
+    api_version, plural = KINDS[kind]
+    try:
+        return await _request("GET", f"{collection_path(api_version, plural, namespace)}/{name}",
+                              logger=logger)
+    except kopf.PermanentError as exc:
+        if isinstance(exc.__cause__, NotFound):
+            return None
+        raise
+
+
 async def delete(obj: Mapping[str, Any], *, logger: Any, namespace: str | None = None) -> None:
     """Delete one object (gone already is fine); dependents go in the background."""
     try:

@@ -172,7 +172,9 @@ async def reconcile(
     plans = _plan(desired, groups)
 
     applied = applied if applied is not None else Applied()
-    await _apply_all(desired, plans, children, body, outcome, applied, logger=logger)
+    if not await _apply_all(desired, plans, children, body, outcome, applied, logger=logger):
+        outcome.result = "deleting"  # the cached body was behind: the owner is going
+        return outcome
     await _delete_groups(desired, plans, groups, children, outcome, applied, logger=logger)
     await _restart_groups(desired, plans, groups, children, outcome, logger=logger)
 
@@ -215,8 +217,12 @@ async def _apply_all(
     applied: Applied,
     *,
     logger: Any,
-) -> None:
-    """Server-side apply every child that is missing or differs from its desired form."""
+) -> bool:
+    """Server-side apply every child that is missing or differs from its desired form.
+
+    Returns False, having applied nothing, when a child is missing and the
+    owner turns out to be gone or being deleted (see `_owner_is_live`).
+    """
     objs: list[dict[str, Any]] = list(desired.shared)
     for role, plan in plans.items():
         for index in plan.apply:
@@ -226,6 +232,7 @@ async def _apply_all(
     objs = [o if o["metadata"].get("ownerReferences") else _adopted(o, owner) for o in objs]
     now = time.monotonic()
     stale = []
+    creating = False
     for obj in objs:
         seen = children.find(obj["kind"], obj["metadata"]["name"])
         if contains(seen, obj):
@@ -234,10 +241,30 @@ async def _apply_all(
             outcome.recheck = True  # look again once the cache has caught up
         else:
             stale.append(obj)
+            creating = creating or seen is None
+    if creating and not await _owner_is_live(owner, desired.namespace, logger=logger):
+        return False
     results = await asyncio.gather(*(api.apply(o, logger=logger) for o in stale))
     for obj, result in zip(stale, results, strict=True):
         applied.record(obj, result, desired.namespace, now)
     outcome.applied.extend(_ref(o) for o in stale)
+    return True
+
+
+async def _owner_is_live(owner: Mapping[str, Any], namespace: str, *, logger: Any) -> bool:
+    """Ask the API server, not the cache, whether the owner still stands.
+
+    The owner and its children come from separate watches. When a child's
+    deletion reaches us before the owner's deletionTimestamp does, the cache
+    says "missing child, live owner", and applying would recreate what a
+    deletion (foreground, or held by someone's finalizer) is taking down.
+    Creations are rare (a new service, a rollout's surge), so one GET each is cheap.
+    """
+    live = await api.get(KIND, namespace, owner["metadata"]["name"], logger=logger)
+    if live is None or live["metadata"].get("deletionTimestamp"):
+        return False
+    uid = owner["metadata"].get("uid")
+    return uid is None or live["metadata"].get("uid") == uid  # not a namesake made since
 
 
 def _adopted(obj: Mapping[str, Any], owner: Mapping[str, Any]) -> dict[str, Any]:
