@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
+import pytest
+
 from e2e.cluster.agent import _dns_names, _selects
+from e2e.cluster.podinit import _refuse_mounts_over_the_image
 from e2e.cluster.podspec import expand, field_ref, parse_quantity, resource_ref
 
 
@@ -44,3 +49,12 @@ def test_short_dns_names_only_within_the_viewers_namespace() -> None:
     assert "w-0.svc" not in _dns_names("w-0.svc", "ns", "other")
     assert _selects({"app": "w"}, {"app": "w", "x": "y"})
     assert not _selects({}, {"app": "w"})
+
+
+def test_a_volume_over_the_checkout_or_virtualenv_is_refused_by_name() -> None:
+    checkout = Path(__file__).resolve().parents[1]
+    with pytest.raises(SystemExit, match=f"mounted at {checkout.parent} would hide this checkout"):
+        _refuse_mounts_over_the_image([["/src", str(checkout.parent), False]])
+    with pytest.raises(SystemExit, match="would hide this virtualenv"):
+        _refuse_mounts_over_the_image([["/src", sys.prefix, False]])
+    _refuse_mounts_over_the_image([["/src", str(checkout / "no-such-dir" / "data"), True]])

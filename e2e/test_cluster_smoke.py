@@ -139,9 +139,19 @@ def test_statefulset_pods_resolve_each_other_through_the_headless_service(
         def ask(name: str) -> dict[str, Any]:
             return json.loads(httpx.get(f"http://{host}:{port}/resolve", params={"name": name}, timeout=10).text)
 
-        assert ask("peer-0.peers")["addresses"] == [ips["peer-0"]]
-        assert ask(f"peer-0.peers.{namespace}.svc.cluster.local")["addresses"] == [ips["peer-0"]]
-        assert ask("peers")["addresses"] == sorted(ips.values())
+        def resolves(name: str, addresses: list[str]) -> Any:
+            # Cluster DNS follows the API with a lag (the agent rewrites hosts
+            # files on its tick, as CoreDNS follows its watch): wait, then compare.
+            def check() -> bool:
+                got = ask(name)["addresses"]
+                assert got == addresses, f"{name} resolved to {got}"
+                return True
+
+            return wait_until(f"{name} to resolve to {addresses}", check, timeout=30)
+
+        resolves("peer-0.peers", [ips["peer-0"]])
+        resolves(f"peer-0.peers.{namespace}.svc.cluster.local", [ips["peer-0"]])
+        resolves("peers", sorted(ips.values()))
         assert ask("peer-1.peers")["hostname"] == "peer-1"
 
 

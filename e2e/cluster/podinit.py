@@ -49,10 +49,25 @@ def _bind(src: str, handle: str, dst: str, read_only: bool, record: TextIO) -> N
         sys.exit(f"podinit: cannot mount a volume at {dst}: {proc.stderr.strip()}")
 
 
+def _refuse_mounts_over_the_image(mounts: list[list]) -> None:
+    """Fail clearly when a volume would hide this checkout or its virtualenv.
+
+    They are the pod's "image": under an emptyDir at /tmp, a checkout in /tmp
+    would leave the container without its commands, failing far from the cause.
+    """
+    image = {"checkout": Path(__file__).resolve().parents[2], "virtualenv": Path(sys.prefix)}
+    for _, dst, _ in mounts:
+        for what, path in image.items():
+            if path == Path(dst) or Path(dst) in path.parents:
+                sys.exit(f"podinit: the volume mounted at {dst} would hide this {what} "
+                         f"({path}); run the e2e tests from a checkout outside {dst}")
+
+
 def main() -> None:
     """Apply the spec written by the agent and exec the container command."""
     spec = json.loads(Path(sys.argv[1]).read_text())
     socket.sethostname(spec["hostname"])
+    _refuse_mounts_over_the_image(spec["mounts"])
     # Sources may live under a path a mount hides (mountPath /work over a source
     # under /work/main): open them all first, mount through /proc/<pid>/fd.
     fds = [os.open(src, os.O_PATH) for src, _, _ in spec["mounts"]]
