@@ -635,7 +635,8 @@ async def prefix_one(args: argparse.Namespace, log_dir: Path,
                 await w.wait_ready(args.ready_timeout)
             extra = []
             for flag, value in (("--prefix-balance", args.prefix_balance),
-                                ("--prefix-balance-abs", args.prefix_balance_abs)):
+                                ("--prefix-balance-abs", args.prefix_balance_abs),
+                                ("--prefix-hot-window", args.prefix_hot_window)):
                 if policy == "prefix-aware" and value is not None:
                     extra += [flag, str(value)]
             router = start_router(workers, policy, log_dir, name=f"router-{policy}",
@@ -762,6 +763,8 @@ def main() -> int:
                         help="--prefix: the router's --prefix-balance (default: the router's)")
     parser.add_argument("--prefix-balance-abs", type=int, default=None,
                         help="--prefix: the router's --prefix-balance-abs (default: the router's)")
+    parser.add_argument("--prefix-hot-window", type=int, default=None,
+                        help="--prefix: the router's --prefix-hot-window (default: the router's)")
     parser.add_argument("--conversations", type=int, default=24, help="chat: conversations")
     parser.add_argument("--turns", type=int, default=8)
     parser.add_argument("--system-words", type=int, default=None,

@@ -89,6 +89,8 @@ def test_a_bad_option_value_is_one_line_naming_the_flag():
                           "--prefix-min-match"),
                          (["--policy", "prefix-aware", "--prefix-balance-abs", "-1"],
                           "--prefix-balance-abs"),
+                         (["--policy", "prefix-aware", "--prefix-hot-window", "-1"],
+                          "--prefix-hot-window"),
                          (["--api-key-file", "/nonexistent/keys"], "/nonexistent/keys")):
         out = subprocess.run([sys.executable, "-m", "frota.cli.main", "router",
                               "--workers", "http://127.0.0.1:9", "--port", "0", *flags],

@@ -108,6 +108,16 @@ def test_a_hot_prefix_spreads_under_the_relative_bound_even_at_low_load():
     assert sorted(w.num_outstanding for w in workers) == [3, 5]
 
 
+def test_with_no_hot_window_a_busy_prefix_keeps_the_absolute_slack():
+    # --prefix-hot-window 0 turns hotness off: the same traffic stays on the owner.
+    workers = [Worker(f"http://w{i}") for i in range(2)]
+    policy = PrefixAwarePolicy(block_chars=16, balance=0.25, balance_abs=8, hot_window=0)
+    system = "the one system prompt every request of this app starts with " * 4
+    for q in range(8):
+        policy.choose(chat(system, f"question {q}"), workers).worker.num_outstanding += 1
+    assert sorted(w.num_outstanding for w in workers) == [0, 8]
+
+
 def test_overflows_of_one_prefix_go_to_the_same_worker_whatever_follows_it():
     # A tenant's prompts share a long system prompt and differ after it. While its owner
     # is full, every overflow should land on one other worker (which then caches the

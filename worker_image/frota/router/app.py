@@ -50,6 +50,7 @@ class RouterConfig:
     prefix_max_blocks: int = 64
     prefix_balance: float = 0.25
     prefix_balance_abs: int = 8
+    prefix_hot_window: int = 64
     prefix_min_match: float = 0.5
     session_header: str = "x-session-id"
     max_inflight: int = 256
@@ -84,6 +85,7 @@ class Router:
             prefix_block_chars=config.prefix_block_chars,
             prefix_max_blocks=config.prefix_max_blocks, prefix_balance=config.prefix_balance,
             prefix_balance_abs=config.prefix_balance_abs,
+            prefix_hot_window=config.prefix_hot_window,
             prefix_min_match=config.prefix_min_match,
             session_header=config.session_header)
         self.admission = AdmissionController(

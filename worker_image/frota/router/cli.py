@@ -83,6 +83,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--prefix-balance-abs", type=int, default=_env("--prefix-balance-abs", 8),
                    help="prefix-aware: ... or this many requests more than the least loaded "
                    "worker, whichever allows more (low load)")
+    g.add_argument("--prefix-hot-window", type=int, default=_env("--prefix-hot-window", 64),
+                   help="prefix-aware: a prefix behind more than a worker's fair share of "
+                   "this many latest requests is hot and gets the relative bound only "
+                   "(0: no prefix is ever hot)")
     g.add_argument("--prefix-min-match", type=float, default=_env("--prefix-min-match", 0.5),
                    help="prefix-aware: follow a remembered prefix only when it covers this "
                    "fraction of the prompt's blocks; else route to the least loaded worker")
@@ -172,6 +176,7 @@ def config_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         policy=PolicyName(args.policy), load_signal=LoadSignal(args.load_signal),
         prefix_block_chars=args.prefix_block_chars, prefix_max_blocks=args.prefix_max_blocks,
         prefix_balance=args.prefix_balance, prefix_balance_abs=args.prefix_balance_abs,
+        prefix_hot_window=args.prefix_hot_window,
         prefix_min_match=args.prefix_min_match,
         session_header=args.session_header,
         max_inflight=args.max_inflight, max_queue=args.max_queue,

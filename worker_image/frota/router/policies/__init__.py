@@ -22,6 +22,7 @@ def make_policy(
     prefix_max_blocks: int = 64,
     prefix_balance: float = 0.25,
     prefix_balance_abs: int = 8,
+    prefix_hot_window: int = 64,
     prefix_min_match: float = 0.5,
     session_header: str = "x-session-id",
 ) -> RoutingPolicy:
@@ -33,6 +34,7 @@ def make_policy(
             return LeastLoadPolicy(LoadSignal(load_signal))
         case PolicyName.PREFIX_AWARE:
             return PrefixAwarePolicy(prefix_block_chars, prefix_max_blocks, prefix_balance,
-                                     prefix_min_match, balance_abs=prefix_balance_abs)
+                                     prefix_min_match, balance_abs=prefix_balance_abs,
+                                     hot_window=prefix_hot_window)
         case PolicyName.SESSION:
             return SessionPolicy(session_header)

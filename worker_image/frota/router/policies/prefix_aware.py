@@ -74,6 +74,7 @@ class PrefixAwarePolicy(RoutingPolicy):
                                ("--prefix-max-blocks", max_blocks >= 1, ">= 1"),
                                ("--prefix-balance", balance >= 0, ">= 0"),
                                ("--prefix-balance-abs", balance_abs >= 0, ">= 0"),
+                               ("--prefix-hot-window", hot_window >= 0, ">= 0"),
                                ("--prefix-min-match", 0 <= min_match <= 1, "in [0, 1]")):
             if not ok:
                 raise ValueError(f"prefix-aware: {flag} must be {want}")
@@ -100,6 +101,8 @@ class PrefixAwarePolicy(RoutingPolicy):
     def _note(self, key: int) -> None:
         """Count `key` as the prefix of the latest request (the window drops the oldest)."""
         recent, counts = self._recent, self._recent_counts
+        if not recent.maxlen:
+            return  # --prefix-hot-window 0: nothing is ever hot
         if len(recent) == recent.maxlen:
             oldest = recent[0]
             counts[oldest] -= 1
