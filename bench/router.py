@@ -599,6 +599,24 @@ async def routing_decisions(session: aiohttp.ClientSession, url: str) -> dict[st
     return out
 
 
+async def warm_up(workers: list[Any], args: argparse.Namespace) -> list[tuple[float, float]]:
+    """Send `--warmup` short requests at once straight to each worker, so the measured
+    run does not pay for first-call costs (allocator, kernel selection, batch shapes);
+    return each worker's prefix-cache counters afterwards, to subtract. The prompts
+    share nothing with the workload's, and the router never sees them."""
+    rng = random.Random(args.seed + 1)
+    bodies = [{"model": args.model_name, "stream": True, "max_tokens": args.max_tokens,
+               "temperature": 0,
+               "messages": [{"role": "user", "content": f"Warm-up {i}: {words(rng, 24)}"}]}
+              for i in range(args.warmup)]
+    async with client_session() as session:
+        for w in workers:
+            if bodies:
+                await run_load(w.url, bodies, len(bodies), session)
+    async with aiohttp.ClientSession() as session:
+        return [await scrape_prefix(session, w.url) for w in workers]
+
+
 async def prefix(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     """One run per `--num-kv-blocks` value; several make a sweep over cache pressure."""
     sizes = [int(v) for v in str(args.num_kv_blocks).split(",")]
@@ -622,7 +640,7 @@ async def prefix_one(args: argparse.Namespace, log_dir: Path,
                     if args.backend == "stand-in" else "frota worker smollm2"),
         "workers": 2, "workload": workload_description(args),
         "concurrency": args.concurrency, "num_kv_blocks": num_kv_blocks or None,
-        "threads_per_worker": threads,
+        "threads_per_worker": threads, "warmup_requests_per_worker": args.warmup,
         "load_average_1m_at_start": round(os.getloadavg()[0], 2)}
     for policy in args.policies.split(","):
         workers = [start_worker(args, f"{policy}-w{i}", log_dir,
@@ -643,12 +661,15 @@ async def prefix_one(args: argparse.Namespace, log_dir: Path,
                                   extra=extra)
             procs.append(router)
             await router.wait_ready(60)
+            baseline = await warm_up(workers, args)
             started = time.perf_counter()
             load = shared_prefix if args.workload == "shared-prefix" else conversations
             results = await load(router.url, args)
             elapsed = time.perf_counter() - started
             async with aiohttp.ClientSession() as session:
-                counts = [await scrape_prefix(session, w.url) for w in workers]
+                counts = [tuple(a - b for a, b in zip(await scrape_prefix(session, w.url), base,
+                                                       strict=True))
+                          for w, base in zip(workers, baseline, strict=True)]
                 decisions = await routing_decisions(session, router.url)
             hits, queries = sum(c[0] for c in counts), sum(c[1] for c in counts)
             ttfts = [r.ttft for r in results if r.ok]
@@ -763,6 +784,9 @@ def main() -> int:
                         help="--prefix: the router's --prefix-balance (default: the router's)")
     parser.add_argument("--prefix-balance-abs", type=int, default=None,
                         help="--prefix: the router's --prefix-balance-abs (default: the router's)")
+    parser.add_argument("--warmup", type=int, default=4,
+                        help="--prefix: requests sent at once to each worker before the "
+                        "measured run (not counted; 0: none)")
     parser.add_argument("--prefix-hot-window", type=int, default=None,
                         help="--prefix: the router's --prefix-hot-window (default: the router's)")
     parser.add_argument("--conversations", type=int, default=24, help="chat: conversations")
