@@ -3,6 +3,7 @@
 import json
 from collections import Counter
 
+import pytest
 from frota.router.health import Worker
 from frota.router.policies import PrefixAwarePolicy, RouteRequest
 from frota.router.policies.prefix_aware import prefix_block_hashes
@@ -95,27 +96,22 @@ def test_the_load_bound_allows_a_few_requests_over_the_least_loaded_at_low_load(
     assert policy.choose(prompt, workers).reason == "prefix_hit"
 
 
-def test_a_hot_prefix_spreads_under_the_relative_bound_even_at_low_load():
+@pytest.mark.parametrize(("hot_window", "split"), [(64, [3, 5]), (0, [0, 8])])
+def test_a_hot_prefix_spreads_under_the_relative_bound_even_at_low_load(
+    hot_window: int, split: list[int]
+) -> None:
     # One system prompt behind every request (one tenant, or one app): kept on its owner
     # up to the absolute slack, it would take all 8 requests in flight while the other
     # worker idles. More than a fair share of the recent traffic makes it hot, and a hot
     # prefix gets only the relative bound: 5 of 8 here, the rest on the next worker.
-    workers = [Worker(f"http://w{i}") for i in range(2)]
-    policy = PrefixAwarePolicy(block_chars=16, balance=0.25, balance_abs=8)
-    system = "the one system prompt every request of this app starts with " * 4
-    for q in range(8):
-        policy.choose(chat(system, f"question {q}"), workers).worker.num_outstanding += 1
-    assert sorted(w.num_outstanding for w in workers) == [3, 5]
-
-
-def test_with_no_hot_window_a_busy_prefix_keeps_the_absolute_slack():
     # --prefix-hot-window 0 turns hotness off: the same traffic stays on the owner.
     workers = [Worker(f"http://w{i}") for i in range(2)]
-    policy = PrefixAwarePolicy(block_chars=16, balance=0.25, balance_abs=8, hot_window=0)
+    policy = PrefixAwarePolicy(block_chars=16, balance=0.25, balance_abs=8,
+                               hot_window=hot_window)
     system = "the one system prompt every request of this app starts with " * 4
     for q in range(8):
         policy.choose(chat(system, f"question {q}"), workers).worker.num_outstanding += 1
-    assert sorted(w.num_outstanding for w in workers) == [0, 8]
+    assert sorted(w.num_outstanding for w in workers) == split
 
 
 def test_overflows_of_one_prefix_go_to_the_same_worker_whatever_follows_it():
@@ -212,8 +208,7 @@ def test_min_match_zero_follows_any_remembered_prefix():
 
 
 def test_prefix_aware_options_are_checked():
-    import pytest
-
-    for kwargs in ({"min_match": 1.5}, {"balance": -1}, {"block_chars": 0}, {"balance_abs": -1}):
+    for kwargs in ({"min_match": 1.5}, {"balance": -1}, {"block_chars": 0}, {"balance_abs": -1},
+                   {"hot_window": -1}):
         with pytest.raises(ValueError, match="--prefix-"):
             PrefixAwarePolicy(**kwargs)
