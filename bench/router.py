@@ -18,7 +18,8 @@ same load also runs through it, with its CPU per request.
 
 --prefix starts two workers and runs a workload through the router twice, with
 round-robin and with prefix-aware, restarting the workers in between so both
-start cold. `--workload shared-prefix` (the default): `--groups` tenants, each
+start with empty caches (after `--warmup` requests that share nothing with the
+workload and are not counted). `--workload shared-prefix` (the default): `--groups` tenants, each
 with its own long system prompt, `--prompts-per-group` questions each, shuffled
 (SGLang's "generated shared prefix"). `--workload chat`: multi-turn chats over
 one short system prompt, users thinking between turns (`--think-time`) so that
@@ -610,10 +611,9 @@ async def warm_up(workers: list[Any], args: argparse.Namespace) -> list[tuple[fl
                "messages": [{"role": "user", "content": f"Warm-up {i}: {words(rng, 24)}"}]}
               for i in range(args.warmup)]
     async with client_session() as session:
-        for w in workers:
-            if bodies:
+        if bodies:
+            for w in workers:
                 await run_load(w.url, bodies, len(bodies), session)
-    async with aiohttp.ClientSession() as session:
         return [await scrape_prefix(session, w.url) for w in workers]
 
 
@@ -667,9 +667,9 @@ async def prefix_one(args: argparse.Namespace, log_dir: Path,
             results = await load(router.url, args)
             elapsed = time.perf_counter() - started
             async with aiohttp.ClientSession() as session:
-                counts = [tuple(a - b for a, b in zip(await scrape_prefix(session, w.url), base,
-                                                       strict=True))
-                          for w, base in zip(workers, baseline, strict=True)]
+                after = [await scrape_prefix(session, w.url) for w in workers]
+                counts = [(h - h0, q - q0)
+                          for (h, q), (h0, q0) in zip(after, baseline, strict=True)]
                 decisions = await routing_decisions(session, router.url)
             hits, queries = sum(c[0] for c in counts), sum(c[1] for c in counts)
             ttfts = [r.ttft for r in results if r.ok]
@@ -784,11 +784,11 @@ def main() -> int:
                         help="--prefix: the router's --prefix-balance (default: the router's)")
     parser.add_argument("--prefix-balance-abs", type=int, default=None,
                         help="--prefix: the router's --prefix-balance-abs (default: the router's)")
+    parser.add_argument("--prefix-hot-window", type=int, default=None,
+                        help="--prefix: the router's --prefix-hot-window (default: the router's)")
     parser.add_argument("--warmup", type=int, default=4,
                         help="--prefix: requests sent at once to each worker before the "
                         "measured run (not counted; 0: none)")
-    parser.add_argument("--prefix-hot-window", type=int, default=None,
-                        help="--prefix: the router's --prefix-hot-window (default: the router's)")
     parser.add_argument("--conversations", type=int, default=24, help="chat: conversations")
     parser.add_argument("--turns", type=int, default=8)
     parser.add_argument("--system-words", type=int, default=None,
