@@ -34,8 +34,8 @@ def percentile(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, round(q / 100 * (len(values) - 1)))]
 
 
-def make_requests(tokenizer, n: int, prompt_range, output_range, seed: int = 0):
-    ids = tokenizer.encode(TEXT.read_text())
+def make_requests(tokenizer, n: int, prompt_range, output_range, seed: int = 0, text: Path = TEXT):
+    ids = tokenizer.encode(text.read_text())
     while len(ids) < prompt_range[1] * 4:  # a short --text: repeat it
         ids = ids + ids
     rng = random.Random(seed)
@@ -146,7 +146,7 @@ def throughput(args) -> list[dict]:
                                       device=args.device, max_num_seqs=64,
                                       max_num_batched_tokens=args.max_batched_tokens))
         device = engine.device
-        requests = make_requests(engine.tokenizer, n, (32, 512), out_range)
+        requests = make_requests(engine.tokenizer, n, (32, 512), out_range, text=Path(args.text))
         run_frota(engine, requests[:2], tag="warm")  # first-call costs stay out of the numbers
         frota = run_frota(engine, requests)
         print(json.dumps({"dtype": dtype, "partial": "frota only",
@@ -194,7 +194,7 @@ def shared_prefix(args) -> dict:
     n = 8 if args.quick else 32
     dtype = args.dtypes.split(",")[0]
     first = LLMEngine(EngineArgs(model=args.model, dtype=dtype, verbose=False, device=args.device))
-    ids = first.tokenizer.encode(TEXT.read_text())
+    ids = first.tokenizer.encode(Path(args.text).read_text())
     system = ids[:400]
     rng = random.Random(1)
     requests = []
@@ -244,7 +244,6 @@ def plot(results: list[dict], path: str) -> None:
 
 
 def main() -> int:
-    global TEXT
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2",
                         help="alias, .gguf, HF directory (transformers loads it too) or synthetic:")
@@ -257,7 +256,6 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     parser.add_argument("--plot", default=None, help="write a PNG: throughput and latency side by side")
     args = parser.parse_args()
-    TEXT = Path(args.text)
     import torch
 
     if args.threads:

@@ -24,11 +24,10 @@ import time
 import traceback
 from pathlib import Path
 
-from engine_throughput import free_device, load_hf  # bench/ is on sys.path: a script there
+from engine_throughput import TEXT, free_device, load_hf  # bench/ is on sys.path: a script there
 
 ROOT = Path(__file__).resolve().parent.parent
 DEVCHECK = ROOT / ".devcheck"
-TEXT = Path("/usr/share/common-licenses/GPL-3")
 
 # Llama-3.2-1B's shape with SmolLM2's vocabulary (and plain RoPE: Frota has no rope scaling).
 SHAPES = {

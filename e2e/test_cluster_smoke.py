@@ -139,7 +139,7 @@ def test_statefulset_pods_resolve_each_other_through_the_headless_service(
         def ask(name: str) -> dict[str, Any]:
             return json.loads(httpx.get(f"http://{host}:{port}/resolve", params={"name": name}, timeout=10).text)
 
-        def resolves(name: str, addresses: list[str]) -> Any:
+        def resolves(name: str, addresses: list[str]) -> None:
             # Cluster DNS follows the API with a lag (the agent rewrites hosts
             # files on its tick, as CoreDNS follows its watch): wait, then compare.
             def check() -> bool:
@@ -147,7 +147,7 @@ def test_statefulset_pods_resolve_each_other_through_the_headless_service(
                 assert got == addresses, f"{name} resolved to {got}"
                 return True
 
-            return wait_until(f"{name} to resolve to {addresses}", check, timeout=30)
+            wait_until(f"{name} to resolve to {addresses}", check, timeout=30)
 
         resolves("peer-0.peers", [ips["peer-0"]])
         resolves(f"peer-0.peers.{namespace}.svc.cluster.local", [ips["peer-0"]])
