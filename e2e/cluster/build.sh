@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds the control-plane binaries the e2e suite runs on, from Go modules the
-# module proxy serves: kube-apiserver, kube-controller-manager, kube-scheduler
-# and kubectl (k8s.io/kubernetes) and etcd (go.etcd.io/etcd/server/v3).
+# Builds the Kubernetes binaries the e2e suite runs on, from Go modules the
+# module proxy serves: kube-apiserver, kube-controller-manager, kube-scheduler,
+# kubectl, and for a kind node image (e2e/kind/node-image.sh) kube-proxy,
+# kubelet and kubeadm (k8s.io/kubernetes); and etcd (go.etcd.io/etcd/server/v3).
 # Binaries are cached by version outside the repo, so a later run (or a fresh
 # clone on the same machine) takes seconds; Go's module and build caches
 # persist too.
@@ -16,7 +17,7 @@ K8S_VERSION=${K8S_VERSION:-v1.34.4}
 ETCD_VERSION=${ETCD_VERSION:-v3.6.16}
 CACHE=${FROTA_E2E_CACHE:-$HOME/.cache/frota-e2e}
 BIN="$CACHE/bin/k8s-$K8S_VERSION-etcd-$ETCD_VERSION"
-K8S_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+K8S_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubectl kube-proxy kubelet kubeadm)
 
 log() { echo "[e2e-build $(date +%H:%M:%S)] $*" >&2; }
 # go build -v names each package as it compiles; show a line every 100.
@@ -45,6 +46,8 @@ if ! go mod download -json "k8s.io/kubernetes@$K8S_VERSION" >/dev/null 2>"$CACHE
 fi
 
 mkdir -p "$CACHE/src" "$BIN.partial"
+# A cache from before the list grew: keep its binaries, build only the missing.
+[ -d "$BIN" ] && cp -n "$BIN"/* "$BIN.partial"/ 2>/dev/null || true
 NICE=(nice -n "${FROTA_E2E_NICE:-19}")
 
 # --- kubernetes: a wrapper module whose replace lines pin the staging modules
