@@ -249,11 +249,16 @@ class Cluster:
             await self.set_pod(name, ready=ready, restarts=restarts)
 
     async def set_pod(self, name: str, *, ready: bool = True, restarts: int = 0,
-                      phase: str = "Running") -> None:
+                      phase: str = "Running", waiting: str | None = None) -> None:
+        """Be the kubelet for one pod; ``waiting`` is the reason its container waits, if it does."""
+        container: dict = {"name": "worker", "restartCount": restarts, "ready": ready,
+                           "image": self.get("Pod", name)["spec"]["containers"][0]["image"]}
+        if waiting:
+            container["state"] = {"waiting": {"reason": waiting, "message": f"{waiting}: no such image"}}
         status = {
             "phase": phase,
             "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
-            "containerStatuses": [{"name": "worker", "restartCount": restarts, "ready": ready}],
+            "containerStatuses": [container],
         }
         await self.call("PATCH", self.path("Pod", name) + "/status", {"status": status})
         if not self.endpoints_lag:

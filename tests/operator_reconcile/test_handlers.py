@@ -100,6 +100,26 @@ async def test_status_tells_the_truth_while_a_group_is_not_ready(
     await wait_for(lambda: cluster.events("ReadyTrue"), what="a ReadyTrue event")
 
 
+async def test_an_image_that_cannot_be_pulled_is_named_in_status_until_it_can(
+    cluster: Cluster, operator: Operator
+) -> None:
+    await cluster.create_isvc(sample("tiny", replicas=1))
+    await wait_for(lambda: len(owned(cluster, "tiny")["StatefulSet"]) == 1, what="a group")
+    await cluster.run_router("tiny-router")
+    await cluster.run_pods("tiny-worker-0", ready=False)
+    await cluster.set_pod("tiny-worker-0-0", ready=False, phase="Pending", waiting="ImagePullBackOff")
+    await wait_for(status_is(cluster, "tiny", "Progressing", "False", "ImagePullFailed"),
+                   what="Progressing=False ImagePullFailed")
+    message = cluster.condition("tiny", "Progressing")["message"]
+    image = cluster.get("Pod", "tiny-worker-0-0")["spec"]["containers"][0]["image"]
+    assert "tiny-worker-0-0" in message and image in message, message
+    assert cluster.condition("tiny", "Ready")["reason"] == "ImagePullFailed"
+
+    await cluster.set_pod("tiny-worker-0-0", ready=True)
+    await wait_for(status_is(cluster, "tiny", "Ready", "True", "AllReplicasReady"), what="Ready")
+    assert status_is(cluster, "tiny", "Progressing", "False", "Complete")()
+
+
 async def test_update_rolls_group_by_group_and_never_mixes_revisions(
     cluster: Cluster, operator: Operator
 ) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from frota.operator.status import (
     GroupView,
+    ImageProblem,
     Intent,
     Observed,
     PodView,
@@ -14,6 +15,7 @@ from frota.operator.status import (
     invalid_status,
     merge_conditions,
     observe_groups,
+    observe_image_problems,
     pod_view,
     transitions,
 )
@@ -212,3 +214,46 @@ def test_endpoints_are_read_from_slices_with_unset_ready_meaning_ready() -> None
         {"targetRef": {"kind": "Pod", "name": "b"}, "conditions": {"ready": False}},
         {"targetRef": {"kind": "Pod", "name": "c"}, "conditions": {}}]}]
     assert observe_endpoints(slices) == {"s": frozenset({"a", "c"})}
+
+
+def _pod_waiting(name: str, reason: str, *, init: bool = False, deleting: bool = False) -> dict:
+    waiting = {"name": "fetch" if init else "worker", "image": "frota-worker:nope",
+               "state": {"waiting": {"reason": reason, "message": f"{reason} for frota-worker:nope"}}}
+    key = "initContainerStatuses" if init else "containerStatuses"
+    meta = {"name": name, **({"deletionTimestamp": "2026-01-01T00:00:00Z"} if deleting else {})}
+    return {"metadata": meta, "status": {key: [waiting]}}
+
+
+def test_image_pull_failures_are_read_from_live_pods_and_init_containers() -> None:
+    pods = [
+        _pod_waiting("x-worker-1-0", "ImagePullBackOff"),
+        _pod_waiting("x-worker-0-0", "ErrImagePull", init=True),
+        _pod_waiting("x-worker-2-0", "ContainerCreating"),  # waiting, but not on its image
+        _pod_waiting("x-worker-3-0", "ErrImagePull", deleting=True),
+    ]
+    found = observe_image_problems(pods)
+    assert [(p.pod, p.container, p.reason) for p in found] == [
+        ("x-worker-0-0", "fetch", "ErrImagePull"), ("x-worker-1-0", "worker", "ImagePullBackOff")]
+    assert found[0].image == "frota-worker:nope"
+
+
+def test_an_image_that_cannot_be_pulled_stops_progressing_and_names_image_and_pod() -> None:
+    problem = ImageProblem("x-worker-1-0", "worker", "frota-worker:nope", "ImagePullBackOff",
+                           "Back-off pulling image")
+    stuck = group(1, pods=(pod("x-worker-1-0", ready=False),))
+    observed = Observed((group(0), stuck), UP, image_problems=(problem,))
+    c = {x["type"]: x for x in compute_conditions(intent(), observed)}
+    for type_ in ("Ready", "Progressing"):
+        assert c[type_]["status"] == "False" and c[type_]["reason"] == "ImagePullFailed", c[type_]
+        assert "x-worker-1-0" in c[type_]["message"] and "frota-worker:nope" in c[type_]["message"]
+    # Not "in progress": the reconcile settles until the spec or a pod changes.
+    assert c["Progressing"]["status"] == "False"
+
+
+def test_a_serving_fleet_stays_ready_while_a_new_image_fails_to_pull() -> None:
+    problem = ImageProblem("x-worker-0-0", "worker", "frota-worker:nope", "ErrImagePull", "")
+    observed = Observed((group(0), group(1)), UP, image_problems=(problem, problem))
+    c = {x["type"]: x for x in compute_conditions(intent(), observed)}
+    assert c["Ready"]["status"] == "True"
+    assert c["Progressing"]["reason"] == "ImagePullFailed"
+    assert c["Progressing"]["message"].endswith("(and 1 more container(s))")

@@ -9,11 +9,12 @@ children come back and how status follows pod readiness.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
 from frota.operator import autoscale, peering
-from frota.operator.status import LABEL_INSTANCE, LABEL_NAME
+from frota.operator.status import IMAGE_PULL_REASONS, LABEL_INSTANCE, LABEL_NAME
 from frota.operator.workqueue import CHILD_INDEXES, ENDPOINT_INDEX, ISVC_INDEX, POD_INDEX, Fleet
 
 GROUP, VERSION, PLURAL = "frota.dev", "v1alpha1", "inferenceservices"
@@ -106,11 +107,24 @@ def index_pod(
             "podIP": status.get("podIP"),
             "conditions": [{"type": c.get("type"), "status": c.get("status")}
                            for c in status.get("conditions") or []],
-            "containerStatuses": [{"restartCount": c.get("restartCount", 0)}
+            "containerStatuses": [_slim_container(c)
                                   for c in status.get("containerStatuses") or []],
+            "initContainerStatuses": [_slim_container(c)
+                                      for c in status.get("initContainerStatuses") or []],
         },
     }
     return {(namespace or "default", labels[LABEL_INSTANCE]): slim}
+
+
+def _slim_container(c: Mapping[str, Any]) -> dict:
+    """Restarts, and the wait of a container stuck on its image (what status reports)."""
+    out: dict[str, Any] = {"name": c.get("name"), "image": c.get("image"),
+                           "restartCount": c.get("restartCount", 0)}
+    waiting = (c.get("state") or {}).get("waiting") or {}
+    if waiting.get("reason") in IMAGE_PULL_REASONS:
+        out["state"] = {"waiting": {"reason": waiting["reason"],
+                                    "message": waiting.get("message", "")}}
+    return out
 
 
 @kopf.index("discovery.k8s.io", "v1", "endpointslices", labels=OWNED, id=ENDPOINT_INDEX)

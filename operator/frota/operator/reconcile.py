@@ -29,6 +29,7 @@ from frota.operator.status import (
     invalid_status,
     observe_endpoints,
     observe_groups,
+    observe_image_problems,
     observe_router,
     transitions,
 )
@@ -182,7 +183,7 @@ async def reconcile(
     endpoints = (None if children.endpoint_slices is None
                  else observe_endpoints(children.endpoint_slices))
     observed = Observed(groups=_after_actions(desired, plans, groups, outcome), router=router,
-                        endpoints=endpoints)
+                        endpoints=endpoints, image_problems=observe_image_problems(children.pods))
     outcome.status = compute_status(desired.intent, observed, old=old_status, now=now())
     outcome.result = "converged" if _is_settled(outcome.status) else "progressing"
     await _write_status(body, namespace, name, outcome.status, old_status, logger=logger)

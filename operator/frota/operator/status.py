@@ -19,6 +19,11 @@ LABEL_ROLE = "frota.dev/role"
 LABEL_REPLICA = "frota.dev/replica"
 LABEL_REVISION = "frota.dev/revision"
 WORKER_ROLES = ("worker", "prefill", "decode")
+# Waiting reasons of a container whose image the kubelet cannot get: retrying
+# will not help until the spec or the registry changes.
+IMAGE_PULL_REASONS = frozenset(
+    {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
+)
 
 TRUE, FALSE = "True", "False"
 
@@ -88,6 +93,21 @@ class RouterView:
 
 
 @dataclass(frozen=True)
+class ImageProblem:
+    """A container of a live pod that waits for an image the kubelet cannot pull."""
+
+    pod: str
+    container: str
+    image: str
+    reason: str
+    message: str
+
+    def describe(self) -> str:
+        detail = f"{self.reason}: {self.message}" if self.message else self.reason
+        return f"pod {self.pod} cannot pull image {self.image} for container {self.container} ({detail})"
+
+
+@dataclass(frozen=True)
 class Observed:
     """Everything status needs to know about the children."""
 
@@ -96,6 +116,7 @@ class Observed:
     # Ready endpoints (pod names) per Service, from EndpointSlices: what the
     # router discovers. None when not observed (then not checked).
     endpoints: Mapping[str, frozenset[str]] | None = None
+    image_problems: tuple[ImageProblem, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -175,6 +196,25 @@ def observe_groups(
             )
         )
     return tuple(sorted(groups, key=lambda g: (g.role, g.index)))
+
+
+def observe_image_problems(pods: Iterable[Mapping[str, Any]]) -> tuple[ImageProblem, ...]:
+    """Containers (init containers too) of live pods stuck on an image pull, by pod name."""
+    found = []
+    for pod in pods:
+        if pod.get("metadata", {}).get("deletionTimestamp"):
+            continue
+        status = pod.get("status") or {}
+        for c in [*(status.get("initContainerStatuses") or []),
+                  *(status.get("containerStatuses") or [])]:
+            waiting = (c.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") in IMAGE_PULL_REASONS:
+                found.append(ImageProblem(
+                    pod=pod["metadata"]["name"], container=c.get("name", ""),
+                    image=c.get("image", ""), reason=waiting["reason"],
+                    message=waiting.get("message", ""),
+                ))
+    return tuple(sorted(found, key=lambda p: (p.pod, p.container)))
 
 
 def observe_router(deployment: Mapping[str, Any] | None) -> RouterView:
@@ -289,6 +329,7 @@ def compute_conditions(
     total_wanted = sum(intent.replicas.values())
     router = observed.router
     restarting = [g.name for g in observed.groups if g.needs_restart]
+    image_message = _image_message(observed.image_problems)
 
     behind = {
         role: c for role, c in counts.items()
@@ -308,6 +349,8 @@ def compute_conditions(
             "Ready", False, "ScaledToZero",
             f"scaled to zero replicas; the router stays up at {intent.url}", gen,
         )
+    elif behind and observed.image_problems:
+        ready = condition("Ready", False, "ImagePullFailed", image_message, gen)
     elif behind:
         ready = condition("Ready", False, "ReplicasNotReady", _behind_message(behind), gen)
     elif undiscovered := _undiscovered(intent, observed):
@@ -322,7 +365,11 @@ def compute_conditions(
             f"{_summary(counts)} serving revision {intent.revision} behind the router", gen,
         )
 
-    if outdated:
+    if observed.image_problems:
+        # Like a Deployment past its progress deadline: nothing moves until the
+        # image (or the registry's answer) changes, so this is not "in progress".
+        progressing = condition("Progressing", False, "ImagePullFailed", image_message, gen)
+    elif outdated:
         progressing = condition(
             "Progressing", True, "RollingUpdate",
             f"{outdated} replica group(s) still on an older revision; rolling group by group", gen,
@@ -386,6 +433,13 @@ def _undiscovered(intent: Intent, observed: Observed) -> list[str]:
         if f"{g.name}-0" not in observed.endpoints.get(service, frozenset()):
             missing.append(g.name)
     return missing
+
+
+def _image_message(problems: Sequence[ImageProblem]) -> str:
+    if not problems:
+        return ""
+    more = f" (and {len(problems) - 1} more container(s))" if len(problems) > 1 else ""
+    return problems[0].describe() + more
 
 
 def _summary(counts: Mapping[str, Mapping[str, int]]) -> str:
