@@ -100,3 +100,19 @@ async def test_scraping_fills_worker_load(start_worker):
         load = pool.workers[worker.url].load
         assert (load.num_waiting, load.kv_usage) == (4, 0.25)
         await pool.close()
+
+
+async def test_a_worker_that_never_answers_is_logged_once_per_reason(start_worker, caplog):
+    worker = await start_worker(is_ready=False)
+    caplog.set_level("INFO", logger="frota.router.health")
+    async with aiohttp.ClientSession() as session:
+        pool = WorkerPool(session, RouterMetrics(), probe_interval=0.02)
+        pool.set_urls([worker.url, "http://127.0.0.1:9"])  # loading, and nothing listening
+        await wait_for(lambda: worker.num_probes >= 5)
+        await asyncio.sleep(0.1)
+        kept_out = [r.getMessage() for r in caplog.records if "not in rotation" in r.getMessage()]
+        assert sorted(kept_out) == sorted([
+            f"worker not in rotation: {worker.url} (probe: /ready answered 503)",
+            "worker not in rotation: http://127.0.0.1:9 (probe: ClientConnectorError)",
+        ]), kept_out
+        await pool.close()

@@ -50,6 +50,8 @@ class Worker:
     was_ever_healthy: bool = False
     num_consecutive_failures: int = 0
     num_outstanding: int = 0
+    # Why the worker is out of rotation, as last logged (each new reason is logged once).
+    last_failure: str = ""
     load: WorkerLoad = field(default_factory=WorkerLoad)
 
 
@@ -159,6 +161,7 @@ class WorkerPool:
 
     def record_success(self, worker: Worker) -> None:
         worker.num_consecutive_failures = 0
+        worker.last_failure = ""
         if not worker.is_healthy and worker.url in self.workers:
             self._admit(worker)
 
@@ -171,6 +174,11 @@ class WorkerPool:
             log.warning("worker ejected: %s (%s, %d consecutive failures)",
                         worker.url, reason, worker.num_consecutive_failures)
             self._refresh()
+        elif not worker.is_healthy and reason != worker.last_failure:
+            # A worker that never answers would otherwise be silent: say why it is
+            # kept out (refused, timed out, 503 while loading) each time the why changes.
+            log.info("worker not in rotation: %s (%s)", worker.url, reason)
+        worker.last_failure = reason
 
     def _admit(self, worker: Worker) -> None:
         worker.is_healthy = True
