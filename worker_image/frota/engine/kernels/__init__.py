@@ -13,6 +13,10 @@ them (a minute or two, once per machine and torch version; `python -m
 frota.engine.kernels` does it ahead of time; the result is cached under
 `cache_root()`), for the machine they run on (`-march=native`).
 
+The worker image carries them prebuilt instead, for portable ISA levels
+(`isa.py`, `prebuilt.py`): with `FROTA_KERNELS_DIR` set, the best level this CPU
+runs is loaded and nothing is compiled.
+
 Without a compiler, or with `FROTA_CPU_KERNELS=0`, `cpu_kernels()` returns
 None and the engine uses its PyTorch paths, which compute the same thing.
 """
@@ -78,8 +82,19 @@ def for_tensor(t: torch.Tensor) -> ModuleType | None:
 
 
 def is_built() -> bool:
-    """Whether `cpu_kernels()` will load a cached build rather than compile."""
-    return any(build_directory().glob("*.so"))
+    """Whether `cpu_kernels()` will load a prebuilt or cached build rather than compile."""
+    from frota.engine.kernels import prebuilt
+
+    return prebuilt.path("attention") is not None or any(build_directory().glob("*.so"))
+
+
+def compile_extension(name: str, cflags: list[str], directory: Path) -> ModuleType:
+    """Compile (or load from `directory`) the kernels module `name` with `cflags`."""
+    from torch.utils.cpp_extension import load
+
+    directory.mkdir(parents=True, exist_ok=True)
+    return load(name=name, sources=[str(s) for s in SOURCES], extra_cflags=cflags,
+                extra_ldflags=["-fopenmp"], build_directory=str(directory))
 
 
 @functools.cache
@@ -87,14 +102,13 @@ def cpu_kernels() -> ModuleType | None:
     """The compiled kernels module, or None (disabled, or no working compiler)."""
     if not enabled():
         return None
-    try:
-        from torch.utils.cpp_extension import load
+    from frota.engine.kernels import prebuilt
 
-        directory = build_directory()
-        directory.mkdir(parents=True, exist_ok=True)
-        return load(name="frota_cpu_kernels", sources=[str(s) for s in SOURCES],
-                    extra_cflags=list(CFLAGS), extra_ldflags=["-fopenmp"],
-                    build_directory=str(directory))
+    module = prebuilt.load("attention")
+    if module is not None:
+        return module
+    try:
+        return compile_extension("frota_cpu_kernels", list(CFLAGS), build_directory())
     except Exception as exc:  # no compiler, no headers, a failed build: fall back, loudly
         log.warning("C++ CPU kernels unavailable, using the PyTorch attention path: %s", exc)
         return None

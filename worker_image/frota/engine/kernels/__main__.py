@@ -1,18 +1,38 @@
 """`python -m frota.engine.kernels`: build (or load from the cache) every C++ CPU kernel now,
-so the first engine start does not pay for it. Exits 1 if a build fails."""
+for this machine's CPU, so the first engine start does not pay for it. Exits 1 if a build fails.
+
+`python -m frota.engine.kernels --prebuild DIR [--levels x86-64-v3,...]` instead builds them
+for portable ISA levels into DIR (what the worker image does; see prebuilt.py); run with
+FROTA_KERNELS_DIR=DIR, the engine loads the best level the CPU runs."""
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 import time
+from pathlib import Path
 
 from frota.engine import kernels
 from frota.engine.quant import cpu_kernels as quant_kernels
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m frota.engine.kernels")
+    parser.add_argument("--prebuild", metavar="DIR", type=Path,
+                        help="build for portable ISA levels into DIR instead of for this CPU")
+    parser.add_argument("--levels", help="comma-separated ISA levels for --prebuild (default: all "
+                        "the compiler supports)")
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    if args.prebuild:
+        from frota.engine.kernels import prebuilt
+
+        start = time.monotonic()
+        built = prebuilt.prebuild(args.prebuild, args.levels.split(",") if args.levels else None)
+        print(f"[frota.engine] prebuilt {', '.join(built) or 'nothing'} into {args.prebuild} "
+              f"in {time.monotonic() - start:.0f} s", flush=True)
+        return 0 if built else 1
     ok = True
     for name, build in (("paged attention", kernels.cpu_kernels), ("int8/int4 matmul", quant_kernels.kernels)):
         start = time.monotonic()

@@ -23,7 +23,9 @@ to float32) with the dequantized weight row, rounded once to the output dtype.
 Rows of the weight are split across threads with `at::parallel_for`.
 
 The extension is compiled on first use (`-O3 -march=native`) and cached under
-`~/.cache/frota/kernels` (`FROTA_KERNEL_CACHE`); `FROTA_QUANT_KERNELS=torch`
+`~/.cache/frota/kernels` (`FROTA_KERNEL_CACHE`), unless the worker image's prebuilt
+one for this CPU's ISA level is found (`FROTA_KERNELS_DIR`, see
+`frota.engine.kernels.prebuilt`); `FROTA_QUANT_KERNELS=torch`
 turns it off. Without a compiler, `kernels()` logs why and returns None, and
 the layers use torch's own ops instead.
 """
@@ -33,9 +35,12 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("frota.engine.quant")
+
+CFLAGS = ("-O3", "-march=native")  # the worker image replaces -march=native (kernels/prebuilt.py)
 
 CPP = r"""
 #include <torch/extension.h>
@@ -577,17 +582,20 @@ def kernels() -> Any | None:
 
 def _build() -> Any:
     import torch
-    from frota.engine.kernels import cache_root, cpu_flags
-    from torch.utils.cpp_extension import load_inline
+    from frota.engine.kernels import cache_root, cpu_flags, prebuilt
 
+    module = prebuilt.load("quant")  # the worker image's, for a portable ISA level
+    if module is not None:
+        return module
     digest = hashlib.sha1((CPP + torch.__version__ + cpu_flags()).encode()).hexdigest()[:12]
     name = f"frota_quant_{digest}"
-    build = cache_root() / name
-    build.mkdir(parents=True, exist_ok=True)
-    return load_inline(
-        name=name,
-        cpp_sources=[CPP],
-        extra_cflags=["-O3", "-march=native"],
-        build_directory=str(build),
-        verbose=False,
-    )
+    return compile_extension(name, list(CFLAGS), cache_root() / name)
+
+
+def compile_extension(name: str, cflags: list[str], directory: Path) -> Any:
+    """Compile (or load from `directory`) the extension `name` with `cflags`."""
+    from torch.utils.cpp_extension import load_inline
+
+    directory.mkdir(parents=True, exist_ok=True)
+    return load_inline(name=name, cpp_sources=[CPP], extra_cflags=cflags,
+                       build_directory=str(directory), verbose=False)
