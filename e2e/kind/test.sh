@@ -7,12 +7,14 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 CLUSTER=${KIND_CLUSTER:-frota-e2e}
 export KIND_KUBECONFIG=${KIND_KUBECONFIG:-$PWD/e2e/.work/kind-kubeconfig}
-bash e2e/kind/up.sh
+# The worker image up.sh loads and the tests run (scripts/images.sh builds it).
+export FROTA_E2E_IMAGE=${FROTA_E2E_IMAGE:-frota-worker:dev}
+PATH=$PATH:$(go env GOPATH 2>/dev/null || echo "$HOME/go")/bin  # kind's go install
 if [ "${KEEP_CLUSTER:-0}" != 1 ]; then
   trap 'kind delete cluster --name "$CLUSTER"' EXIT
 fi
+bash e2e/kind/up.sh
 PY=${PYTHON:-.venv/bin/python}
 [ -x "$PY" ] || PY=python3
 FROTA_E2E_KUBECONFIG=$KIND_KUBECONFIG FROTA_E2E_ADDRESS=port-forward \
-FROTA_E2E_IMAGE=${FROTA_E2E_IMAGE:-frota-worker:e2e} \
   "$PY" -m pytest -v e2e/ "$@"

@@ -1,47 +1,128 @@
 #!/usr/bin/env bash
-# Creates (or reuses) a kind cluster for the e2e suite: builds the operator and
-# worker images, loads them into the cluster, applies crds/ and manifests/.
-# Needs docker, kind and kubectl. Writes the kubeconfig to e2e/.work/kind-kubeconfig.
+# Creates (or reuses) the e2e suite's kind cluster, offline: the node image is
+# built here (e2e/kind/node-image.sh) with every image the cluster runs, so
+# nothing is pulled. Then: our pod network (cni.yaml), nodes Ready, CoreDNS
+# up, fake GPUs on the workers, the Frota images loaded, crds/ and the dev
+# overlay applied.
 #
-#   e2e/kind/up.sh            # KIND_CLUSTER=frota-e2e by default
+#   e2e/kind/up.sh          # KIND_CLUSTER=frota-e2e; writes $KIND_KUBECONFIG
+#
+# Environment:
+#   KIND_CLUSTER          cluster name (frota-e2e)
+#   KIND_KUBECONFIG       where the kubeconfig goes (e2e/.work/kind-kubeconfig)
+#   KIND_CONFIG           kind config (e2e/kind/cluster.yaml)
+#   KIND_NODE_IMAGE       use this node image instead of building one
+#   FROTA_OPERATOR_IMAGE  operator image to load (frota-operator:dev, the dev overlay's)
+#   FROTA_E2E_IMAGE       worker image to load (frota-worker:dev)
+#   FROTA_E2E_GPUS        nvidia.com/gpu each worker advertises (2; 0: none)
+#   FROTA_KIND_APPLY=0    stop after the cluster is up (no images, no manifests)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 CLUSTER=${KIND_CLUSTER:-frota-e2e}
-# The dev overlay runs frota-operator:dev, the image built here.
-OPERATOR_IMAGE=${FROTA_OPERATOR_IMAGE:-frota-operator:dev}
-WORKER_IMAGE=${FROTA_E2E_IMAGE:-frota-worker:e2e}
 KUBECONFIG_OUT=${KIND_KUBECONFIG:-$PWD/e2e/.work/kind-kubeconfig}
+CONFIG=${KIND_CONFIG:-e2e/kind/cluster.yaml}
+OPERATOR_IMAGE=${FROTA_OPERATOR_IMAGE:-frota-operator:dev}
+WORKER_IMAGE=${FROTA_E2E_IMAGE:-frota-worker:dev}
+GPUS=${FROTA_E2E_GPUS:-2}
 
-for tool in docker kind kubectl; do
-  command -v "$tool" >/dev/null || { echo "e2e/kind: $tool is not installed" >&2; exit 1; }
-done
-if ! kind get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
-  echo "== kind create cluster $CLUSTER"
-  kind create cluster --name "$CLUSTER" --wait 180s
-fi
-mkdir -p "$(dirname "$KUBECONFIG_OUT")"
-kind get kubeconfig --name "$CLUSTER" > "$KUBECONFIG_OUT"
-export KUBECONFIG=$KUBECONFIG_OUT
+log() { echo "== e2e/kind $(date +%H:%M:%S): $*" >&2; }
+die() { echo "e2e/kind: $*" >&2; exit 1; }
 
-echo "== docker build $OPERATOR_IMAGE, $WORKER_IMAGE"
-docker build -t "$OPERATOR_IMAGE" -f operator/Dockerfile .
-docker build -t "$WORKER_IMAGE" -f worker_image/Dockerfile .
-echo "== kind load"
-kind load docker-image --name "$CLUSTER" "$OPERATOR_IMAGE" "$WORKER_IMAGE"
+tools() {
+  docker info >/dev/null 2>&1 || bash scripts/docker.sh start >&2
+  PATH=$PATH:$(go env GOPATH 2>/dev/null || echo "$HOME/go")/bin
+  # kubectl of the cluster's own version, built with the node image's binaries.
+  local bin
+  bin=$(bash e2e/cluster/build.sh)
+  PATH=$bin:$PATH
+  for tool in docker kind kubectl; do
+    command -v "$tool" >/dev/null || die "$tool is not installed (e2e/kind/node-image.sh installs kind)"
+  done
+}
 
-if compgen -G "crds/*.yaml" >/dev/null; then
-  echo "== apply crds/"
-  if [ -f crds/kustomization.yaml ]; then kubectl apply --server-side -k crds/; else kubectl apply --server-side -f crds/; fi
-  sleep 2  # kubectl wait errors on a CRD with no status conditions yet
-  kubectl wait --for=condition=Established crd --all --timeout=60s
-fi
-# The e2e overlay when there is one, else dev, else the base (as e2e/test_operator_install.py).
-for k in manifests/overlays/e2e manifests/overlays/dev manifests/base; do
-  if [ -f "$k/kustomization.yaml" ]; then
-    echo "== apply -k $k"
-    # One step: the manifests hold no custom resource (the operator creates its peering object).
-    kubectl apply --server-side -k "$k"
-    break
+create_cluster() {
+  if kind get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
+    log "reusing kind cluster $CLUSTER"
+    kind get kubeconfig --name "$CLUSTER" >"$KUBECONFIG_OUT"
+    return
   fi
-done
-echo "kind cluster $CLUSTER ready; export KUBECONFIG=$KUBECONFIG_OUT"
+  local image=${KIND_NODE_IMAGE:-}
+  [ -n "$image" ] || image=$(bash e2e/kind/node-image.sh)
+  log "kind create cluster $CLUSTER ($image, $CONFIG)"
+  local start=$SECONDS
+  # No --wait: without a CNI (cluster.yaml disables kindnetd) no node is Ready yet.
+  kind create cluster --name "$CLUSTER" --image "$image" --config "$CONFIG" \
+    --kubeconfig "$KUBECONFIG_OUT" >&2
+  log "kind create cluster: $((SECONDS - start))s"
+}
+
+wait_ready() {
+  local start=$SECONDS
+  kubectl apply -f e2e/kind/cni.yaml >&2
+  kubectl -n kube-system rollout status daemonset/frota-kind-cni --timeout=180s >&2
+  kubectl wait --for=condition=Ready node --all --timeout=180s >&2
+  kubectl -n kube-system rollout status deployment/coredns --timeout=180s >&2
+  log "nodes Ready, CoreDNS up: $((SECONDS - start))s"
+}
+
+# Extended resources are whatever a node's status says; the e2e GPU samples
+# select nvidia.com/gpu.present=true and request nvidia.com/gpu.
+fake_gpus() {
+  [ "$GPUS" -gt 0 ] || return 0
+  local node
+  for node in $(kubectl get nodes -l '!node-role.kubernetes.io/control-plane' -o name); do
+    kubectl label --overwrite "$node" nvidia.com/gpu.present=true >/dev/null
+    kubectl patch "$node" --subresource=status --type=json \
+      -p "[{\"op\":\"add\",\"path\":\"/status/capacity/nvidia.com~1gpu\",\"value\":\"$GPUS\"}]" >/dev/null
+    log "$node: nvidia.com/gpu=$GPUS"
+  done
+}
+
+load_images() {
+  local image
+  for image in "$OPERATOR_IMAGE" "$WORKER_IMAGE"; do
+    if ! docker image inspect "$image" >/dev/null 2>&1; then
+      log "no image $image here, not loaded (scripts/images.sh builds it)"
+      continue
+    fi
+    local start=$SECONDS
+    # kind skips nodes that already hold this image ID.
+    kind load docker-image --name "$CLUSTER" "$image" >&2
+    log "kind load $image: $((SECONDS - start))s"
+  done
+}
+
+apply_manifests() {
+  if compgen -G "crds/*.yaml" >/dev/null; then
+    log "apply crds/"
+    if [ -f crds/kustomization.yaml ]; then kubectl apply --server-side -k crds/ >&2; else kubectl apply --server-side -f crds/ >&2; fi
+    sleep 2  # kubectl wait errors on a CRD with no status conditions yet
+    kubectl wait --for=condition=Established crd --all --timeout=60s >&2
+  fi
+  # The e2e overlay when there is one, else dev, else the base (as e2e/test_operator_install.py).
+  local k
+  for k in manifests/overlays/e2e manifests/overlays/dev manifests/base; do
+    if [ -f "$k/kustomization.yaml" ]; then
+      log "apply -k $k"
+      # One step: the manifests hold no custom resource (the operator creates its peering object).
+      kubectl apply --server-side -k "$k" >&2
+      break
+    fi
+  done
+}
+
+main() {
+  mkdir -p "$(dirname "$KUBECONFIG_OUT")"
+  tools
+  create_cluster
+  export KUBECONFIG=$KUBECONFIG_OUT
+  wait_ready
+  fake_gpus
+  if [ "${FROTA_KIND_APPLY:-1}" != 0 ]; then
+    load_images
+    apply_manifests
+  fi
+  echo "kind cluster $CLUSTER ready; export KUBECONFIG=$KUBECONFIG_OUT"
+}
+
+main "$@"
