@@ -47,7 +47,7 @@ fi
 
 mkdir -p "$CACHE/src" "$BIN.partial"
 # A cache from before the list grew: keep its binaries, build only the missing.
-[ -d "$BIN" ] && cp -n "$BIN"/* "$BIN.partial"/ 2>/dev/null || true
+if [ -d "$BIN" ]; then cp -n "$BIN"/* "$BIN.partial"/; fi
 NICE=(nice -n "${FROTA_E2E_NICE:-19}")
 
 # --- kubernetes: a wrapper module whose replace lines pin the staging modules
