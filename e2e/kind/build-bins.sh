@@ -38,7 +38,7 @@ progress() { awk -v what="$1" '/^#|: / {print > "/dev/stderr"; next}
 
 # Module-mode `go install pkg@version`: each module builds with its own go.mod
 # (none of these has replace directives), so no wrapper module is needed.
-export GOFLAGS= GOTOOLCHAIN=local
+export GOFLAGS='' GOTOOLCHAIN=local
 export GOMODCACHE=${GOMODCACHE:-$(go env GOMODCACHE)} GOCACHE=${GOCACHE:-$(go env GOCACHE)}
 
 # component NAME VERSION FUNC: run FUNC DIR.partial once per NAME-VERSION.
