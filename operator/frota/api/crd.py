@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from frota.api.contract import APP_NAME, Label
 from frota.api.resource import (
     CATEGORIES,
     GROUP,
@@ -94,7 +95,7 @@ def crd() -> dict[str, Any]:
         "kind": "CustomResourceDefinition",
         "metadata": {
             "name": f"{PLURAL}.{GROUP}",
-            "labels": {"app.kubernetes.io/name": "frota", "app.kubernetes.io/component": "crd"},
+            "labels": {Label.NAME: APP_NAME, Label.COMPONENT: "crd"},
         },
         "spec": {
             "group": GROUP,

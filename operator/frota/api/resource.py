@@ -4,19 +4,21 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from frota.api.contract import (  # noqa: F401 (re-exported: the API's coordinates)
+    API_VERSION,
+    CATEGORIES,
+    GROUP,
+    KIND,
+    PLURAL,
+    SHORT_NAMES,
+    SINGULAR,
+    VERSION,
+)
 from frota.api.spec import InferenceServiceSpec
 from frota.api.status import InferenceServiceStatus
 from frota.api.types import CelRule, FrotaModel
 from pydantic import ConfigDict, Field
 
-GROUP = "frota.dev"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-KIND = "InferenceService"
-PLURAL = "inferenceservices"
-SINGULAR = "inferenceservice"
-SHORT_NAMES = ("fisvc",)
-CATEGORIES = ("frota",)
 MAX_NAME_LENGTH = 40  # children add suffixes; pod names and label values stay within 63
 
 

@@ -20,10 +20,11 @@ class _Dumper(yaml.SafeDumper):
 
 def _str_presenter(dumper: yaml.SafeDumper, data: str) -> yaml.Node:
     style = "|" if "\n" in data else None
-    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+    return dumper.represent_scalar("tag:yaml.org,2002:str", str(data), style=style)
 
 
 _Dumper.add_representer(str, _str_presenter)
+_Dumper.add_multi_representer(str, _str_presenter)  # StrEnum members (roles, reasons) print as text
 
 
 def dump_all(objects: Iterable[dict[str, Any]]) -> str:

@@ -18,29 +18,20 @@ from collections.abc import Mapping
 from typing import Any
 
 import kopf
+from frota.api.contract import CHILD_KINDS, INFERENCE_SERVICE, OPERATOR_MANAGER, POD
 
 # kopf exposes no public raw-request API; this private module is the client
 # kopf itself uses, and it is the one place Frota depends on it.
 from kopf._cogs.clients import api as kopf_api
 from kopf._cogs.clients import errors as kopf_errors
 
-FIELD_MANAGER = "frota-operator"
+FIELD_MANAGER = OPERATOR_MANAGER
 APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
 MERGE_CONTENT_TYPE = "application/merge-patch+json"
 
 # kind -> (apiVersion, plural); every kind the operator creates or reads.
 KINDS: dict[str, tuple[str, str]] = {
-    "Pod": ("v1", "pods"),
-    "Service": ("v1", "services"),
-    "ConfigMap": ("v1", "configmaps"),
-    "ServiceAccount": ("v1", "serviceaccounts"),
-    "StatefulSet": ("apps/v1", "statefulsets"),
-    "Deployment": ("apps/v1", "deployments"),
-    "Role": ("rbac.authorization.k8s.io/v1", "roles"),
-    "RoleBinding": ("rbac.authorization.k8s.io/v1", "rolebindings"),
-    "PodDisruptionBudget": ("policy/v1", "poddisruptionbudgets"),
-    "NetworkPolicy": ("networking.k8s.io/v1", "networkpolicies"),
-    "InferenceService": ("frota.dev/v1alpha1", "inferenceservices"),
+    k.kind: (k.api_version, k.plural) for k in (*CHILD_KINDS, POD, INFERENCE_SERVICE)
 }
 
 # How long kopf waits before retrying a reconcile that hit a transient error.

@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import kopf
+from frota.api.contract import EventReason, Label
 from frota.operator import apply as api
-from frota.operator.builders.common import POD_INDEX_LABEL, ROLE_LABEL
 from frota.operator.topology import WORKER_PORT
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -169,7 +169,7 @@ def role_metrics_urls(body: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]
         status = pod.get("status") or {}
         ready = any(c.get("type") == "Ready" and c.get("status") == "True"
                     for c in status.get("conditions") or [])
-        if (labels.get(ROLE_LABEL) == role and labels.get(POD_INDEX_LABEL) == "0" and ready
+        if (labels.get(Label.ROLE) == role and labels.get(Label.POD_INDEX) == "0" and ready
                 and status.get("podIP") and not pod.get("metadata", {}).get("deletionTimestamp")):
             urls.append(f"http://{status['podIP']}:{WORKER_PORT}/metrics")
     return sorted(urls)
@@ -216,7 +216,7 @@ def _announce(body: Mapping[str, Any], fleet: Fleet, *, role: str, current: int,
     fleet.metrics.scale_decisions.labels(role, direction).inc()
     who = f"autoscaling {role}" if role else "autoscaling"
     kopf.event(
-        dict(body), type="Normal", reason=f"Scaled{direction.capitalize()}",
+        dict(body), type="Normal", reason=EventReason.SCALED_UP if direction == "up" else EventReason.SCALED_DOWN,
         message=f"{who}: {current} -> {wanted} {what} ({metric}={value} per "
                 f"{'group' if role else 'replica'}, target {target})",
     )

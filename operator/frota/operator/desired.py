@@ -15,11 +15,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from frota.api.contract import WORKER_ROLES, Label
 from frota.operator.builders.workers import role_service_name
 from frota.operator.planner import revision, role_shapes
 from frota.operator.render import planned_status, render
 from frota.operator.rollout import resolve_bound
-from frota.operator.status import LABEL_REPLICA, LABEL_ROLE, WORKER_ROLES, Intent
+from frota.operator.status import Intent
 from frota.operator.validation import SpecError, load
 
 # The builders render a HorizontalPodAutoscaler for spec.autoscaling; the
@@ -85,7 +86,7 @@ def _with_units(isvc: Any, units: int) -> Any:
 
 def _group_key(obj: Mapping[str, Any]) -> tuple[str, int] | None:
     labels = (obj.get("metadata") or {}).get("labels") or {}
-    role, replica = labels.get(LABEL_ROLE), labels.get(LABEL_REPLICA)
+    role, replica = labels.get(Label.ROLE), labels.get(Label.REPLICA)
     if role in WORKER_ROLES and replica is not None and replica.isdigit():
         return role, int(replica)
     return None

@@ -13,40 +13,27 @@ from collections.abc import Mapping
 from typing import Any
 
 import kopf
+from frota.api import contract
+from frota.api.contract import APP_NAME, ENDPOINT_SLICE, POD, Label
 from frota.operator import autoscale, peering
-from frota.operator.status import IMAGE_PULL_REASONS, LABEL_INSTANCE, LABEL_NAME
-from frota.operator.workqueue import CHILD_INDEXES, ENDPOINT_INDEX, ISVC_INDEX, POD_INDEX, Fleet
+from frota.operator.status import IMAGE_PULL_REASONS
+from frota.operator.workqueue import ENDPOINT_INDEX, ISVC_INDEX, POD_INDEX, Fleet, index_id
 
-GROUP, VERSION, PLURAL = "frota.dev", "v1alpha1", "inferenceservices"
-ISVC = (GROUP, VERSION, PLURAL)
-OWNED = {LABEL_NAME: "frota", LABEL_INSTANCE: kopf.PRESENT}
-ANNOTATION_PREFIX = "frota.dev"
+ISVC = (contract.GROUP, contract.VERSION, contract.PLURAL)
+OWNED = {Label.NAME: APP_NAME, Label.INSTANCE: kopf.PRESENT}
 
-# (group, version, plural) of each child kind; the index ids name them.
-CHILD_RESOURCES: dict[str, tuple[str, str, str]] = {
-    "frota_statefulsets": ("apps", "v1", "statefulsets"),
-    "frota_deployments": ("apps", "v1", "deployments"),
-    "frota_services": ("", "v1", "services"),
-    "frota_configmaps": ("", "v1", "configmaps"),
-    "frota_serviceaccounts": ("", "v1", "serviceaccounts"),
-    "frota_roles": ("rbac.authorization.k8s.io", "v1", "roles"),
-    "frota_rolebindings": ("rbac.authorization.k8s.io", "v1", "rolebindings"),
-    "frota_poddisruptionbudgets": ("policy", "v1", "poddisruptionbudgets"),
-    "frota_networkpolicies": ("networking.k8s.io", "v1", "networkpolicies"),
-}
-assert tuple(CHILD_RESOURCES) == CHILD_INDEXES
 
 
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -> None:
     """Operator-wide settings, in one place."""
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
-        prefix=ANNOTATION_PREFIX
+        prefix=contract.ANNOTATION_PREFIX
     )
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
+        prefix=contract.ANNOTATION_PREFIX, key="last-handled-configuration"
     )
-    settings.persistence.finalizer = f"{ANNOTATION_PREFIX}/operator"
+    settings.persistence.finalizer = contract.FINALIZER
     settings.posting.loggers = False  # events are the transitions we post, not log lines
     settings.watching.server_timeout = 270
     settings.queueing.worker_limit = 64
@@ -83,10 +70,10 @@ def index_child(
     body: kopf.Body, namespace: str, labels: kopf.Labels, **_: Any
 ) -> dict[tuple[str, str], dict]:
     """Cache a child under its owner's key (namespace, InferenceService name)."""
-    return {(namespace or "default", labels[LABEL_INSTANCE]): _plain(body)}
+    return {(namespace or "default", labels[Label.INSTANCE]): _plain(body)}
 
 
-@kopf.index("", "v1", "pods", labels=OWNED, id=POD_INDEX)
+@kopf.index(POD.group, POD.version, POD.plural, labels=OWNED, id=POD_INDEX)
 def index_pod(
     body: kopf.Body, namespace: str, labels: kopf.Labels, **_: Any
 ) -> dict[tuple[str, str], dict]:
@@ -113,7 +100,7 @@ def index_pod(
                                       for c in status.get("initContainerStatuses") or []],
         },
     }
-    return {(namespace or "default", labels[LABEL_INSTANCE]): slim}
+    return {(namespace or "default", labels[Label.INSTANCE]): slim}
 
 
 def _slim_container(c: Mapping[str, Any]) -> dict:
@@ -127,7 +114,8 @@ def _slim_container(c: Mapping[str, Any]) -> dict:
     return out
 
 
-@kopf.index("discovery.k8s.io", "v1", "endpointslices", labels=OWNED, id=ENDPOINT_INDEX)
+@kopf.index(ENDPOINT_SLICE.group, ENDPOINT_SLICE.version, ENDPOINT_SLICE.plural, labels=OWNED,
+            id=ENDPOINT_INDEX)
 def index_endpointslice(
     body: kopf.Body, namespace: str, labels: kopf.Labels, **_: Any
 ) -> dict[tuple[str, str], dict]:
@@ -141,22 +129,22 @@ def index_endpointslice(
             for ep in body.get("endpoints") or []
         ],
     }
-    return {(namespace or "default", labels[LABEL_INSTANCE]): slim}
+    return {(namespace or "default", labels[Label.INSTANCE]): slim}
 
 
 async def poke_owner(memo: kopf.Memo, namespace: str, labels: kopf.Labels, **_: Any) -> None:
     """A child changed or vanished: its InferenceService may need work."""
     fleet: Fleet | None = memo.get("fleet")
     if fleet is not None:
-        fleet.kick(namespace, labels.get(LABEL_INSTANCE))
+        fleet.kick(namespace, labels.get(Label.INSTANCE))
 
 
-for _index_id, (_group, _version, _plural) in CHILD_RESOURCES.items():
-    kopf.index(_group, _version, _plural, labels=OWNED, id=_index_id)(index_child)
-    kopf.on.event(_group, _version, _plural, labels=OWNED, id=f"poke_{_plural}")(poke_owner)
-kopf.on.event("", "v1", "pods", labels=OWNED, id="poke_pods")(poke_owner)
-kopf.on.event("discovery.k8s.io", "v1", "endpointslices", labels=OWNED,
-              id="poke_endpointslices")(poke_owner)
+for _child in contract.CHILD_KINDS:
+    kopf.index(_child.group, _child.version, _child.plural, labels=OWNED,
+               id=index_id(_child))(index_child)
+for _child in (*contract.CHILD_KINDS, POD, ENDPOINT_SLICE):
+    kopf.on.event(_child.group, _child.version, _child.plural, labels=OWNED,
+                  id=f"poke_{_child.plural}")(poke_owner)
 
 
 def _plain(body: kopf.Body) -> dict:

@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
+from frota.api.contract import ROUTINE_NOT_READY, ConditionType, EventReason, Label
 from frota.operator import apply as api
 from frota.operator.desired import Desired, InvalidSpec, desired_state
 from frota.operator.rollout import GroupState, RolloutPlan, plan_rollout
 from frota.operator.status import (
-    LABEL_ROLE,
     GroupView,
     Observed,
     compute_status,
@@ -297,14 +297,14 @@ async def _delete_groups(
     outcome.deleted.extend(_ref(o) for o in doomed)
     if doomed:
         kinds = ", ".join(sorted({_ref(o) for o in doomed if o["kind"] == "StatefulSet"}))
-        _event(outcome, "Normal", "GroupsRemoved", f"removed replica groups {kinds}")
+        _event(outcome, "Normal", EventReason.GROUPS_REMOVED, f"removed replica groups {kinds}")
 
 
 def _group_objects(children: Children, role: str, index: int) -> list[Mapping[str, Any]]:
     """The existing non-pod children labelled with one group."""
     return [
         o for o in children.objects
-        if (lab := o["metadata"].get("labels") or {}).get(LABEL_ROLE) == role
+        if (lab := o["metadata"].get("labels") or {}).get(Label.ROLE) == role
         and lab.get("frota.dev/replica") == str(index)
     ]
 
@@ -335,11 +335,11 @@ async def _restart_groups(
                            for p in pods))
     for g in to_restart:
         if (g.role, g.index) in replaced:
-            _event(outcome, "Normal", "GroupUpdating",
+            _event(outcome, "Normal", EventReason.GROUP_UPDATING,
                    f"replica group {g.name}: all ranks restart at revision "
                    f"{desired.revisions.get(g.role)}")
         else:
-            _event(outcome, "Warning", "GroupRestarted",
+            _event(outcome, "Warning", EventReason.GROUP_RESTARTED,
                    f"replica group {g.name}: a rank failed; all ranks restart together")
 
 
@@ -370,14 +370,14 @@ def _after_actions(
 
 def _router_deployment(children: Children, name: str) -> Mapping[str, Any] | None:
     for obj in children.of_kind("Deployment"):
-        if (obj["metadata"].get("labels") or {}).get(LABEL_ROLE) == "router":
+        if (obj["metadata"].get("labels") or {}).get(Label.ROLE) == "router":
             return obj
     return None
 
 
 def _is_settled(status: Mapping[str, Any]) -> bool:
     return any(
-        c["type"] == "Progressing" and c["status"] == "False" for c in status.get("conditions", [])
+        c["type"] == ConditionType.PROGRESSING and c["status"] == "False" for c in status.get("conditions", [])
     )
 
 
@@ -396,9 +396,9 @@ async def _write_status(
     await api.patch_status(KIND, namespace, name, status, logger=logger)
     first = not (old or {}).get("conditions")
     for cond in transitions(status.get("conditions", []), (old or {}).get("conditions")):
-        warn = (cond["type"] == "Degraded" and cond["status"] == "True") or (
-            cond["type"] in ("Ready", "SpecValid") and cond["status"] == "False"
-            and cond["reason"] not in ("ReplicasNotReady", "ScaledToZero", "RouterUnavailable")
+        warn = (cond["type"] == ConditionType.DEGRADED and cond["status"] == "True") or (
+            cond["type"] in (ConditionType.READY, ConditionType.SPEC_VALID)
+            and cond["status"] == "False" and cond["reason"] not in ROUTINE_NOT_READY
         )
         if first and not warn:
             continue  # a new object's initial conditions are not transitions worth an event

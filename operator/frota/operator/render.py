@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from frota.api import KIND, InferenceService
+from frota.api.contract import Label
 from frota.operator.builders import build_children, service_url
-from frota.operator.builders.common import INSTANCE_LABEL, NAME_LABEL, POD_INDEX_LABEL, ROLE_LABEL
 from frota.operator.planner import plan
 from frota.operator.topology import Topology
 from frota.operator.validation import SpecError, load
@@ -40,7 +40,7 @@ def render(isvc: InferenceService) -> tuple[Topology, list[dict[str, Any]]]:
 def serving_selector(isvc: InferenceService, topology: Topology) -> str:
     """Pods that serve requests (rank 0 of each worker or decode group): the scale subresource's selector."""
     role = "decode" if topology.mode == "Disaggregated" else "worker"
-    return f"{NAME_LABEL}=frota,{INSTANCE_LABEL}={isvc.metadata.name},{ROLE_LABEL}={role},{POD_INDEX_LABEL}=0"
+    return f"{Label.NAME}=frota,{Label.INSTANCE}={isvc.metadata.name},{Label.ROLE}={role},{Label.POD_INDEX}=0"
 
 
 def planned_status(isvc: InferenceService, topology: Topology) -> dict[str, Any]:

@@ -13,12 +13,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-LABEL_NAME = "app.kubernetes.io/name"
-LABEL_INSTANCE = "app.kubernetes.io/instance"
-LABEL_ROLE = "frota.dev/role"
-LABEL_REPLICA = "frota.dev/replica"
-LABEL_REVISION = "frota.dev/revision"
-WORKER_ROLES = ("worker", "prefill", "decode")
+from frota.api.contract import WORKER_ROLES, ConditionType, Label, Reason
+
 # Waiting reasons of a container whose image the kubelet cannot get: retrying
 # will not help until the spec or the registry changes.
 IMAGE_PULL_REASONS = frozenset(
@@ -158,11 +154,11 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
     """Read a rank pod."""
     status = pod.get("status") or {}
     conditions = status.get("conditions") or []
-    ready = any(c.get("type") == "Ready" and c.get("status") == TRUE for c in conditions)
+    ready = any(c.get("type") == ConditionType.READY and c.get("status") == TRUE for c in conditions)
     restarts = sum(int(c.get("restartCount") or 0) for c in status.get("containerStatuses") or [])
     return PodView(
         name=pod["metadata"]["name"],
-        revision=_labels(pod).get(LABEL_REVISION, ""),
+        revision=_labels(pod).get(Label.REVISION, ""),
         ready=ready,
         failed=status.get("phase") == "Failed",
         restarts=restarts,
@@ -177,12 +173,12 @@ def observe_groups(
     by_group: dict[tuple[str, str], list[PodView]] = {}
     for pod in pods:
         labels = _labels(pod)
-        key = (labels.get(LABEL_ROLE, ""), labels.get(LABEL_REPLICA, ""))
+        key = (labels.get(Label.ROLE, ""), labels.get(Label.REPLICA, ""))
         by_group.setdefault(key, []).append(pod_view(pod))
     groups = []
     for sts in statefulsets:
         labels = _labels(sts)
-        role, replica = labels.get(LABEL_ROLE, ""), labels.get(LABEL_REPLICA, "")
+        role, replica = labels.get(Label.ROLE, ""), labels.get(Label.REPLICA, "")
         if role not in WORKER_ROLES or not replica.isdigit():
             continue
         groups.append(
@@ -190,7 +186,7 @@ def observe_groups(
                 role=role,
                 index=int(replica),
                 name=sts["metadata"]["name"],
-                revision=labels.get(LABEL_REVISION, ""),
+                revision=labels.get(Label.REVISION, ""),
                 ranks=int((sts.get("spec") or {}).get("replicas") or 0),
                 pods=tuple(sorted(by_group.get((role, replica), []), key=lambda p: p.name)),
             )
@@ -283,9 +279,9 @@ def invalid_status(
     kept = [
         {**c, "observedGeneration": generation} if generation is not None else dict(c)
         for c in old.get("conditions") or []
-        if c.get("type") != "SpecValid"
+        if c.get("type") != ConditionType.SPEC_VALID
     ]
-    spec_valid = condition("SpecValid", False, "InvalidSpec", text, generation)
+    spec_valid = condition(ConditionType.SPEC_VALID, False, Reason.INVALID_SPEC, text, generation)
     out = {k: v for k, v in old.items() if k != "conditions"}
     out["conditions"] = [*kept, spec_valid]
     if generation is not None:
@@ -313,9 +309,9 @@ def _role_counts(intent: Intent, groups: Sequence[GroupView]) -> dict[str, dict[
 def _was_serving(old_conditions: Sequence[Mapping[str, Any]] | None) -> bool:
     """Whether the fleet served before (so missing capacity is a degradation, not a start-up)."""
     for c in old_conditions or []:
-        if c.get("type") == "Ready" and c.get("status") == TRUE:
+        if c.get("type") == ConditionType.READY and c.get("status") == TRUE:
             return True
-        if c.get("type") == "Degraded" and c.get("status") == TRUE:
+        if c.get("type") == ConditionType.DEGRADED and c.get("status") == TRUE:
             return True  # stays degraded until it recovers
     return False
 
@@ -343,62 +339,55 @@ def compute_conditions(
     ] if was_serving else []
 
     if not router.serving:
-        ready = condition("Ready", False, "RouterUnavailable", "the router has no ready pod", gen)
+        ready = condition(ConditionType.READY, False, Reason.ROUTER_UNAVAILABLE, "the router has no ready pod", gen)
     elif total_wanted == 0:
-        ready = condition(
-            "Ready", False, "ScaledToZero",
+        ready = condition(ConditionType.READY, False, Reason.SCALED_TO_ZERO,
             f"scaled to zero replicas; the router stays up at {intent.url}", gen,
         )
     elif behind and observed.image_problems:
-        ready = condition("Ready", False, "ImagePullFailed", image_message, gen)
+        ready = condition(ConditionType.READY, False, Reason.IMAGE_PULL_FAILED, image_message, gen)
     elif behind:
-        ready = condition("Ready", False, "ReplicasNotReady", _behind_message(behind), gen)
+        ready = condition(ConditionType.READY, False, Reason.REPLICAS_NOT_READY, _behind_message(behind), gen)
     elif undiscovered := _undiscovered(intent, observed):
-        ready = condition(
-            "Ready", False, "EndpointsPending",
+        ready = condition(ConditionType.READY, False, Reason.ENDPOINTS_PENDING,
             "the router has not discovered replica group(s) " + ", ".join(undiscovered)
             + " yet (no ready endpoint for their rank 0)", gen,
         )
     else:
-        ready = condition(
-            "Ready", True, "AllReplicasReady",
+        ready = condition(ConditionType.READY, True, Reason.ALL_REPLICAS_READY,
             f"{_summary(counts)} serving revision {intent.revision} behind the router", gen,
         )
 
     if observed.image_problems:
         # Like a Deployment past its progress deadline: nothing moves until the
         # image (or the registry's answer) changes, so this is not "in progress".
-        progressing = condition("Progressing", False, "ImagePullFailed", image_message, gen)
+        progressing = condition(ConditionType.PROGRESSING, False, Reason.IMAGE_PULL_FAILED, image_message, gen)
     elif outdated:
-        progressing = condition(
-            "Progressing", True, "RollingUpdate",
+        progressing = condition(ConditionType.PROGRESSING, True, Reason.ROLLING_UPDATE,
             f"{outdated} replica group(s) still on an older revision; rolling group by group", gen,
         )
     elif behind:
-        progressing = condition("Progressing", True, "Scaling", _behind_message(behind), gen)
+        progressing = condition(ConditionType.PROGRESSING, True, Reason.SCALING, _behind_message(behind), gen)
     else:
-        progressing = condition(
-            "Progressing", False, "Complete", f"all groups at revision {intent.revision}", gen
+        progressing = condition(ConditionType.PROGRESSING, False, Reason.COMPLETE, f"all groups at revision {intent.revision}", gen
         )
 
     if restarting:
-        degraded = condition(
-            "Degraded", True, "GroupRestarting",
+        degraded = condition(ConditionType.DEGRADED, True, Reason.GROUP_RESTARTING,
             f"restarting replica group(s) {', '.join(restarting)} as a whole after a rank failed",
             gen,
         )
     elif floor_broken:
-        degraded = condition(
-            "Degraded", True, "BelowMinAvailable",
+        degraded = condition(ConditionType.DEGRADED, True, Reason.BELOW_MIN_AVAILABLE,
             "fewer groups serve than replicas - maxUnavailable for "
             + ", ".join(floor_broken), gen,
         )
     elif not router.serving and was_serving:
-        degraded = condition("Degraded", True, "RouterUnavailable", "the router has no ready pod", gen)
+        degraded = condition(ConditionType.DEGRADED, True, Reason.ROUTER_UNAVAILABLE, "the router has no ready pod", gen)
     else:
-        degraded = condition("Degraded", False, "AsExpected", "serving capacity is as planned", gen)
+        degraded = condition(ConditionType.DEGRADED, False, Reason.AS_EXPECTED, "serving capacity is as planned", gen)
 
-    spec_valid = condition("SpecValid", True, "Valid", "the spec passed validation", gen)
+    spec_valid = condition(ConditionType.SPEC_VALID, True, Reason.VALID, "the spec passed validation", gen)
     return [ready, progressing, degraded, spec_valid]
 
 

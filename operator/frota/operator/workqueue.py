@@ -15,25 +15,30 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
+from frota.api.contract import (
+    CHILD_KINDS,
+    ENDPOINT_SLICE,
+    INFERENCE_SERVICE,
+    POD,
+    ChildKind,
+    EventReason,
+)
 from frota.operator import autoscale
 from frota.operator.metrics import OperatorMetrics
 from frota.operator.reconcile import Applied, Children, Outcome, reconcile
 
 Key = tuple[str, str]  # (namespace, name)
-CHILD_INDEXES = (
-    "frota_statefulsets",
-    "frota_deployments",
-    "frota_services",
-    "frota_configmaps",
-    "frota_serviceaccounts",
-    "frota_roles",
-    "frota_rolebindings",
-    "frota_poddisruptionbudgets",
-    "frota_networkpolicies",
-)
-POD_INDEX = "frota_pods"
-ENDPOINT_INDEX = "frota_endpointslices"
-ISVC_INDEX = "frota_inferenceservices"
+
+
+def index_id(kind: ChildKind) -> str:
+    """The id of kopf's in-memory index of one kind (kopf passes indexes as kwargs by id)."""
+    return f"frota_{kind.plural}"
+
+
+CHILD_INDEXES = tuple(index_id(k) for k in CHILD_KINDS)
+POD_INDEX = index_id(POD)
+ENDPOINT_INDEX = index_id(ENDPOINT_SLICE)
+ISVC_INDEX = index_id(INFERENCE_SERVICE)
 
 log = logging.getLogger("frota.operator")
 
@@ -109,7 +114,7 @@ class Fleet:
             except kopf.PermanentError as exc:
                 # Retrying cannot help: say so where users look, then stop retrying.
                 self.metrics.reconciles.labels("error").inc()
-                kopf.event(dict(body), type="Warning", reason="ReconcileFailed",
+                kopf.event(dict(body), type="Warning", reason=EventReason.RECONCILE_FAILED,
                            message=f"{exc}; not retrying until the spec or cluster changes")
                 raise
             except Exception:

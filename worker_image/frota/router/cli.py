@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from frota.api.contract import Label
 from frota.router.policies import LoadSignal, PolicyName
 
 if TYPE_CHECKING:
@@ -127,11 +128,10 @@ def _discovery(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         return StaticDiscovery(main)
     selector = args.selector
     if _disagg_enabled(args):
-        selector += f",{ROLE_LABEL} in (worker,decode)"
+        selector += f",{Label.ROLE} in (worker,decode)"
     return _kubernetes(args, selector)
 
 
-ROLE_LABEL = "frota.dev/role"
 
 
 def _disagg_enabled(args: argparse.Namespace) -> bool:
@@ -165,7 +165,7 @@ def _disaggregation(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         config.min_prompt_tokens = int(args.disagg_min_prompt_tokens)
     if args.discovery == "static":
         return Disaggregation(config, StaticDiscovery(args.prefill_workers))
-    return Disaggregation(config, _kubernetes(args, f"{args.selector},{ROLE_LABEL}=prefill"))
+    return Disaggregation(config, _kubernetes(args, f"{args.selector},{Label.ROLE}=prefill"))
 
 
 def config_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]

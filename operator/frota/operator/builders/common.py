@@ -5,33 +5,24 @@ from __future__ import annotations
 from typing import Any
 
 from frota.api import API_VERSION, KIND, InferenceService
+from frota.api.contract import APP_NAME, OPERATOR_MANAGER, Label
 
-NAME_LABEL = "app.kubernetes.io/name"
-INSTANCE_LABEL = "app.kubernetes.io/instance"
-MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
-ROLE_LABEL = "frota.dev/role"
-REPLICA_LABEL = "frota.dev/replica"
-REVISION_LABEL = "frota.dev/revision"
-SERVING_LABEL = "frota.dev/serving"
-# Set by the StatefulSet controller on every pod (GA in Kubernetes 1.32): the rank.
-POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
-WORKER_ROLES = ("worker", "prefill", "decode")
 RUN_AS_USER = 10001
 
 
 def selector_labels(isvc: InferenceService, **extra: str) -> dict[str, str]:
     """The labels that select this InferenceService's pods (stable across revisions)."""
-    return {NAME_LABEL: "frota", INSTANCE_LABEL: isvc.metadata.name, **extra}
+    return {Label.NAME: APP_NAME, Label.INSTANCE: isvc.metadata.name, **extra}
 
 
 def labels(isvc: InferenceService, role: str | None = None, replica: int | None = None,
            **extra: str) -> dict[str, str]:
     """Labels of a child object (DESIGN.md: name, instance, role, replica)."""
-    out = {**selector_labels(isvc), MANAGED_BY_LABEL: "frota-operator"}
+    out = {**selector_labels(isvc), Label.MANAGED_BY: OPERATOR_MANAGER}
     if role is not None:
-        out[ROLE_LABEL] = role
+        out[Label.ROLE] = role
     if replica is not None:
-        out[REPLICA_LABEL] = str(replica)
+        out[Label.REPLICA] = str(replica)
     return {**out, **extra}
 
 

@@ -13,13 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from frota.api import InferenceService
-from frota.operator.builders.common import (
-    ROLE_LABEL,
-    WORKER_ROLES,
-    labels,
-    metadata,
-    selector_labels,
-)
+from frota.api.contract import APP_NAME, WORKER_ROLES, Label
+from frota.operator.builders.common import labels, metadata, selector_labels
 from frota.operator.topology import Topology
 
 
@@ -31,7 +26,7 @@ def disruption_budget(isvc: InferenceService, role: str) -> dict[str, Any]:
         "metadata": metadata(isvc, f"{isvc.metadata.name}-{role}", labels(isvc, role)),
         "spec": {
             "maxUnavailable": 1,
-            "selector": {"matchLabels": selector_labels(isvc, **{ROLE_LABEL: role})},
+            "selector": {"matchLabels": selector_labels(isvc, **{Label.ROLE: role})},
         },
     }
 
@@ -39,18 +34,18 @@ def disruption_budget(isvc: InferenceService, role: str) -> dict[str, Any]:
 def _worker_pods(isvc: InferenceService) -> dict[str, Any]:
     return {
         "matchLabels": selector_labels(isvc),
-        "matchExpressions": [{"key": ROLE_LABEL, "operator": "In", "values": list(WORKER_ROLES)}],
+        "matchExpressions": [{"key": Label.ROLE, "operator": "In", "values": list(WORKER_ROLES)}],
     }
 
 
 # The operator's pods (manifests/base/deployment.yaml), in whatever namespace it runs.
-OPERATOR_POD_LABELS = {"app.kubernetes.io/name": "frota", "app.kubernetes.io/component": "operator"}
+OPERATOR_POD_LABELS = {Label.NAME: APP_NAME, Label.COMPONENT: "operator"}
 
 
 def network_policy(isvc: InferenceService) -> dict[str, Any]:
     """Workers accept HTTP only from this fleet's router (and the operator, when it reads a
     role's metrics to autoscale it), and anything from their own fleet's ranks."""
-    router_pods = {"matchLabels": selector_labels(isvc, **{ROLE_LABEL: "router"})}
+    router_pods = {"matchLabels": selector_labels(isvc, **{Label.ROLE: "router"})}
     http = [{"port": "http", "protocol": "TCP"}]
     ingress: list[dict[str, Any]] = [
         {"from": [{"podSelector": router_pods}], "ports": http},

@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from frota.api import InferenceService
+from frota.api.contract import Label
 from frota.operator.builders.common import (
-    INSTANCE_LABEL,
-    SERVING_LABEL,
     WRITABLE_HOME_ENV,
     container_security_context,
     http_probe,
@@ -35,7 +34,7 @@ def router_service_name(isvc: InferenceService) -> str:
 
 def discovery_selector(isvc: InferenceService) -> str:
     """Label selector of the EndpointSlices of the rank-0 Services (one per role)."""
-    return f"{INSTANCE_LABEL}={isvc.metadata.name},{SERVING_LABEL}=true"
+    return f"{Label.INSTANCE}={isvc.metadata.name},{Label.SERVING}=true"
 
 
 def service_url(isvc: InferenceService) -> str:

@@ -6,12 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from frota.api import EnvVar, InferenceService, Resources
+from frota.api.contract import Label
 from frota.operator.builders.common import (
-    POD_INDEX_LABEL,
-    REPLICA_LABEL,
-    REVISION_LABEL,
-    ROLE_LABEL,
-    SERVING_LABEL,
     WRITABLE_HOME_ENV,
     container_security_context,
     http_probe,
@@ -94,7 +90,7 @@ def _rank_env(isvc: InferenceService, group: ReplicaGroup) -> list[dict[str, Any
     # Every rank of a group shares the pod template; only FROTA_RANK differs, and
     # the StatefulSet controller's pod-index label supplies it.
     env: list[dict[str, Any]] = [
-        {"name": "FROTA_RANK", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{POD_INDEX_LABEL}']"}}},
+        {"name": "FROTA_RANK", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{Label.POD_INDEX}']"}}},
     ]
     env += [{"name": k, "value": v} for k, v in group.leader.env.items() if k != "FROTA_RANK"]
     env += WRITABLE_HOME_ENV
@@ -155,14 +151,14 @@ def _pod_spec(isvc: InferenceService, topology: Topology, group: ReplicaGroup,
 
 def group_selector(isvc: InferenceService, group: ReplicaGroup) -> dict[str, str]:
     """The labels that select exactly one group's pods."""
-    return selector_labels(isvc, **{ROLE_LABEL: group.role, REPLICA_LABEL: str(group.replica)})
+    return selector_labels(isvc, **{Label.ROLE: group.role, Label.REPLICA: str(group.replica)})
 
 
 def statefulset(isvc: InferenceService, topology: Topology, group: ReplicaGroup,
                 resources: Resources) -> dict[str, Any]:
     """One replica group: one pod per rank, pod G-0 is the leader (the master address)."""
     selector = group_selector(isvc, group)
-    pod_labels = labels(isvc, group.role, group.replica, **{REVISION_LABEL: group.revision})
+    pod_labels = labels(isvc, group.role, group.replica, **{Label.REVISION: group.revision})
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
@@ -206,10 +202,10 @@ def role_service(isvc: InferenceService, role: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": metadata(isvc, role_service_name(isvc, role), labels(isvc, role, **{SERVING_LABEL: "true"})),
+        "metadata": metadata(isvc, role_service_name(isvc, role), labels(isvc, role, **{Label.SERVING: "true"})),
         "spec": {
             "clusterIP": "None",
-            "selector": selector_labels(isvc, **{ROLE_LABEL: role, POD_INDEX_LABEL: "0"}),
+            "selector": selector_labels(isvc, **{Label.ROLE: role, Label.POD_INDEX: "0"}),
             "ports": [{"name": "http", "port": WORKER_PORT, "targetPort": "http", "protocol": "TCP"}],
         },
     }
