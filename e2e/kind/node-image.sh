@@ -50,9 +50,20 @@ timed() {
 }
 
 ensure_docker() {
-  docker info >/dev/null 2>&1 && return
-  [ -f scripts/docker.sh ] || die "docker does not answer"
-  bash scripts/docker.sh start >&2
+  if ! docker info >/dev/null 2>&1; then
+    [ -f scripts/docker.sh ] || die "docker does not answer"
+    bash scripts/docker.sh start >&2
+  fi
+  # kind's builder execs with --privileged: see docker-caps.sh.
+  bash e2e/kind/docker-caps.sh
+}
+
+# docker build, without the client's notice that the classic builder is
+# deprecated (once per build: noise in the progress). Not niced: dockerd,
+# not the client, does the work.
+docker_build() {
+  docker build "$@" 2> >(grep -v -e '^DEPRECATED: The legacy builder' -e '^ *BuildKit is currently disabled' \
+    -e '^ *environment-variable\.$' -e '^$' >&2)
 }
 
 ensure_kind() {
@@ -113,15 +124,15 @@ build_base_image() {
     cp -l "$NODE_BIN/$b" "$ctx/bin/" 2>/dev/null || cp "$NODE_BIN/$b" "$ctx/bin/"
   done
   log "docker build $BASE_IMAGE (from $DEBIAN_IMAGE: apt-get in the build)"
-  nice -n 10 docker build --build-arg "BASE=$DEBIAN_IMAGE" -t "$BASE_IMAGE" \
+  docker_build --build-arg "BASE=$DEBIAN_IMAGE" -t "$BASE_IMAGE" \
     -f e2e/kind/base/Dockerfile "$ctx" >&2
 }
 
 # --- component images --------------------------------------------------------
 build_bases() {
   log "docker build frota-kind/static, frota-kind/netbase"
-  docker build -q --build-arg "DEBIAN=$DEBIAN_IMAGE" -t "frota-kind/static:$SUITE" e2e/kind/images/static >&2
-  nice -n 10 docker build -q --build-arg "DEBIAN=$DEBIAN_IMAGE" -t "frota-kind/netbase:$SUITE" \
+  docker_build -q --build-arg "DEBIAN=$DEBIAN_IMAGE" -t "frota-kind/static:$SUITE" e2e/kind/images/static >&2
+  docker_build -q --build-arg "DEBIAN=$DEBIAN_IMAGE" -t "frota-kind/netbase:$SUITE" \
     e2e/kind/images/netbase >&2
 }
 
@@ -140,7 +151,7 @@ image() {
     done
     echo "ENTRYPOINT $entrypoint"
   } >"$ctx/Dockerfile"
-  docker build -q -t "$tag" "$ctx" >/dev/null
+  docker_build -q -t "$tag" "$ctx" >/dev/null
   log "image $tag"
 }
 
@@ -199,7 +210,7 @@ kind_build() {
     --image "$NODE_IMAGE.partial" >&2
   # The recipe label makes the next run a no-op; kind's commit cannot add one.
   printf 'FROM %s\nLABEL %s=%s\n' "$NODE_IMAGE.partial" "$LABEL" "$RECIPE" |
-    docker build -q -t "$NODE_IMAGE" - >/dev/null
+    docker_build -q -t "$NODE_IMAGE" - >/dev/null
   docker rmi "$NODE_IMAGE.partial" >/dev/null
 }
 

@@ -30,6 +30,7 @@ die() { echo "e2e/kind: $*" >&2; exit 1; }
 
 tools() {
   docker info >/dev/null 2>&1 || bash scripts/docker.sh start >&2
+  bash e2e/kind/docker-caps.sh  # kind's nodes are privileged containers
   PATH=$PATH:$(go env GOPATH 2>/dev/null || echo "$HOME/go")/bin
   # kubectl of the cluster's own version, built with the node image's binaries.
   local bin
