@@ -137,3 +137,19 @@ def test_without_the_env_nothing_prebuilt_is_used(monkeypatch):
     monkeypatch.delenv(prebuilt.DIR_ENV, raising=False)
     prebuilt._chosen.cache_clear()
     assert prebuilt.chosen_level() is None and prebuilt.load("attention") is None
+
+
+def test_prebuilt_flags_replace_march_native():
+    from frota.engine import kernels
+    from frota.engine.quant import cpu_kernels
+
+    level = isa.BY_NAME["x86-64-v4-bf16"]
+    assert prebuilt._portable(kernels.CFLAGS, level) == ["-O3", "-march=x86-64-v4", "-mavx512bf16",
+                                                         "-ffast-math", "-fopenmp"]
+    assert prebuilt._portable(cpu_kernels.CFLAGS, isa.BY_NAME["x86-64-v2"]) == ["-O3", "-march=x86-64-v2"]
+
+
+def test_prebuild_elsewhere_than_x86_writes_an_empty_manifest(tmp_path, monkeypatch):
+    monkeypatch.setattr(isa, "is_x86_64", lambda machine=None: False)
+    assert prebuilt.prebuild(tmp_path) == []
+    assert json.loads((tmp_path / "manifest.json").read_text())["levels"] == []
