@@ -214,6 +214,12 @@ kind_build() {
   docker rmi "$NODE_IMAGE.partial" >/dev/null
 }
 
+# Base images of earlier recipes (the node image keeps its own layers).
+drop_stale_bases() {
+  docker image ls --format '{{.Repository}}:{{.Tag}}' frota-kind-base | grep -vx "$BASE_IMAGE" |
+    xargs -r docker rmi >/dev/null 2>&1 || true
+}
+
 main() {
   local start=$SECONDS
   ensure_docker
@@ -238,6 +244,7 @@ main() {
   timed "server tarball" build_tarball
   timed "kind build node-image" kind_build
   rm -rf "$WORK"
+  drop_stale_bases
   log "built $NODE_IMAGE in $((SECONDS - start))s: ${STEPS[*]}"
   log "size: $(docker image inspect "$NODE_IMAGE" --format '{{.Size}}' | awk '{printf "%.0f MB", $1/1e6}')"
   echo "$NODE_IMAGE"

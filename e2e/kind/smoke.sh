@@ -62,9 +62,21 @@ spec:
 EOF
 }
 
-fetch() {  # fetch POD URL: GET from inside POD
-  kubectl -n "$NS" exec "$1" -- python3 -c \
-    "import urllib.request,sys; r=urllib.request.urlopen(sys.argv[1], timeout=5); print(sys.argv[1], r.status)" "$2"
+# fetch POD URL: GET from inside POD. Retried for 10 s: a Service answers
+# "connection refused" until each node's kube-proxy has its endpoint.
+fetch() {
+  kubectl -n "$NS" exec "$1" -- python3 -c '
+import sys, time, urllib.request
+for attempt in range(20):
+    try:
+        r = urllib.request.urlopen(sys.argv[1], timeout=5)
+        print(sys.argv[1], r.status, "after", attempt, "retries")
+        break
+    except OSError as e:
+        err = e
+        time.sleep(0.5)
+else:
+    sys.exit(f"{sys.argv[1]}: {err}")' "$2"
 }
 
 port_forward() {
