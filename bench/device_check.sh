@@ -52,8 +52,8 @@ if [ -z "${SKIP_WHEELS:-}" ] && ls .whl/*.whl >/dev/null 2>&1; then
     --target /tmp/site .whl/*.whl || note "WHEEL INSTALL FAILED"
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
-# `frota` is a namespace package over two source roots (setup.py): no install needed.
-export PYTHONPATH=$PWD/operator:$PWD/worker_image${PYTHONPATH:+:$PYTHONPATH}
+# One source tree (src/frota): on the path, no install needed.
+export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 note "PYTHONPATH=$PYTHONPATH"
 
 # 1. the machine

@@ -116,6 +116,7 @@ def run_hf(model, requests, pad_id: int, batch_size: int = 8) -> dict:
 def load_hf(dtype_name: str, model_name: str = "smollm2", device=None):
     import torch
     import transformers
+
     from frota.engine.loader import resolve_model
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -78,9 +78,10 @@ def text_path() -> Path:
 def prepare(args) -> None:
     """Write .devcheck/tokenizer/ (tokenizer.json, tokenizer_config.json, ids.json) from the
     SmolLM2 GGUF with Frota's own GGUF tokenizer code, and a copy of the GPL-3 text."""
+    from gguf import GGUFReader
+
     from frota.engine.loader import resolve_model
     from frota.engine.loader.gguf import read_config, read_tokenizer
-    from gguf import GGUFReader
 
     reader = GGUFReader(resolve_model("smollm2").path)
     cfg = read_config(reader)
@@ -368,6 +369,7 @@ def kernel_census(model, dtype, device: str) -> dict:
     from collections import Counter
 
     import torch
+
     from frota.engine.quant.linear import QuantLinear
 
     out = {}

@@ -124,6 +124,7 @@ def measure(row: Row, text: str, args: argparse.Namespace) -> dict:
 def measure_engine(engine, row: Row, text: str, args: argparse.Namespace) -> dict:  # type: ignore[no-untyped-def]
     import torch
     from engine_throughput import make_requests
+
     from frota.engine.eval import perplexity
     from frota.engine.quant.accounting import kv_bytes_per_token
 
@@ -194,6 +195,7 @@ def kernel_times(batches: list[int], copies: int = 30) -> list[dict]:
     """Per shape and batch size: microseconds per call of each kernel, weights cold."""
     import torch
     import torch.nn.functional as F
+
     from frota.engine.quant import linear
     from frota.engine.quant.formats import quantize_int4, quantize_int8
     from frota.engine.quant.linear import Int4Linear, Int8Linear
@@ -284,6 +286,7 @@ def kernel_times(batches: list[int], copies: int = 30) -> list[dict]:
 def profile(row: Row, text: str) -> None:
     """Print the ops that take a batch-1 decode step's time."""
     import torch
+
     from frota.engine import SamplingParams
 
     engine = make_engine(row)

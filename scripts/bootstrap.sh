@@ -10,9 +10,8 @@ if [ ! -x .venv/bin/python ]; then
   .venv/bin/pip install -q --upgrade pip wheel setuptools
 fi
 stamp=.venv/.frota-installed
-# Reinstall when the dependencies or the package layout change (the editable
-# install maps each frota subpackage to its directory).
-want="$(cat pyproject.toml setup.py; ls -d operator/frota/*/ worker_image/frota/*/)"
+# Reinstall when the dependencies or the package layout change.
+want="$(cat pyproject.toml; ls -d src/frota/*/)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "== installing frota[engine,dev] (first run downloads torch, ~3 GB)"
   .venv/bin/pip install --progress-bar off -e ".[engine,dev]"

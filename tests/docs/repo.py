@@ -1,8 +1,6 @@
 """What exists in the repository, for the docs tests to check names against.
 
-Nothing here knows where the sources live beyond "a `frota` directory one level
-below the root" (operator/frota and worker_image/frota today, src/frota later):
-paths are checked for existence only, so moving files needs no change here.
+The sources live in one tree, src/frota; paths are checked for existence only.
 """
 
 from __future__ import annotations
@@ -24,8 +22,8 @@ _TEXT_SUFFIXES = {".py", ".sh", ".cpp", ".yaml", ".yml", ".toml", ".lua", ".cfg"
 
 
 def source_roots() -> list[Path]:
-    """Directories holding the `frota` package (a namespace package over several roots)."""
-    return sorted(p for p in ROOT.glob("*/frota") if p.is_dir() and not p.parent.name.startswith("."))
+    """The directory holding the `frota` package."""
+    return [ROOT / "src" / "frota"]
 
 
 @functools.cache

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from frota.api.types import CelRule, FrotaModel, Quantity, nested_default
 from pydantic import Field, model_validator
+
+from frota.api.types import CelRule, FrotaModel, Quantity, nested_default
 
 URI_PATTERN = r"^(alias:[a-z0-9][a-z0-9._-]*|pvc://[a-z0-9][a-z0-9.-]*(/.*)?|hf://[^/\s]+/[^/\s]+|https://\S+|synthetic:\S+)$"
 DEFAULT_IMAGE = "ghcr.io/frota-dev/frota-worker:0.1.0"

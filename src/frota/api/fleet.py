@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from pydantic import Field, model_validator
+
 from frota.api.engine import SecretKeyRef
 from frota.api.types import CelRule, FrotaModel, IntOrPercent, Quantity, nested_default
-from pydantic import Field, model_validator
 
 
 class Parallelism(FrotaModel):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from pydantic import ConfigDict, Field
+
 from frota.api.contract import (  # noqa: F401 (re-exported: the API's coordinates)
     API_VERSION,
     CATEGORIES,
@@ -17,7 +19,6 @@ from frota.api.contract import (  # noqa: F401 (re-exported: the API's coordinat
 from frota.api.spec import InferenceServiceSpec
 from frota.api.status import InferenceServiceStatus
 from frota.api.types import CelRule, FrotaModel
-from pydantic import ConfigDict, Field
 
 MAX_NAME_LENGTH = 40  # children add suffixes; pod names and label values stay within 63
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pydantic import Field, model_validator
+
 from frota.api.engine import Engine, ModelSource
 from frota.api.fleet import (
     Autoscaling,
@@ -13,7 +15,6 @@ from frota.api.fleet import (
     Router,
 )
 from frota.api.types import CelRule, FrotaModel, nested_default
-from pydantic import Field, model_validator
 
 _TENSOR = "(has(self.disaggregation.{role}.parallelism) ? self.disaggregation.{role}.parallelism.tensor : self.parallelism.tensor)"
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from frota.api.types import FrotaModel
 from pydantic import Field
+
+from frota.api.types import FrotaModel
 
 ConditionType = Literal["Ready", "Progressing", "Degraded", "SpecValid"]
 CONDITION_TYPES: tuple[str, ...] = ("Ready", "Progressing", "Degraded", "SpecValid")

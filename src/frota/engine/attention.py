@@ -24,6 +24,7 @@ from types import ModuleType
 
 import torch
 import torch.nn.functional as F
+
 from frota.engine import kernels
 
 

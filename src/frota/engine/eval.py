@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
+
 from frota.engine.llm_engine import LLMEngine
 from frota.engine.sampling_params import SamplingParams
 from frota.engine.scheduler import ScheduledBatch

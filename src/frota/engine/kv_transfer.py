@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+
 from frota.engine.llm_engine import LLMEngine
 from frota.engine.outputs import RequestOutput
 from frota.engine.sequence import Sequence

@@ -10,6 +10,7 @@ import itertools
 import time
 
 import torch
+
 from frota.engine import kernels
 from frota.engine.block_manager import BlockManager
 from frota.engine.config import EngineArgs, ModelConfig

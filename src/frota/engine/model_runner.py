@@ -4,6 +4,7 @@ owns the KV pool, and returns logits only for the sequences that sample this ste
 from __future__ import annotations
 
 import torch
+
 from frota.engine.attention import AttentionMetadata, PrefillSpan
 from frota.engine.config import ModelConfig
 from frota.engine.quant.kv import allocate_kv_pool

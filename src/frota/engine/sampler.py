@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from frota.engine.outputs import TokenLogprob
 from frota.engine.sequence import Sequence
 

@@ -14,8 +14,9 @@ import time
 from dataclasses import asdict, dataclass
 
 import aiohttp
-from frota.local import state
 from prometheus_client.parser import text_string_to_metric_families
+
+from frota.local import state
 
 
 @dataclass

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+
 from frota.api import InferenceService
 from frota.operator import planner
 from frota.operator.validation import SpecError

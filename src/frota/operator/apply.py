@@ -18,12 +18,13 @@ from collections.abc import Mapping
 from typing import Any
 
 import kopf
-from frota.api.contract import CHILD_KINDS, INFERENCE_SERVICE, OPERATOR_MANAGER, POD
 
 # kopf exposes no public raw-request API; this private module is the client
 # kopf itself uses, and it is the one place Frota depends on it.
 from kopf._cogs.clients import api as kopf_api
 from kopf._cogs.clients import errors as kopf_errors
+
+from frota.api.contract import CHILD_KINDS, INFERENCE_SERVICE, OPERATOR_MANAGER, POD
 
 FIELD_MANAGER = OPERATOR_MANAGER
 APPLY_CONTENT_TYPE = "application/apply-patch+yaml"

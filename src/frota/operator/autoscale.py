@@ -33,10 +33,11 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import kopf
+from prometheus_client.parser import text_string_to_metric_families
+
 from frota.api.contract import EventReason, Label
 from frota.operator import apply as api
 from frota.operator.topology import WORKER_PORT
-from prometheus_client.parser import text_string_to_metric_families
 
 if TYPE_CHECKING:
     from frota.operator.workqueue import Fleet

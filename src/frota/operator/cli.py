@@ -41,10 +41,11 @@ def run(args: argparse.Namespace) -> int:
     """Start the operator: kopf with Frota's handlers, metrics and health endpoints."""
     # The autoscaling timer's interval is fixed when the handlers register.
     os.environ["FROTA_AUTOSCALE_INTERVAL_SECONDS"] = str(args.autoscale_interval)
-    import frota.operator.handlers  # noqa: F401  (registers the handlers)
     import kopf
-    from frota.operator.workqueue import Fleet
     from prometheus_client import start_http_server
+
+    import frota.operator.handlers  # noqa: F401  (registers the handlers)
+    from frota.operator.workqueue import Fleet
 
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import kopf
+
 from frota.api import contract
 from frota.api.contract import APP_NAME, ENDPOINT_SLICE, POD, Label
 from frota.operator import autoscale, peering

@@ -15,6 +15,7 @@ import logging
 from typing import Any
 
 import kopf
+
 from frota.operator import apply
 
 PEERING_API = "/apis/kopf.dev/v1"

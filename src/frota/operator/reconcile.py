@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
+
 from frota.api.contract import ROUTINE_NOT_READY, ConditionType, EventReason, Label
 from frota.operator import apply as api
 from frota.operator.desired import Desired, InvalidSpec, desired_state

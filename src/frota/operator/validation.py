@@ -6,8 +6,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from frota.api import InferenceService
 from pydantic import ValidationError
+
+from frota.api import InferenceService
 
 
 @dataclass(frozen=True)

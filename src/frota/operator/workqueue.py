@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
+
 from frota.api.contract import (
     CHILD_KINDS,
     ENDPOINT_SLICE,

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+
 from frota.router.admission import AdmissionController, Rejected
 from frota.router.discovery import Discovery
 from frota.router.errors import error_response

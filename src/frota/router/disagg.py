@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+from prometheus_client import Counter, Histogram
+
 from frota.router.discovery import Discovery
 from frota.router.health import Worker, WorkerPool
 from frota.router.http1 import Response, ResponseStream
@@ -41,7 +43,6 @@ from frota.router.proxy import (
     forwarded_headers,
 )
 from frota.router.upstream import UpstreamError
-from prometheus_client import Counter, Histogram
 
 log = logging.getLogger(__name__)
 

@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import aiohttp
+
 from frota.router.metrics import RouterMetrics
 
 log = logging.getLogger(__name__)

@@ -17,6 +17,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from aiohttp import web
+from pydantic import ValidationError
+
 from frota.server import errors
 from frota.server.engine_api import EngineBindings, EngineStats
 from frota.server.generation import Generation, Job
@@ -25,7 +27,6 @@ from frota.server.lifecycle import Lifecycle, Phase
 from frota.server.metrics import CONTENT_TYPE, ServerMetrics
 from frota.server.protocol import ChatCompletionRequest, CompletionRequest
 from frota.server.streaming import EventStream
-from pydantic import ValidationError
 
 log = logging.getLogger("frota.server")
 

@@ -38,13 +38,14 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from prometheus_client import Counter, Gauge, Histogram
+from pydantic import ValidationError
+
 from frota.server import errors
 from frota.server.app import STATE_KEY, WorkerState, _read_json
 from frota.server.generation import Job
 from frota.server.jobs import chat_job, completion_job
 from frota.server.protocol import ChatCompletionRequest, CompletionRequest
-from prometheus_client import Counter, Gauge, Histogram
-from pydantic import ValidationError
 
 log = logging.getLogger("frota.server.kv")
 

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import torch
+
 from frota.engine.config import ModelConfig
 from frota.engine.errors import UnsupportedModelError
 from frota.engine.loader import progress

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+
 from frota.engine.config import ModelConfig
 from frota.engine.errors import ModelNotFoundError, UnsupportedModelError
 from frota.engine.loader import progress

@@ -9,6 +9,7 @@ head_dim, vocab, experts, top_k, max_len, rope_theta, tie, seed.
 from __future__ import annotations
 
 import torch
+
 from frota.api.synthetic import SyntheticSpecError, parse_synthetic_spec
 from frota.engine.config import ModelConfig
 from frota.engine.errors import ModelNotFoundError

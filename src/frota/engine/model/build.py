@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import torch
+from torch import nn
+
 from frota.engine.config import ModelConfig
 from frota.engine.model.layers import RotaryEmbedding
 from frota.engine.model.llama import LlamaForCausalLM
-from torch import nn
 
 
 def build_model(cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:

@@ -4,8 +4,9 @@ so quantized or sharded variants can slot in later."""
 from __future__ import annotations
 
 import torch
-from frota.engine import kernels
 from torch import nn
+
+from frota.engine import kernels
 
 
 def make_linear(in_features: int, out_features: int, bias: bool = False) -> nn.Module:

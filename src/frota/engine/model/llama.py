@@ -11,12 +11,13 @@ from collections.abc import Iterable
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
 from frota.engine import kernels
 from frota.engine.attention import AttentionMetadata, paged_attention, paged_kernels
 from frota.engine.config import ModelConfig
 from frota.engine.model.layers import RMSNorm, RotaryEmbedding, make_linear
 from frota.engine.model.moe import MixtureOfExperts
-from torch import nn
 
 
 class LlamaAttention(nn.Module):

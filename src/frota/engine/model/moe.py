@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
 from frota.engine.config import ModelConfig
 from frota.engine.model.layers import make_linear
-from torch import nn
 
 
 class MixtureOfExperts(nn.Module):

@@ -15,6 +15,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
 from frota.engine.parallel.config import ParallelConfig, ParallelConfigError
 
 SETUP_TIMEOUT_S = 600.0  # ranks of one group start (and load) within this time of each other

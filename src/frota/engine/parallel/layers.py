@@ -14,8 +14,9 @@ import math
 
 import torch
 import torch.nn.functional as F
-from frota.engine.parallel.comm import Comm
 from torch import nn
+
+from frota.engine.parallel.comm import Comm
 
 
 class RowParallel(nn.Module):

@@ -13,6 +13,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
+from torch import nn
+
 from frota.engine.config import ModelConfig
 from frota.engine.loader import progress, resolve_model
 from frota.engine.model.layers import RotaryEmbedding
@@ -25,7 +27,6 @@ from frota.engine.parallel.layers import (
     VocabParallelEmbedding,
     VocabParallelHead,
 )
-from torch import nn
 
 
 @dataclasses.dataclass
@@ -277,8 +278,9 @@ def open_checkpoint(model_name: str) -> tuple[ModelConfig, object, Iterator[tupl
     if source.kind == "synthetic":
         return synthetic_weights(source.path)
     if source.kind == "gguf":
-        from frota.engine.loader import gguf
         from gguf import GGUFReader
+
+        from frota.engine.loader import gguf
 
         reader = GGUFReader(source.path)
         cfg = gguf.read_config(reader)

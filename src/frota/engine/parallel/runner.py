@@ -19,6 +19,7 @@ import dataclasses
 import time
 
 import torch
+
 from frota.engine.config import EngineArgs, ModelConfig
 from frota.engine.model_runner import ModelRunner
 from frota.engine.parallel.comm import Comm

@@ -14,12 +14,13 @@ from collections.abc import Iterator, Mapping
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
+
 from frota.engine.model.build import cast_keeping_caches
 from frota.engine.quant.config import QuantConfig
 from frota.engine.quant.formats import Int4Weight, Int8Weight, QuantizedWeight, quantize
 from frota.engine.quant.gguf_native import concat_rows, native_weight, permute_rows
 from frota.engine.quant.linear import Int4Linear, Int8Linear, QuantLinear, make_quant_linear
-from torch import nn
 
 
 class QuantEmbedding(nn.Module):

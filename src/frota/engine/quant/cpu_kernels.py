@@ -582,6 +582,7 @@ def kernels() -> Any | None:
 
 def _build() -> Any:
     import torch
+
     from frota.engine.kernels import cache_root, cpu_flags, prebuilt
 
     module = prebuilt.load("quant")  # the worker image's, for a portable ISA level

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+
 from frota.engine.quant.formats import Int4Weight, Int8Weight, QuantizedWeight, pack_int4
 
 GGUF_BLOCK = 32

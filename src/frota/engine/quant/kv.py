@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
 from frota.engine.quant.formats import FP8_E4M3_MAX
 
 KV_CACHE_DTYPES = ("auto", "int8", "fp8")

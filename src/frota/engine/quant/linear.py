@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
 from frota.engine.quant import cpu_kernels
 from frota.engine.quant.formats import (
     FP8_E4M3_MAX,
@@ -42,7 +44,6 @@ from frota.engine.quant.formats import (
     quantize,
     unpack_int4,
 )
-from torch import nn
 
 FUSED_DTYPES = (torch.bfloat16, torch.float16)
 FROTA_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
