@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import subprocess
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 import httpx
 import openai
 
-from e2e.kube import Cluster, pod_is_ready, wait_until
+from e2e.kube import Cluster, make_namespace, pod_is_ready, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 MANIFESTS = REPO / "manifests"
@@ -59,11 +58,8 @@ def operator_pod(cluster: Cluster) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def fresh_namespace(cluster: Cluster) -> Iterator[str]:
-    """A namespace for a whole module, deleted (without waiting) afterwards."""
-    name = f"e2e-{uuid.uuid4().hex[:6]}"
-    cluster.kubectl("create", "namespace", name)
-    wait_until("the default service account",
-               lambda: cluster.get("serviceaccount", "default", name))
+    """A restricted namespace for a whole module, deleted (without waiting) afterwards."""
+    name = make_namespace(cluster)
     try:
         yield name
     finally:

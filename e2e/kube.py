@@ -1,8 +1,9 @@
-"""What the e2e tests know about a cluster: a kubeconfig, kubectl and an address strategy.
+"""What the e2e tests know about a cluster: a kubeconfig, kubectl, and its kind nodes.
 
-Nothing here depends on how the cluster was made, so the same tests run on the
-local control plane (``address="pod-ip"``: the host reaches pod IPs directly)
-and on kind (``address="port-forward"``: through ``kubectl port-forward``).
+Pods are reached the way a user reaches them: ``kubectl port-forward`` to a pod
+or a Service, or a Service's ClusterIP routed through a node (kube-proxy's
+rules do the rest). The nodes are kind's containers, so a test can act on a
+node as an operator with a shell on it would (``crictl``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import re
 import subprocess
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -25,8 +27,8 @@ class Cluster:
 
     kubeconfig: str
     kubectl_path: str = "kubectl"
-    address: str = "pod-ip"  # or "port-forward"
-    image: str = "frota-worker:e2e"  # what pods declare; the local agent ignores it
+    image: str = "frota-worker:dev"  # what the tests' own pods run
+    kind_cluster: str = "frota-e2e"
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
         """Run kubectl; return stdout, raise with stderr on failure."""
@@ -76,25 +78,68 @@ class Cluster:
         wait_until(f"CRDs {names or 'all'} to be Established", established, timeout)
 
     @contextlib.contextmanager
-    def reach(self, namespace: str, pod: str, port: int) -> Iterator[tuple[str, int]]:
-        """A (host, port) on this machine that reaches ``port`` of ``pod``."""
-        if self.address == "pod-ip":
-            yield self.get("pod", pod, namespace)["status"]["podIP"], port
-            return
+    def reach(self, namespace: str, target: str, port: int) -> Iterator[tuple[str, int]]:
+        """A (host, port) on this machine that reaches ``port`` of ``target``.
+
+        ``target`` is a pod name or ``svc/NAME``; the way is ``kubectl port-forward``.
+        """
+        ref = target if "/" in target else f"pod/{target}"
         proc = subprocess.Popen(
             [self.kubectl_path, "--kubeconfig", self.kubeconfig, "-n", namespace,
-             "port-forward", f"pod/{pod}", f":{port}"],
+             "port-forward", ref, f":{port}"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         try:
             line = proc.stdout.readline() if proc.stdout else ""
             m = re.search(r"127\.0\.0\.1:(\d+)", line)
             if not m:
-                raise RuntimeError(f"kubectl port-forward said: {line!r}")
+                raise RuntimeError(f"kubectl port-forward {ref} said: {line!r}")
             yield "127.0.0.1", int(m.group(1))
         finally:
             proc.terminate()
             proc.wait(timeout=10)
+
+    @contextlib.contextmanager
+    def route_to_cluster_ip(self, namespace: str, service: str) -> Iterator[str]:
+        """The Service's ClusterIP, routed from this machine through a node.
+
+        The packets enter the node as they would from any client on its network;
+        kube-proxy's rules there pick an endpoint and masquerade the reply path.
+        """
+        ip = self.get("service", service, namespace)["spec"]["clusterIP"]
+        node_ip = next(a["address"] for a in self.get("nodes")[0]["status"]["addresses"]
+                       if a["type"] == "InternalIP")
+        subprocess.run(["ip", "route", "replace", f"{ip}/32", "via", node_ip], check=True)
+        try:
+            yield ip
+        finally:
+            subprocess.run(["ip", "route", "del", f"{ip}/32"], check=False)
+
+    def load_image(self, image: str) -> None:
+        """Put a local Docker image into the nodes' containerd, as ``kind load`` does for users."""
+        proc = subprocess.run(["kind", "load", "docker-image", "--name", self.kind_cluster, image],
+                              capture_output=True, text=True, timeout=900)
+        if proc.returncode != 0:
+            raise RuntimeError(f"kind load docker-image {image} failed: {proc.stderr.strip()}")
+
+    def node_shell(self, node: str, script: str) -> str:
+        """Run ``script`` with sh on a node (a kind node is a container named after it)."""
+        proc = subprocess.run(["docker", "exec", node, "sh", "-c", script],
+                              capture_output=True, text=True, timeout=60)
+        if proc.returncode != 0:
+            raise RuntimeError(f"on node {node}: {script!r} failed: {proc.stderr.strip()}")
+        return proc.stdout
+
+    def kill_container(self, namespace: str, pod: str, container: str) -> None:
+        """SIGKILL a container's main process from its node, as the OOM killer or a crash would."""
+        node = self.get("pod", pod, namespace)["spec"]["nodeName"]
+        cid = self.node_shell(node, (
+            f"crictl ps -q --name '^{container}$' --label io.kubernetes.pod.name={pod} "
+            f"--label io.kubernetes.pod.namespace={namespace}")).split()
+        assert len(cid) == 1, f"expected one running {container} container in {pod}, got {cid}"
+        pid = self.node_shell(node, f"crictl inspect --output go-template --template "
+                                    f"'{{{{.info.pid}}}}' {cid[0]}").strip()
+        self.node_shell(node, f"kill -KILL {pid}")
 
 
 def wait_until(what: str, check: Callable[[], Any], timeout: float = 90, interval: float = 0.5) -> Any:
@@ -110,6 +155,35 @@ def wait_until(what: str, check: Callable[[], Any], timeout: float = 90, interva
             last = exc
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}")
+
+
+# Every namespace the suite makes enforces this Pod Security level, as the
+# operator's own namespace does (manifests/base/namespace.yaml).
+POD_SECURITY = {"pod-security.kubernetes.io/enforce": "restricted",
+                "pod-security.kubernetes.io/enforce-version": "latest"}
+
+
+def make_namespace(cluster: Cluster) -> str:
+    """A fresh namespace enforcing restricted Pod Security, ready for pods."""
+    name = f"e2e-{uuid.uuid4().hex[:6]}"
+    cluster.apply({"apiVersion": "v1", "kind": "Namespace",
+                   "metadata": {"name": name, "labels": POD_SECURITY}})
+    # Pods are refused until the controller has made the namespace's default account.
+    wait_until("the default service account", lambda: cluster.get("serviceaccount", "default", name))
+    return name
+
+
+RESTRICTED_POD = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+RESTRICTED_CONTAINER = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def restricted(pod: dict[str, Any]) -> dict[str, Any]:
+    """A Pod manifest given what the ``restricted`` Pod Security level asks of it."""
+    spec = pod["spec"]
+    spec["securityContext"] = {**RESTRICTED_POD, **spec.get("securityContext", {})}
+    for c in [*spec.get("initContainers", []), *spec["containers"]]:
+        c["securityContext"] = {**RESTRICTED_CONTAINER, **c.get("securityContext", {})}
+    return pod
 
 
 def pod_is_ready(pod: dict[str, Any]) -> bool:

@@ -10,7 +10,7 @@ import httpx
 import pytest
 import yaml
 
-from e2e.kube import Cluster, pod_is_ready, wait_until
+from e2e.kube import RESTRICTED_CONTAINER, RESTRICTED_POD, Cluster, pod_is_ready, wait_until
 
 CRDS = Path(__file__).resolve().parents[1] / "crds"
 
@@ -45,8 +45,9 @@ def _deployment(name: str, image: str) -> dict[str, Any]:
             "replicas": 1, "selector": {"matchLabels": labels},
             "template": {"metadata": {"labels": labels}, "spec": {
                 "terminationGracePeriodSeconds": 5,
+                "securityContext": RESTRICTED_POD,
                 "containers": [{
-                    "name": "web", "image": image,
+                    "name": "web", "image": image, "securityContext": RESTRICTED_CONTAINER,
                     "command": ["python", "-m", "http.server", "8080"],
                     "ports": [{"containerPort": 8080, "name": "http"}],
                     "readinessProbe": _http_probe(8080),
@@ -119,8 +120,10 @@ def test_statefulset_pods_resolve_each_other_through_the_headless_service(
             "selector": {"matchLabels": labels},
             "template": {"metadata": {"labels": labels}, "spec": {
                 "terminationGracePeriodSeconds": 5,
+                "securityContext": RESTRICTED_POD,
                 "containers": [{
                     "name": "resolver", "image": cluster.image,
+                    "securityContext": RESTRICTED_CONTAINER,
                     "command": ["python", "-c", RESOLVER],
                     "readinessProbe": _http_probe(8080),
                 }],
@@ -140,8 +143,7 @@ def test_statefulset_pods_resolve_each_other_through_the_headless_service(
             return json.loads(httpx.get(f"http://{host}:{port}/resolve", params={"name": name}, timeout=10).text)
 
         def resolves(name: str, addresses: list[str]) -> None:
-            # Cluster DNS follows the API with a lag (the agent rewrites hosts
-            # files on its tick, as CoreDNS follows its watch): wait, then compare.
+            # CoreDNS follows the API through a watch, with a lag: wait, then compare.
             def check() -> bool:
                 got = ask(name)["addresses"]
                 assert got == addresses, f"{name} resolved to {got}"

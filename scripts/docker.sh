@@ -11,14 +11,14 @@
 #
 # Once dockerd runs it sets the iptables FORWARD policy to DROP (with
 # bridge-nf-call-iptables=1), which silently drops traffic on bridges that are
-# not Docker's (the e2e harness's frota0, for one). `start` therefore inserts
-# DOCKER-USER ACCEPT rules for each bridge in FROTA_DOCKER_BRIDGES (default
-# "frota0") and for every non-Docker bridge that exists at that moment; rules
-# are checked with `iptables -C` first, so repeating `start` adds nothing.
+# not Docker's (a libvirt or test-network bridge on the same machine). `start`
+# therefore inserts DOCKER-USER ACCEPT rules for each bridge in
+# FROTA_DOCKER_BRIDGES and for every non-Docker bridge that exists at that
+# moment; rules are checked with `iptables -C` first, so repeating `start` adds nothing.
 
 FROTA_DOCKERD_PIDFILE=${FROTA_DOCKERD_PIDFILE:-/var/run/frota-dockerd.pid}
 FROTA_DOCKERD_LOG=${FROTA_DOCKERD_LOG:-/var/log/frota-dockerd.log}
-FROTA_DOCKER_BRIDGES=${FROTA_DOCKER_BRIDGES:-frota0}
+FROTA_DOCKER_BRIDGES=${FROTA_DOCKER_BRIDGES:-}
 
 _frota_sudo() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# End-to-end suite on a local Kubernetes control plane: builds (or reuses) the
-# control-plane binaries (e2e/cluster/build.sh, cached in ~/.cache/frota-e2e),
-# then runs pytest on e2e/. The cluster fixture starts and stops the control
-# plane; the trap removes whatever is left (processes, pod netns, the bridge),
-# also after a failure or an interrupt. FROTA_E2E=0 skips the suite.
+# The end-to-end suite, the way users run Frota: the project's own images in
+# containers on a kind cluster.
+#   1. Docker (Debian's docker.io; started here, and stopped after, when it was not running)
+#   2. the operator and worker images (scripts/images.sh; layer cache makes reruns quick)
+#   3. a kind node image built from Go modules and Debian packages (e2e/kind/node-image.sh, cached)
+#   4. a fresh cluster, the images loaded, the operator applied, pytest e2e/ (e2e/kind/test.sh;
+#      the cluster is deleted afterwards, also after a failure)
+# FROTA_E2E=0 skips it; extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "${FROTA_E2E:-1}" = 0 ]; then
@@ -11,25 +14,22 @@ if [ "${FROTA_E2E:-1}" = 0 ]; then
   exit 0
 fi
 [ -x .venv/bin/python ] || source scripts/bootstrap.sh
-# A work dir of this run's own: the cleanup touches nothing another run made.
-own_work=
-if [ -z "${FROTA_E2E_WORK:-}" ]; then
-  own_work=$(mktemp -d /tmp/frota-e2e.XXXXXX)
-  export FROTA_E2E_WORK=$own_work
+
+own_docker=0
+bash scripts/docker.sh status || own_docker=1
+bash scripts/docker.sh start
+if [ "$own_docker" = 1 ]; then
+  trap 'bash scripts/docker.sh stop' EXIT
 fi
-cleanup() {
-  .venv/bin/python -m e2e.cluster down --work-dir "$FROTA_E2E_WORK" >/dev/null 2>&1 || true
-  [ -z "$own_work" ] || rm -rf "$own_work"
+
+step() {  # step NAME COMMAND...: run it, then say how long it took
+  local name=$1 start=$SECONDS
+  shift
+  echo "== e2e: $name"
+  "$@"
+  echo "== e2e: $name took $((SECONDS - start)) s"
 }
-trap cleanup EXIT
-echo "== e2e: control-plane binaries"
-start=$SECONDS
-bin_dir=$(nice -n 19 bash e2e/cluster/build.sh)
-echo "binaries in $bin_dir ($((SECONDS - start))s)"
-echo "== e2e: pytest e2e/ (local control plane)"
-# In the background so that a signal reaches the trap at once, not after pytest.
-FROTA_E2E_BIN=$bin_dir timeout --kill-after=30 "${FROTA_E2E_TIMEOUT:-1800}" \
-  .venv/bin/python -m pytest -q -p no:cacheprovider e2e/ "$@" &
-pid=$!
-trap 'kill -TERM $pid 2>/dev/null; wait $pid; exit 130' INT TERM
-wait $pid
+step "images" bash scripts/images.sh
+step "kind node image" bash e2e/kind/node-image.sh
+step "kind cluster + pytest e2e/" timeout --kill-after=60 "${FROTA_E2E_TIMEOUT:-3000}" \
+  bash e2e/kind/test.sh "$@"

@@ -1,43 +1,26 @@
 """The CRD, samples, operator RBAC and rendered children against a real kube-apiserver.
 
 Runs when the e2e suite's Kubernetes binaries are cached (etcd, kube-apiserver,
-kubectl; see e2e/cluster); skipped otherwise. Only etcd and the apiserver start:
+kubectl; e2e/cluster/build.sh); skipped otherwise. Only etcd and the apiserver start:
 no scheduler or nodes, so nothing runs, but everything is admitted (or refused)
 exactly as in a cluster, with RBAC enforced.
 """
 
 from __future__ import annotations
 
-import os
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
+from e2e.apiserver import apiserver, find_binaries
+
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = sorted((ROOT / "manifests" / "samples").glob("*.yaml"))
 OPERATOR = "system:serviceaccount:frota-system:frota-operator"
-
-
-def _bin_dir() -> Path | None:
-    candidates = [Path(os.environ["FROTA_E2E_BIN"])] if os.environ.get("FROTA_E2E_BIN") else []
-    cache = Path(os.environ.get("FROTA_E2E_CACHE", Path.home() / ".cache/frota-e2e")) / "bin"
-    candidates += sorted(cache.glob("k8s-*"), reverse=True)
-    for d in candidates:
-        if all((d / b).exists() for b in ("etcd", "kube-apiserver", "kubectl")):
-            return d
-    return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Kubectl:
@@ -56,44 +39,11 @@ class Kubectl:
 
 @pytest.fixture(scope="module")
 def kubectl(tmp_path_factory) -> Iterator[Kubectl]:
-    bins = _bin_dir()
+    bins = find_binaries()
     if bins is None:
-        pytest.skip("no cached Kubernetes binaries (build them with `python -m e2e.cluster up`)")
-    work = tmp_path_factory.mktemp("apiserver")
-    subprocess.run(["openssl", "genrsa", "-out", str(work / "sa.key"), "2048"], check=True, capture_output=True)
-    (work / "tokens.csv").write_text("admin-token,admin,admin,system:masters\n")
-    etcd_port, peer_port, api_port = _free_port(), _free_port(), _free_port()
-    logs = [open(work / "etcd.log", "w"), open(work / "apiserver.log", "w")]  # noqa: SIM115
-    procs = [
-        subprocess.Popen([str(bins / "etcd"), "--data-dir", str(work / "etcd"),
-                          "--listen-client-urls", f"http://127.0.0.1:{etcd_port}",
-                          "--advertise-client-urls", f"http://127.0.0.1:{etcd_port}",
-                          "--listen-peer-urls", f"http://127.0.0.1:{peer_port}"],
-                         stdout=logs[0], stderr=subprocess.STDOUT),
-        subprocess.Popen([str(bins / "kube-apiserver"), "--etcd-servers", f"http://127.0.0.1:{etcd_port}",
-                          "--secure-port", str(api_port), "--bind-address", "127.0.0.1",
-                          "--cert-dir", str(work / "certs"),
-                          "--service-account-key-file", str(work / "sa.key"),
-                          "--service-account-signing-key-file", str(work / "sa.key"),
-                          "--service-account-issuer", "https://frota-test",
-                          "--token-auth-file", str(work / "tokens.csv"),
-                          "--authorization-mode", "RBAC", "--service-cluster-ip-range", "10.96.0.0/16"],
-                         stdout=logs[1], stderr=subprocess.STDOUT),
-    ]
-    kubeconfig = work / "kubeconfig"
-    kubeconfig.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{"name": "c", "cluster": {"server": f"https://127.0.0.1:{api_port}",
-                                               "insecure-skip-tls-verify": True}}],
-        "users": [{"name": "u", "user": {"token": "admin-token"}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-    }))
-    k = Kubectl(bins / "kubectl", kubeconfig)
-    try:
-        deadline = time.monotonic() + 120
-        while k("get", "--raw", "/readyz", check=False).returncode != 0:
-            assert time.monotonic() < deadline, (work / "apiserver.log").read_text()[-3000:]
-            time.sleep(0.5)
+        pytest.skip("no cached Kubernetes binaries (build them with e2e/cluster/build.sh)")
+    with apiserver(bins, tmp_path_factory.mktemp("apiserver")) as kubeconfig:
+        k = Kubectl(bins / "kubectl", kubeconfig)
         # The operator's install, as a user would: CRDs first, then everything.
         overlay = str(ROOT / "manifests" / "overlays" / "production")
         k("apply", "--server-side", "-k", overlay, check=False)
@@ -101,12 +51,6 @@ def kubectl(tmp_path_factory) -> Iterator[Kubectl]:
         k("apply", "--server-side", "-k", overlay)
         k("create", "namespace", "llm")
         yield k
-    finally:
-        for proc in reversed(procs):
-            proc.terminate()
-            proc.wait(timeout=30)
-        for log in logs:
-            log.close()
 
 
 @pytest.mark.slow

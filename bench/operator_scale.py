@@ -1,11 +1,14 @@
 """Operator benchmark: create N InferenceServices, time until every child exists.
 
-    python bench/operator.py [--count 100] [--png out.png] [--kubeconfig PATH]
+(Named operator_scale, not operator: run as a script, bench/operator.py would
+shadow the standard library's `operator` module.)
 
-Without --kubeconfig it starts the local control plane of the e2e suite
-(e2e/cluster, binaries from e2e/cluster/build.sh) in its own work directory,
-cordons its node (pods stay Pending: this measures the operator, not the
-pods), installs the CRD, runs `frota operator` as a child process, and
+    python bench/operator_scale.py [--count 100] [--png out.png] [--kubeconfig PATH]
+
+Without --kubeconfig it starts a throwaway etcd + kube-apiserver
+(e2e/apiserver.py, binaries from e2e/cluster/build.sh) in its own work
+directory: no nodes, so pods stay Pending and this measures the operator, not
+the pods. With --kubeconfig (a kind cluster, say) it cordons the nodes. It installs the CRD, runs `frota operator` as a child process, and
 creates the InferenceServices in one burst. It prints JSON: seconds from the
 first create until every desired child of every InferenceService exists, the
 operator's CPU-seconds and peak RSS, and the targets (<= 30 s, <= 150 MB).
@@ -23,7 +26,8 @@ import sys
 import tempfile
 import time
 import urllib.request
-from contextlib import ExitStack, suppress
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +95,7 @@ def existing_children(client: Any) -> set[tuple[str, str]]:
                                params={"labelSelector": "app.kubernetes.io/name=frota"})
         resp.raise_for_status()
         data = resp.json()
-        found |= {(kind, item["metadata"]["name"]) for item in data.get("items", [])}
+        found |= {(kind, item["metadata"]["name"]) for item in data.get("items") or []}
     return found
 
 
@@ -116,7 +120,7 @@ class Sampler:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from e2e.cluster.kubeapi import KubeClient
+    from e2e.kubeapi import KubeClient
 
     with ExitStack() as stack:
         kubeconfig = args.kubeconfig
@@ -225,57 +229,19 @@ def wait_established(client: Any, timeout: float = 60.0) -> None:
     raise TimeoutError("the CRD was not established")
 
 
-def local_cluster(bin_dir: str | None) -> Any:
-    """The e2e local control plane in a work directory of its own.
+@contextmanager
+def local_cluster(bin_dir: str | None) -> Iterator[Path]:
+    """A throwaway etcd + kube-apiserver in a work directory of its own; yields its kubeconfig."""
+    from e2e.apiserver import apiserver, find_binaries
 
-    With --bin-dir holding only etcd and kube-apiserver, just those two run:
-    enough to measure the operator, which needs no controller or kubelet to
-    create children.
-    """
-    from e2e.cluster import ClusterOptions, LocalCluster, build_binaries, find_binaries
-    from e2e.cluster.controlplane import free_port as cp_free_port
-    from e2e.cluster.controlplane import wait_for
-    from e2e.cluster.kubeapi import KubeClient
-    from e2e.cluster.pki import make_pki
-
-    full = Path(bin_dir) if bin_dir else (find_binaries() or None)
-    minimal = full is not None and not (full / "kube-controller-manager").exists()
-    if full is None:
-        full = build_binaries()
-    work = Path(tempfile.mkdtemp(prefix="frota-bench-operator-"))
-    cluster = LocalCluster(full, ClusterOptions(work_dir=work))
-    os.environ["PATH"] = f"{full}{os.pathsep}{os.environ['PATH']}"
-
-    class _Ctx:
-        def __enter__(self) -> Path:
-            if not minimal:
-                cluster.__enter__()
-                return cluster.kubeconfig
-            # etcd + kube-apiserver only, on loopback (the e2e cluster's own steps).
-            cluster.host_ip = "127.0.0.1"
-            (work / "logs").mkdir(parents=True, exist_ok=True)
-            pki = make_pki(work / "pki", ips=["127.0.0.1"], dns_names=["localhost"])
-            etcd_port, peer_port, api_port = cp_free_port(), cp_free_port(), cp_free_port()
-            cluster.server = f"https://127.0.0.1:{api_port}"
-            cluster._write_kubeconfig(pki)
-            cluster._start_etcd(etcd_port, peer_port)
-            cluster._start_apiserver(pki, etcd_port, api_port)
-            client = KubeClient(cluster.kubeconfig)
-            try:
-                wait_for("kube-apiserver /readyz", lambda: cluster._readyz(client), 120)
-            finally:
-                client.close()
-            return cluster.kubeconfig
-
-        def __exit__(self, *exc: object) -> None:
-            if not minimal:
-                cluster.__exit__(*exc)
-                return
-            for pids in cluster._read_pids().values():
-                for pid in pids:
-                    cluster._terminate(pid, 5)
-
-    return _Ctx()
+    bins = Path(bin_dir) if bin_dir else find_binaries()
+    if bins is None:
+        raise SystemExit("no cached Kubernetes binaries: run e2e/cluster/build.sh first "
+                         "(or pass --bin-dir, or --kubeconfig of a cluster)")
+    os.environ["PATH"] = f"{bins}{os.pathsep}{os.environ['PATH']}"  # its kubectl
+    with (tempfile.TemporaryDirectory(prefix="frota-bench-operator-") as work,
+          apiserver(bins, Path(work)) as kubeconfig):
+        yield kubeconfig
 
 
 def draw(timeline: list[tuple[float, int]], total: int, path: str) -> None:
@@ -303,8 +269,7 @@ def main() -> int:
     p.add_argument("--kubeconfig", default=None, help="use this cluster instead of starting one")
     p.add_argument("--kubectl-dir", default=None, help="directory holding kubectl")
     p.add_argument("--bin-dir", default=None,
-                   help="control-plane binaries (default: the e2e cache); etcd and "
-                        "kube-apiserver alone are enough")
+                   help="directory holding etcd, kube-apiserver and kubectl (default: the e2e cache)")
     p.add_argument("--crd", default=str(REPO / "crds" / "frota.dev_inferenceservices.yaml"),
                    help="the CRD file to install")
     p.add_argument("--png", default=None, help="draw children over time into this PNG")

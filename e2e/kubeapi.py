@@ -1,8 +1,8 @@
 """A small synchronous Kubernetes REST client built on httpx.
 
 It reads a kubeconfig (file paths or embedded ``*-data`` fields, client
-certificates or a bearer token), so it works against the local control plane
-and kind alike. Only what the node agent and the e2e tests need.
+certificates or a bearer token), so it works against kind and the throwaway
+apiserver of e2e/apiserver.py alike. Only what bench/operator_scale.py needs.
 """
 
 from __future__ import annotations
