@@ -116,8 +116,14 @@ class Cluster:
             subprocess.run(["ip", "route", "del", f"{ip}/32"], check=False)
 
     def load_image(self, image: str) -> None:
-        """Put a local Docker image into the nodes' containerd, as ``kind load`` does for users."""
-        proc = subprocess.run(["kind", "load", "docker-image", "--name", self.kind_cluster, image],
+        """Put a local Docker image into the nodes that run pods, as ``kind load`` does for users.
+
+        Not the tainted control plane: each node keeps an image twice (layers and unpacked).
+        """
+        workers = [n["metadata"]["name"] for n in self.get("nodes")
+                   if "node-role.kubernetes.io/control-plane" not in n["metadata"]["labels"]]
+        proc = subprocess.run(["kind", "load", "docker-image", "--name", self.kind_cluster,
+                               "--nodes", ",".join(workers), image],
                               capture_output=True, text=True, timeout=900)
         if proc.returncode != 0:
             raise RuntimeError(f"kind load docker-image {image} failed: {proc.stderr.strip()}")

@@ -23,11 +23,6 @@ from frota.operator.rollout import resolve_bound
 from frota.operator.status import Intent
 from frota.operator.validation import SpecError, load
 
-# The builders render a HorizontalPodAutoscaler for spec.autoscaling; the
-# operator's own autoscaler (autoscale.py) scales from the router's metrics
-# and needs no metrics adapter, so the HPA is left out to avoid two scalers.
-SKIPPED_KINDS = frozenset({"HorizontalPodAutoscaler"})
-
 
 class InvalidSpec(ValueError):
     """The spec fails semantic validation; `field` is the path under `spec`."""
@@ -163,7 +158,7 @@ def _desired_state(body: Mapping[str, Any]) -> Desired:
         capacity=planned.get("capacity") or {},
         role_services={role: role_service_name(isvc, role) for role in per_unit},
     )
-    shared = tuple(c for c in children if _group_key(c) is None and c["kind"] not in SKIPPED_KINDS)
+    shared = tuple(c for c in children if _group_key(c) is None)
     rendered: dict[int, dict[tuple[str, int], list[dict[str, Any]]]] = {}
 
     def render_group(role: str, index: int) -> list[dict[str, Any]]:
