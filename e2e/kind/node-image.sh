@@ -76,6 +76,7 @@ ensure_kind() {
   [ -d "$KIND_SRC/images/base/files" ] || GOFLAGS='' go mod download "sigs.k8s.io/kind@$KIND_VERSION"
 }
 
+debian_base() { bash scripts/base-image.sh "$DEBIAN_IMAGE" "$SUITE" ca-certificates >/dev/null; }
 build_k8s() { K8S_BIN=$(bash e2e/cluster/build.sh); }
 build_node_bins() { NODE_BIN=$(bash e2e/kind/build-bins.sh); }
 
@@ -206,8 +207,11 @@ build_tarball() {
 
 kind_build() {
   log "kind build node-image (its 'docker pull' of the local base fails, as it may: kind goes on)"
+  # Without ctr import's progress table (a screenful per archive) and
+  # containerd's cgroup v1 notices.
   nice -n 10 kind build node-image --type file "$TARBALL" --base-image "$BASE_IMAGE" \
-    --image "$NODE_IMAGE.partial" >&2
+    --image "$NODE_IMAGE.partial" 2>&1 |
+    grep -Ev '	saved	|^Importing	|^application/vnd|level=warning msg="DEPRECATION: The support for cgroup v1' >&2
   # The recipe label makes the next run a no-op; kind's commit cannot add one.
   printf 'FROM %s\nLABEL %s=%s\n' "$NODE_IMAGE.partial" "$LABEL" "$RECIPE" |
     docker_build -q -t "$NODE_IMAGE" - >/dev/null
@@ -227,7 +231,7 @@ main() {
   timed "go build kubernetes+etcd" build_k8s
   timed "go build node binaries" build_node_bins
   read_image_names
-  bash scripts/base-image.sh "$DEBIAN_IMAGE" "$SUITE" ca-certificates >/dev/null
+  timed "debian base" debian_base
   RECIPE=$(recipe_hash)
   local have
   have=$(docker image inspect "$NODE_IMAGE" --format "{{index .Config.Labels \"$LABEL\"}}" 2>/dev/null || true)
