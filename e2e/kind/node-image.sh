@@ -7,9 +7,10 @@
 #   FROTA_KIND_FORCE=1 e2e/kind/node-image.sh   # rebuild the node image
 #
 # How (each step cached; progress on stderr):
-#  1. kind v0.33.0 from its Go module; Kubernetes and etcd (e2e/cluster/build.sh);
-#     containerd, runc, crictl, CNI plugins, CoreDNS, local-path-provisioner,
-#     our pause and CNI agent (e2e/kind/build-bins.sh): Go builds cached by version.
+#  1. kind v0.33.0 from its Go module; Kubernetes and etcd (e2e/cluster/build.sh)
+#     and, at the same time, containerd, runc, crictl, CNI plugins, CoreDNS,
+#     local-path-provisioner, our pause and CNI agent (e2e/kind/build-bins.sh):
+#     Go builds cached by version (cold on 2 cores: ~30 min for the two).
 #  2. A Debian base by debootstrap (scripts/base-image.sh), then the kind base
 #     image (e2e/kind/base/Dockerfile) with kind's own entrypoint and units.
 #  3. One image per component, named as kubeadm and kind expect them
@@ -77,8 +78,19 @@ ensure_kind() {
 }
 
 debian_base() { bash scripts/base-image.sh "$DEBIAN_IMAGE" "$SUITE" ca-certificates >/dev/null; }
-build_k8s() { K8S_BIN=$(bash e2e/cluster/build.sh); }
-build_node_bins() { NODE_BIN=$(bash e2e/kind/build-bins.sh); }
+# Both Go builds at once: each already uses every core to compile, but
+# module downloads and the single-threaded links of one overlap the other.
+# Each logs its own per-binary times; a warm run takes a second.
+build_go() {
+  local out
+  out=$(mktemp)
+  bash e2e/kind/build-bins.sh >"$out" &
+  local pid=$!
+  K8S_BIN=$(bash e2e/cluster/build.sh) || { wait "$pid"; rm -f "$out"; die "e2e/cluster/build.sh failed"; }
+  wait "$pid" || { rm -f "$out"; die "e2e/kind/build-bins.sh failed"; }
+  NODE_BIN=$(tail -1 "$out")
+  rm -f "$out"
+}
 
 kind_const() { grep -ho "docker.io/kindest/$1:[^\"]*" "$KIND_SRC"/pkg/build/nodeimage/const_*.go | head -1; }
 
@@ -228,8 +240,7 @@ main() {
   local start=$SECONDS
   ensure_docker
   ensure_kind
-  timed "go build kubernetes+etcd" build_k8s
-  timed "go build node binaries" build_node_bins
+  timed "go builds" build_go
   read_image_names
   timed "debian base" debian_base
   RECIPE=$(recipe_hash)

@@ -32,7 +32,11 @@ tools() {
   docker info >/dev/null 2>&1 || bash scripts/docker.sh start >&2
   bash e2e/kind/docker-caps.sh  # kind's nodes are privileged containers
   PATH=$PATH:$(go env GOPATH 2>/dev/null || echo "$HOME/go")/bin
-  # kubectl of the cluster's own version, built with the node image's binaries.
+}
+
+# kubectl of the cluster's own version, built with the node image's binaries
+# (after node-image.sh, so a cold build runs there, beside the other Go builds).
+kubectl_path() {
   local bin
   bin=$(bash e2e/cluster/build.sh)
   PATH=$bin:$PATH
@@ -42,13 +46,14 @@ tools() {
 }
 
 create_cluster() {
-  if kind get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
+  if command -v kind >/dev/null && kind get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
     log "reusing kind cluster $CLUSTER"
     kind get kubeconfig --name "$CLUSTER" >"$KUBECONFIG_OUT"
     return
   fi
   local image=${KIND_NODE_IMAGE:-}
-  [ -n "$image" ] || image=$(bash e2e/kind/node-image.sh)
+  [ -n "$image" ] || image=$(bash e2e/kind/node-image.sh)  # installs kind too
+  command -v kind >/dev/null || die "kind is not installed (e2e/kind/node-image.sh installs it)"
   log "kind create cluster $CLUSTER ($image, $CONFIG)"
   local start=$SECONDS
   # No --wait: without a CNI (cluster.yaml disables kindnetd) no node is Ready yet.
@@ -121,6 +126,7 @@ main() {
   mkdir -p "$(dirname "$KUBECONFIG_OUT")"
   tools
   create_cluster
+  kubectl_path
   export KUBECONFIG=$KUBECONFIG_OUT
   wait_ready
   fake_gpus
