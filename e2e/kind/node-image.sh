@@ -31,7 +31,7 @@ cd "$(dirname "$0")/../.."
 
 K8S_VERSION=${K8S_VERSION:-v1.34.4}
 KIND_VERSION=${KIND_VERSION:-v0.33.0}
-SUITE=${FROTA_KIND_SUITE:-bookworm}  # systemd 252: trixie's 257 refuses cgroup v1 hosts
+SUITE=${FROTA_KIND_SUITE:-bookworm}  # systemd 252 runs on cgroup v1; 256+ (trixie) refuses it
 NODE_IMAGE=${FROTA_KIND_NODE_IMAGE:-frota-kind-node:$K8S_VERSION}
 CNI_IMAGE=frota-kind-cni:v1          # e2e/kind/cni.yaml runs it
 DEBIAN_IMAGE=frota-kind/debian:$SUITE
