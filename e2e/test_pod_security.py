@@ -37,6 +37,11 @@ def _pods_of(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _admit(cluster: Cluster, namespace: str, pod: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    # The ServiceAccount admission plugin refuses a pod whose account does not exist.
+    account = pod["spec"].get("serviceAccountName")
+    if account:
+        cluster.apply({"apiVersion": "v1", "kind": "ServiceAccount",
+                       "metadata": {"name": account}}, namespace=namespace)
     return subprocess.run(
         [cluster.kubectl_path, "--kubeconfig", cluster.kubeconfig, "create", "--dry-run=server",
          "-n", namespace, "-f", "-"], input=yaml.safe_dump(pod), capture_output=True, text=True,

@@ -2,8 +2,9 @@
 # Creates (or reuses) the e2e suite's kind cluster, offline: the node image is
 # built here (e2e/kind/node-image.sh) with every image the cluster runs, so
 # nothing is pulled. Then: our pod network (cni.yaml), nodes Ready, CoreDNS
-# up, fake GPUs on the workers, the Frota images loaded, crds/ and the dev
-# overlay applied.
+# up, fake GPUs on the workers, the Frota images loaded. Installing the operator
+# is the user's step (`kubectl apply -k manifests/overlays/dev`), and the e2e
+# suite's first test.
 #
 #   e2e/kind/up.sh          # KIND_CLUSTER=frota-e2e; writes $KIND_KUBECONFIG
 #
@@ -15,7 +16,7 @@
 #   FROTA_OPERATOR_IMAGE  operator image to load (frota-operator:dev, the dev overlay's)
 #   FROTA_E2E_IMAGE       worker image to load (frota-worker:dev)
 #   FROTA_E2E_GPUS        nvidia.com/gpu each worker advertises (2; 0: none)
-#   FROTA_KIND_APPLY=0    stop after the cluster is up (no images, no manifests)
+#   FROTA_KIND_LOAD=0     stop after the cluster is up (no images loaded)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 CLUSTER=${KIND_CLUSTER:-frota-e2e}
@@ -103,25 +104,6 @@ load_images() {
   done
 }
 
-apply_manifests() {
-  if compgen -G "crds/*.yaml" >/dev/null; then
-    log "apply crds/"
-    if [ -f crds/kustomization.yaml ]; then kubectl apply --server-side -k crds/ >&2; else kubectl apply --server-side -f crds/ >&2; fi
-    sleep 2  # kubectl wait errors on a CRD with no status conditions yet
-    kubectl wait --for=condition=Established crd --all --timeout=60s >&2
-  fi
-  # The e2e overlay when there is one, else dev, else the base (as e2e/test_operator_install.py).
-  local k
-  for k in manifests/overlays/e2e manifests/overlays/dev manifests/base; do
-    if [ -f "$k/kustomization.yaml" ]; then
-      log "apply -k $k"
-      # One step: the manifests hold no custom resource (the operator creates its peering object).
-      kubectl apply --server-side -k "$k" >&2
-      break
-    fi
-  done
-}
-
 main() {
   mkdir -p "$(dirname "$KUBECONFIG_OUT")"
   tools
@@ -130,10 +112,7 @@ main() {
   export KUBECONFIG=$KUBECONFIG_OUT
   wait_ready
   fake_gpus
-  if [ "${FROTA_KIND_APPLY:-1}" != 0 ]; then
-    load_images
-    apply_manifests
-  fi
+  [ "${FROTA_KIND_LOAD:-1}" = 0 ] || load_images
   echo "kind cluster $CLUSTER ready; export KUBECONFIG=$KUBECONFIG_OUT"
 }
 
