@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +34,7 @@ WORKER_PORT = 8000
 # Every kind of child the operator renders (what garbage collection must take).
 CHILD_KINDS = ("statefulsets", "services", "deployments", "configmaps", "serviceaccounts",
                "roles", "rolebindings", "poddisruptionbudgets", "networkpolicies", "pods")
+WORKER_IMAGE = os.environ.get("FROTA_E2E_IMAGE", "frota-worker:dev")
 # Loading a model is 15-50 s here, more while another loads beside it.
 MODEL_TIMEOUT = 240
 
@@ -81,6 +83,8 @@ def small_isvc(name: str, **spec: Any) -> dict[str, Any]:
         "router": {"policy": "least-load"},
     }
     body.update(spec)
+    # The image under test (loaded into the nodes by e2e/kind/up.sh), not the published default.
+    body["engine"].setdefault("image", WORKER_IMAGE)
     return {"apiVersion": "frota.dev/v1alpha1", "kind": "InferenceService",
             "metadata": {"name": name}, "spec": body}
 
