@@ -39,7 +39,9 @@ def ns(cluster: Cluster) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def isvc(cluster: Cluster, ns: str) -> str:
     """Two replicas behind least-load routing; roll-outs surge one group at a time."""
-    cluster.apply(fleet.small_isvc(NAME, replicas=2,
+    # A quarter core each: a surge group (and a second router) must still fit on the one
+    # worker node, which has the machine's two cores to hand out.
+    cluster.apply(fleet.small_isvc(NAME, replicas=2, resources={"cpu": "250m", "memory": "2Gi"},
                                    rollout={"maxUnavailable": 0, "maxSurge": 1}), namespace=ns)
     wait_ready(cluster, ns, NAME)
     return NAME
@@ -105,24 +107,33 @@ def test_a_killed_worker_container_is_restarted_and_the_router_routes_around_it(
     cluster: Cluster, ns: str, isvc: str
 ) -> None:
     victim = fleet.serving_pods(cluster, ns, isvc)[0]
-    before = _router_metrics(cluster, ns, "frota_router_")
+    pod = cluster.get("pod", victim, ns)
+    uid, url = pod["metadata"]["uid"], f"http://{pod['status']['podIP']}:{fleet.WORKER_PORT}"
     cluster.kill_container(ns, victim, "worker")
     with router_client(cluster, ns, isvc) as client:
         # The other replica answers while the kubelet restarts the container
         # (and the operator restarts its group as a whole).
         for _ in range(3):
             assert "paris" in chat(client, PROMPT).lower()
-    wait_until("the kubelet to notice the killed container", lambda: (
-        (p := cluster.get("pods", namespace=ns, **{INSTANCE: isvc, ROLE: "worker"}))
-        and (any(p_["metadata"]["name"] == victim and p_["metadata"].get("deletionTimestamp")
-                 for p_ in p)
-             or any(cs.get("restartCount", 0) > 0 for p_ in p
-                    for cs in p_["status"].get("containerStatuses", [])))), timeout=60)
+    def noticed() -> bool:
+        # The kubelet restarts the container; the operator then restarts the group as a
+        # whole, so the pod may already be a new one under the same StatefulSet name.
+        pod = cluster.get("pod", victim, ns)
+        restarts = sum(c.get("restartCount", 0) for c in pod["status"].get("containerStatuses", []))
+        return pod["metadata"]["uid"] != uid or restarts > 0 or bool(
+            pod["metadata"].get("deletionTimestamp"))
+
+    wait_until("the kubelet to notice the killed container", noticed, timeout=120)
     wait_ready(cluster, ns, isvc)
     after = wait_until("the router to take both workers again", lambda: (
         m := _router_metrics(cluster, ns, "frota_router_"))
         and _total(m, "frota_router_worker_healthy") == 2 and m, timeout=90)
-    assert _total(after, "frota_router_ejections_total") > _total(before, "frota_router_ejections_total")
+    assert after
+    # The killed worker left rotation: the router ejected it (failed requests or probes), or
+    # discovery dropped it as its pod turned unready, whichever came first.
+    router = fleet.serving_pods(cluster, ns, isvc, "router")[0]
+    log = cluster.kubectl("logs", "-n", ns, router)
+    assert f"worker ejected: {url}" in log or f"worker removed: {url}" in log, log[-3000:]
 
 
 def test_deleting_a_worker_pod_lets_its_streams_finish_and_loses_no_request(
@@ -190,7 +201,7 @@ def test_a_new_image_tag_rolls_group_by_group_without_a_gap(
         try:
             while not rolled():
                 assert time.monotonic() < deadline, fleet.describe(cluster, ns, isvc)
-                assert "paris" in chat(client, PROMPT, max_tokens=4).lower()
+                assert "paris" in chat(client, PROMPT).lower()
                 served += 1
         finally:
             client.close()

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: lint, unit + integration tests, then the
-# end-to-end suite on a local Kubernetes control plane (built from source,
-# cached). Installs what it needs into .venv first.
+# end-to-end suite: the project's images in containers on a kind cluster whose
+# node image is built here (scripts/e2e.sh; Docker, kind and the Kubernetes
+# binaries are installed or built by the scripts, and cached). Installs what it
+# needs into .venv first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bootstrap.sh
@@ -10,5 +12,5 @@ echo "== ruff"
 .venv/bin/ruff check .
 echo "== pytest (unit + integration)"
 .venv/bin/python -m pytest -q "$@"
-echo "== e2e (local Kubernetes control plane; FROTA_E2E=0 skips it)"
+echo "== e2e (the images on kind; FROTA_E2E=0 skips it)"
 bash scripts/e2e.sh
