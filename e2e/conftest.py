@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from e2e import fleet
 from e2e.kube import Cluster, make_namespace
 
 pytestmark = pytest.mark.e2e
@@ -45,3 +46,11 @@ def namespace(cluster: Cluster) -> Iterator[str]:
     name = make_namespace(cluster)
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="module")
+def ns(cluster: Cluster) -> Iterator[str]:
+    """A restricted namespace for a whole module, with the operator installed in the cluster."""
+    fleet.install_operator(cluster)
+    with fleet.fresh_namespace(cluster) as name:
+        yield name

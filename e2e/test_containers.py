@@ -10,7 +10,6 @@ from __future__ import annotations
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
@@ -26,14 +25,6 @@ ROUTER_SERVICE_PORT = 80
 # The rolled-out tag: the same image under a new name, loaded into the nodes by the test.
 ROLLED_IMAGE = "frota-worker:e2e-rolled"
 MISSING_IMAGE = "frota-worker:no-such-tag"
-
-
-@pytest.fixture(scope="module")
-def ns(cluster: Cluster) -> Iterator[str]:
-    """The module's restricted namespace, with the operator installed in the cluster."""
-    fleet.install_operator(cluster)
-    with fleet.fresh_namespace(cluster) as name:
-        yield name
 
 
 @pytest.fixture(scope="module")

@@ -37,14 +37,6 @@ def _needs(flag: str, *values: str) -> None:
         pytest.skip(f"`frota worker --help` does not show {flag} {'|'.join(values)} yet")
 
 
-@pytest.fixture(scope="module")
-def ns(cluster: Cluster) -> Iterator[str]:
-    """A namespace with the operator installed in the cluster."""
-    fleet.install_operator(cluster)
-    with fleet.fresh_namespace(cluster) as name:
-        yield name
-
-
 @contextlib.contextmanager
 def running(cluster: Cluster, ns: str, manifest: dict) -> Iterator[str]:
     """An InferenceService applied and Ready; deleted, children and all, afterwards."""

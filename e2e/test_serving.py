@@ -8,7 +8,6 @@ scale, roll, invalid spec, delete. Each leaves it Ready for the next.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -18,14 +17,6 @@ from e2e.kube import Cluster, wait_until
 
 NAME = "chat"
 PROMPT = "What is the capital of France? Answer in one word."
-
-
-@pytest.fixture(scope="module")
-def ns(cluster: Cluster) -> Iterator[str]:
-    """The module's namespace, with the operator installed in the cluster."""
-    fleet.install_operator(cluster)
-    with fleet.fresh_namespace(cluster) as name:
-        yield name
 
 
 @pytest.fixture(scope="module")
