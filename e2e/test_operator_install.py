@@ -10,7 +10,8 @@ import yaml
 from e2e.kube import Cluster, wait_until
 
 MANIFESTS = Path(__file__).resolve().parents[1] / "manifests"
-# The overlay the e2e suite installs: e2e/kind/up.sh picks the same one.
+# The overlay the e2e suite installs (the dev overlay runs the frota-operator:dev image that
+# e2e/kind/up.sh loads).
 OVERLAYS = ("overlays/e2e", "overlays/dev", "base")
 
 
