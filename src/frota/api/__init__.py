@@ -1,5 +1,6 @@
 """The InferenceService API (`frota.dev/v1alpha1`): pydantic models, the source of truth of the CRD."""
 
+from frota.api.contract import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from frota.api.engine import (
     Engine,
     EnvVar,
@@ -23,15 +24,7 @@ from frota.api.fleet import (
     Router,
     Toleration,
 )
-from frota.api.resource import (
-    API_VERSION,
-    GROUP,
-    KIND,
-    PLURAL,
-    VERSION,
-    InferenceService,
-    ObjectMeta,
-)
+from frota.api.resource import InferenceService, ObjectMeta
 from frota.api.spec import InferenceServiceSpec
 from frota.api.status import Capacity, Condition, InferenceServiceStatus, RoleStatus
 

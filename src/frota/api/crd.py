@@ -11,8 +11,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from frota.api.contract import APP_NAME, Label
-from frota.api.resource import (
+from frota.api.contract import (
+    APP_NAME,
     CATEGORIES,
     GROUP,
     KIND,
@@ -20,8 +20,9 @@ from frota.api.resource import (
     SHORT_NAMES,
     SINGULAR,
     VERSION,
-    InferenceService,
+    Label,
 )
+from frota.api.resource import InferenceService
 
 PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status',

@@ -16,16 +16,9 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from frota.api.contract import API_VERSION, CATEGORIES, KIND, PLURAL, SHORT_NAMES
 from frota.api.crd import PRINTER_COLUMNS
-from frota.api.resource import (
-    API_VERSION,
-    CATEGORIES,
-    KIND,
-    MAX_NAME_LENGTH,
-    PLURAL,
-    SHORT_NAMES,
-    InferenceService,
-)
+from frota.api.resource import MAX_NAME_LENGTH, InferenceService
 from frota.api.types import PERCENT_PATTERN, QUANTITY_PATTERN
 
 COMMAND = "python -m frota.api.reference -o docs/api.md"

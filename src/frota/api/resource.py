@@ -6,16 +6,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
 
-from frota.api.contract import (  # noqa: F401 (re-exported: the API's coordinates)
-    API_VERSION,
-    CATEGORIES,
-    GROUP,
-    KIND,
-    PLURAL,
-    SHORT_NAMES,
-    SINGULAR,
-    VERSION,
-)
+from frota.api.contract import API_VERSION, KIND
 from frota.api.spec import InferenceServiceSpec
 from frota.api.status import InferenceServiceStatus
 from frota.api.types import CelRule, FrotaModel
