@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 source scripts/bootstrap.sh
 
 echo "== ruff"
-.venv/bin/ruff check .
+.venv/bin/ruff check --no-cache .
 echo "== pytest (unit + integration)"
 .venv/bin/python -m pytest -q "$@"
 echo "== e2e (the images on kind; FROTA_E2E=0 skips it)"

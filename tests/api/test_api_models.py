@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from frota.api import InferenceService
 from frota.operator.validation import SpecError, load
 

@@ -9,9 +9,9 @@ import celpy
 import kubernetes_validate
 import pytest
 import yaml
+
 from frota.api.crd import crd, openapi_schema
 from frota.api.yamlio import dump_all
-
 from tests.api.apiserver_sim import admit, all_rules, default_problems, structural_problems
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+
 from frota.engine import AsyncEngine, EngineArgs, SamplingParams
 from frota.engine.kv_transfer import (
     export_parts,

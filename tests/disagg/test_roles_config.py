@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 import pytest
+
 from frota.router import cli
 from frota.router.disagg import estimate_prompt_tokens
 
@@ -68,7 +69,6 @@ def test_frota_up_passes_workers_by_role() -> None:
 
     from frota.local import topology
     from frota.local.fleet import FleetOptions, build
-
     from tests.disagg.fleet import free_port
 
     sample = Path(__file__).resolve().parents[2] / "manifests/samples/disaggregated.yaml"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from frota.api import InferenceServiceSpec
 from frota.api.reference import COMMAND, render
-
 from tests.docs.repo import ROOT
 
 API_MD = ROOT / "docs" / "api.md"

@@ -8,6 +8,7 @@ import re
 
 import pytest
 import torch
+
 from frota.engine import (
     LLM,
     AsyncEngine,

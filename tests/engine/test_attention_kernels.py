@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+
 from frota.engine.attention import AttentionMetadata, decode_attention, decode_attention_torch
 from frota.engine.kernels import cpu_kernels
 

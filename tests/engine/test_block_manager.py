@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import random
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from frota.engine.block_manager import BlockManager
 from frota.engine.sampling_params import SamplingParams
 from frota.engine.scheduler import Scheduler
 from frota.engine.sequence import Sequence, SequenceStatus
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 
 def make_seq(rid: str, n: int, max_tokens: int = 4, base: int = 0) -> Sequence:

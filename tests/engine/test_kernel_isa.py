@@ -6,6 +6,7 @@ import platform
 
 import pytest
 import torch
+
 from frota.engine.kernels import isa, prebuilt
 
 V2 = {"cx16", "lahf_lm", "popcnt", "pni", "sse4_1", "sse4_2", "ssse3", "sse", "sse2", "fpu"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+
 from frota.engine.kernels import cpu_kernels
 from frota.engine.model.layers import RMSNorm, RotaryEmbedding
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from frota.engine.kernels import linear as packing
 from torch import nn
+
+from frota.engine.kernels import linear as packing
 
 pytestmark = pytest.mark.skipif(not packing.supported(torch.float32), reason="no oneDNN packing here")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from frota.engine.loader import load_model, resolve_model
 
 from .reference import reference_logits

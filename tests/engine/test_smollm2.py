@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from frota.engine import EngineArgs, SamplingParams
 from frota.engine.llm_engine import LLMEngine
 from frota.engine.loader import resolve_model

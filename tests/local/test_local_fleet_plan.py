@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 
 import pytest
+
 from frota.local import fleet, topology
 from frota.local.fleet import FleetOptions, build
 from frota.local.ports import PortInUseError, free_ports, require_free

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+
 from frota.local.ports import is_port_free
 from frota.local.supervisor import GroupSpec, ProcessSpec, StartupError, Supervisor
 

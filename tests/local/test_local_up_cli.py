@@ -16,9 +16,10 @@ from pathlib import Path
 
 import psutil
 import pytest
+from openai import OpenAI
+
 from frota.local.fleet import count_local_accelerators
 from frota.local.ports import is_port_free
-from openai import OpenAI
 
 from .conftest import free_port, wait_until
 from .fleet_process import BANNER, FAKE_LAUNCHER, UpProcess, all_gone

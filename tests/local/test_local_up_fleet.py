@@ -20,8 +20,9 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from frota.local.ports import is_port_free
 from openai import APIConnectionError, APIStatusError, OpenAI
+
+from frota.local.ports import is_port_free
 
 from .conftest import free_port, wait_until
 from .fleet_process import BANNER, UpProcess, all_gone

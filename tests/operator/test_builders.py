@@ -7,11 +7,11 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
+
 from frota.api import InferenceService
 from frota.operator.builders import build_children
 from frota.operator.planner import plan
 from frota.operator.render import planned_status
-
 from tests.operator.isvc_fixtures import Spec
 
 SAMPLES = sorted((Path(__file__).resolve().parents[2] / "manifests" / "samples").glob("*.yaml"))

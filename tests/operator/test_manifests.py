@@ -9,9 +9,9 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
+
 from frota.operator.builders import build_children
 from frota.operator.planner import plan
-
 from tests.operator.isvc_fixtures import Spec
 
 ROOT = Path(__file__).resolve().parents[2]

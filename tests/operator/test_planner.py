@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
+
 from frota.operator.model_shapes import SMOLLM2_135M, locate
 from frota.operator.planner import plan
 from frota.operator.topology import LocalAddressing
 from frota.operator.validation import SpecError
-
 from tests.operator.isvc_fixtures import Spec
 
 

@@ -23,15 +23,16 @@ os.environ.setdefault("FROTA_AUTOSCALE_INTERVAL_SECONDS", "0.5")  # before the h
 import aiohttp
 import aiohttp.web
 import attrs
-import frota.operator.handlers  # noqa: F401  (registers the handlers)
 import jsonpatch
 import kmock
 import kopf
 import pytest
 import yaml
-from frota.operator.workqueue import Fleet
 from kmock._internal import enums
 from kopf._cogs.structs.credentials import Vault
+
+import frota.operator.handlers  # noqa: F401  (registers the handlers)
+from frota.operator.workqueue import Fleet
 
 NAMESPACE = "default"
 ISVC_PATH = f"/apis/frota.dev/v1alpha1/namespaces/{NAMESPACE}/inferenceservices"

@@ -7,6 +7,7 @@ from typing import Any
 import kopf
 import prometheus_client
 import pytest
+
 from frota.cli.main import main
 
 

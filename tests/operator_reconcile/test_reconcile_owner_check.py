@@ -13,9 +13,9 @@ import logging
 from typing import Any
 
 import pytest
+
 from frota.operator import reconcile as reconcile_module
 from frota.operator.reconcile import Children, reconcile
-
 from tests.operator_reconcile.conftest import sample
 
 log = logging.getLogger(__name__)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from frota.operator import apply, autoscale
 
+from frota.operator import apply, autoscale
 from tests.operator_reconcile.conftest import Cluster, FakeApiserver, Operator, sample, wait_for
 from tests.operator_reconcile.test_handlers import converge, owned, status_is
 

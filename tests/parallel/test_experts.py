@@ -4,6 +4,7 @@ counts, and the documented capacity-factor overflow (dropped pairs add nothing).
 from __future__ import annotations
 
 import torch
+
 from frota.engine.config import ModelConfig
 from frota.engine.model.moe import MixtureOfExperts
 from frota.engine.parallel.comm import Comm

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from frota.engine import EngineArgs, SamplingParams
 from frota.engine.llm_engine import LLMEngine
 from frota.engine.loader import load_model

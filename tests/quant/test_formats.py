@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from frota.engine.quant.formats import (
     dequantize_fp8,
     dequantize_int4,

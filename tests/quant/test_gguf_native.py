@@ -10,10 +10,11 @@ import pytest
 import torch
 
 gguf = pytest.importorskip("gguf")
-from frota.engine.quant.formats import dequantize  # noqa: E402
-from frota.engine.quant.gguf_native import concat_rows, native_weight, permute_rows  # noqa: E402
 from gguf.quants import dequantize as gguf_dequantize  # noqa: E402
 from gguf.quants import quantize as gguf_quantize  # noqa: E402
+
+from frota.engine.quant.formats import dequantize  # noqa: E402
+from frota.engine.quant.gguf_native import concat_rows, native_weight, permute_rows  # noqa: E402
 
 TYPES = ["Q4_0", "Q4_1", "Q8_0"]
 

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import torch
+
 from frota.engine.quant import accounting
 from frota.engine.quant.kv import QuantizedKVCache, allocate_kv_pool, dequantize_kv, quantize_kv
 

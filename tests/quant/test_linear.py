@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from frota.engine.quant import cpu_kernels, linear
 from frota.engine.quant.formats import quantize_fp8, quantize_int4, quantize_int8
 from frota.engine.quant.gguf_native import q4_1_to_int4

@@ -7,6 +7,7 @@ import importlib.util
 
 import pytest
 import torch
+
 from frota.engine import EngineArgs, SamplingParams
 from frota.engine.eval import perplexity
 from frota.engine.llm_engine import LLMEngine

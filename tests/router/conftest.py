@@ -11,6 +11,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+
 from frota.router.app import RouterApp, RouterConfig, build_app
 from frota.router.discovery import StaticDiscovery
 

@@ -3,6 +3,7 @@
 import asyncio
 
 import pytest
+
 from frota.router.admission import AdmissionController, Rejected
 from frota.router.metrics import RouterMetrics
 

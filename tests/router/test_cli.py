@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import aiohttp
+
 from frota.router import cli
 from frota.router.policies import PolicyName
 

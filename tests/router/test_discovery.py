@@ -9,6 +9,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+
 from frota.router.discovery import (
     KubeApi,
     KubernetesDiscovery,

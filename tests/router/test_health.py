@@ -3,6 +3,7 @@
 import asyncio
 
 import aiohttp
+
 from frota.router.health import WorkerPool, parse_vllm_load
 from frota.router.metrics import RouterMetrics
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 import pytest
+
 from frota.router.app import _error
 from frota.router.http1 import (
     WRITE_HIGH_WATER,

@@ -4,11 +4,12 @@ import json
 from collections import Counter
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
 from frota.router.health import Worker
 from frota.router.policies import PrefixAwarePolicy, RouteRequest
 from frota.router.policies.prefix_aware import prefix_block_hashes
-from hypothesis import given
-from hypothesis import strategies as st
 
 
 def chat(*contents: str) -> RouteRequest:

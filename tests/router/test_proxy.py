@@ -4,6 +4,7 @@ import asyncio
 import json
 
 import aiohttp
+
 from frota.router.app import RouterConfig
 from frota.router.proxy import ProxyConfig
 

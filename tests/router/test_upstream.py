@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+
 from frota.router.upstream import UpstreamClient, UpstreamError
 
 TIMEOUT = 5.0

@@ -7,9 +7,9 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+
 from frota.server.app import ServerOptions, create_app
 from frota.server.engine_api import EngineBindings
-
 from tests.server.fake_engine import FakeEngine, FakeInvalidRequestError, FakeSamplingParams
 from tests.server.harness import WorkerProcess, engine_available
 

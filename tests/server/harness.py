@@ -128,11 +128,13 @@ def load_tokenizer(model: str):  # type: ignore[no-untyped-def]
         return ByteTokenizer(parse_spec(source.path)[0].vocab_size)
     if source.kind == "gguf":
         import gguf
+
         from frota.engine.loader.gguf import read_config, read_tokenizer
 
         reader = gguf.GGUFReader(source.path)
         return read_tokenizer(reader, read_config(reader))
     import torch
+
     from frota.engine.loader import load_model
 
     return load_model(model, torch.float32, torch.device("meta"), verbose=False)[2]

@@ -6,8 +6,8 @@ import asyncio
 import json
 
 from aiohttp.test_utils import TestClient, TestServer
-from frota.server.app import ServerOptions, create_app
 
+from frota.server.app import ServerOptions, create_app
 from tests.server.conftest import MODEL, bindings, start, wait_ready
 from tests.server.fake_engine import FakeEngine
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+
 from frota.server.cli import add_arguments, engine_kwargs, env_name, parse_size
 
 

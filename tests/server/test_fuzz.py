@@ -14,10 +14,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from frota.server.app import ServerOptions, create_app
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from frota.server.app import ServerOptions, create_app
 from tests.server.conftest import MODEL, bindings
 from tests.server.fake_engine import FakeEngine
 from tests.server.harness import app_in_thread

@@ -6,9 +6,9 @@ import asyncio
 import json
 
 import aiohttp
+
 from frota.server.app import STATE_KEY, ServerOptions, create_app
 from frota.server.lifecycle import Phase, serve
-
 from tests.server.conftest import MODEL, bindings
 from tests.server.fake_engine import FakeEngine
 from tests.server.harness import free_port
