@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "router": ("frota.router.cli", "route OpenAI requests across workers"),
     "generate": ("frota.engine.cli", "generate text offline with the engine"),
     "eval": ("frota.engine.eval_cli", "evaluate a model (perplexity)"),
+    "convert": ("frota.engine.convert_cli", "write a GGUF model as an HF-layout directory (vLLM workers)"),
     "operator": ("frota.operator.cli", "run the Kubernetes operator (kopf)"),
     "crd": ("frota.api.cli", "print the InferenceService CustomResourceDefinition"),
     "render": ("frota.operator.render_cli", "print the child objects of a manifest"),
