@@ -14,6 +14,7 @@ from frota.api.fleet import (
     Rollout,
     Router,
 )
+from frota.api.runtime import VLLM_IMAGE, VLLM_RULES, Runtime
 from frota.api.types import CelRule, FrotaModel, nested_default
 
 _TENSOR = "(has(self.disaggregation.{role}.parallelism) ? self.disaggregation.{role}.parallelism.tensor : self.parallelism.tensor)"
@@ -25,6 +26,10 @@ class InferenceServiceSpec(FrotaModel):
     model: ModelSource = Field(description="The model to serve.")
     engine: Engine = Field(
         default_factory=Engine, json_schema_extra=nested_default(Engine), description="Engine settings shared by all ranks."
+    )
+    runtime: Runtime = Field(
+        default_factory=Runtime, json_schema_extra=nested_default(Runtime),
+        description="The engine that serves the workers: frota (built in) or vllm.",
     )
     parallelism: Parallelism = Field(
         default_factory=Parallelism, json_schema_extra=nested_default(Parallelism),
@@ -69,6 +74,7 @@ class InferenceServiceSpec(FrotaModel):
             "prefill and decode must use the same tensor-parallel size (KV blocks move rank to rank)",
             ".disaggregation",
         ),
+        *VLLM_RULES,
     )
 
     @model_validator(mode="after")
@@ -81,7 +87,31 @@ class InferenceServiceSpec(FrotaModel):
             decode = self.disaggregation.decode.parallelism or self.parallelism
             if prefill.tensor != decode.tensor:
                 raise ValueError(self.cel_rules[1].message)
+        if problems := self.vllm_problems():
+            raise ValueError(problems[0].message)
         return self
+
+    def vllm_problems(self) -> list[CelRule]:
+        """The `VLLM_RULES` this spec breaks (none unless runtime.engine is vllm)."""
+        if self.runtime.engine != "vllm":
+            return []
+        quant, par = self.engine.quantization, self.parallelism
+        broken = (
+            self.disaggregation is not None,
+            quant.weights not in ("none", "fp8"),
+            quant.kvCache == "int8",
+            self.model.uri.startswith("synthetic:"),
+            par.expert not in (1, par.tensor),
+            bool(self.engine.extraArgs),
+        )
+        return [rule for rule, bad in zip(VLLM_RULES, broken, strict=True) if bad]
+
+    @property
+    def worker_image(self) -> str:
+        """The image of the worker containers: runtime.image, else the runtime's default."""
+        if self.runtime.image:
+            return self.runtime.image
+        return VLLM_IMAGE if self.runtime.engine == "vllm" else self.engine.image
 
     @property
     def mode(self) -> str:
