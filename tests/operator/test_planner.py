@@ -58,6 +58,21 @@ def test_disaggregated_units_multiply_role_replicas():
     assert topo.engine_env["FROTA_MIN_PREFILL_TOKENS"] == "256"
 
 
+def test_the_topology_carries_each_roles_shape_and_revision_even_at_zero_groups():
+    spec = Spec().replicas(0).disaggregated().set(
+        "spec.disaggregation.decode.resources", {"cpu": "3", "memory": "3Gi"})
+    topo = plan(spec.build())
+    assert topo.groups == ()
+    prefill, decode = topo.shape_of("prefill"), topo.shape_of("decode")
+    assert (prefill.resources_field, decode.resources_field) == (
+        "spec.resources", "spec.disaggregation.decode.resources")
+    assert decode.resources.cpu == "3"
+    assert set(topo.revisions) == {"prefill", "decode"}
+    assert topo.revisions["prefill"] != topo.revisions["decode"]
+    scaled = plan(spec.replicas(1).build())
+    assert [g.revision for g in scaled.groups_of("decode")] == [topo.revisions["decode"]]
+
+
 def test_scaled_to_zero_has_no_groups_but_a_router():
     topo = plan(Spec().replicas(0).build())
     assert topo.groups == ()

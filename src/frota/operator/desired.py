@@ -17,7 +17,6 @@ from typing import Any
 
 from frota.api.contract import WORKER_ROLES, Label
 from frota.operator.builders.workers import role_service_name
-from frota.operator.planner import revision, role_shapes
 from frota.operator.render import planned_status, render
 from frota.operator.rollout import resolve_bound
 from frota.operator.status import Intent
@@ -133,7 +132,7 @@ def _desired_state(body: Mapping[str, Any]) -> Desired:
                     "decode": spec.disaggregation.decode.replicas}
     else:
         per_unit = {"worker": 1}
-    revisions = {rs.role: revision(spec, rs) for rs in role_shapes(spec)}
+    revisions = topology.revisions
 
     max_unavailable = {
         role: resolve_bound(spec.rollout.maxUnavailable, units * n, round_up=False, default=0)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
 
 from frota.api import InferenceService, InferenceServiceSpec, Parallelism, Resources
 from frota.operator.memory import MemoryBudget, Sharding, plan_memory
@@ -20,24 +19,13 @@ from frota.operator.topology import (
     Rank,
     ReplicaGroup,
     Role,
+    RoleShape,
     RouterPlan,
     Topology,
 )
 from frota.operator.validation import FieldError, SpecError
 
 ENGINE_ROLE = {"worker": "both", "prefill": "prefill", "decode": "decode"}
-
-
-@dataclass(frozen=True)
-class RoleShape:
-    """Sharding and resources of one role, with the field paths they came from."""
-
-    role: Role
-    groups: int
-    parallelism: Parallelism
-    resources: Resources
-    parallelism_field: str
-    resources_field: str
 
 
 def resolve_dtype(spec: InferenceServiceSpec, resources: Resources) -> str:
@@ -47,38 +35,45 @@ def resolve_dtype(spec: InferenceServiceSpec, resources: Resources) -> str:
     return "bfloat16" if resources.accelerator is not None else "float32"
 
 
-def role_shapes(spec: InferenceServiceSpec) -> list[RoleShape]:
-    """The roles of a spec with their effective parallelism and resources."""
+def revision(spec: InferenceServiceSpec, role: Role, parallelism: Parallelism,
+             resources: Resources) -> str:
+    """Hash of everything that changes a role's pods; a group never mixes two revisions."""
+    parts = {
+        "role": role,
+        "model": spec.model.to_wire(),
+        "engine": spec.engine.to_wire(),
+        "parallelism": parallelism.to_wire(),
+        "resources": resources.to_wire(),
+        "placement": spec.placement.to_wire(),
+        "minPromptTokens": spec.disaggregation.minPromptTokens if spec.disaggregation else None,
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def _shape(spec: InferenceServiceSpec, role: Role, groups: int, parallelism: Parallelism,
+           resources: Resources, parallelism_field: str, resources_field: str) -> RoleShape:
+    return RoleShape(role, groups, parallelism, resources, parallelism_field, resources_field,
+                     revision(spec, role, parallelism, resources))
+
+
+def role_shapes(spec: InferenceServiceSpec) -> tuple[RoleShape, ...]:
+    """The roles of a spec with their effective parallelism, resources and revision."""
     if spec.disaggregation is None:
-        return [RoleShape("worker", spec.replicas, spec.parallelism, spec.resources,
-                          "spec.parallelism", "spec.resources")]
+        return (_shape(spec, "worker", spec.replicas, spec.parallelism, spec.resources,
+                       "spec.parallelism", "spec.resources"),)
     out = []
     for role in ("prefill", "decode"):
         override = getattr(spec.disaggregation, role)
         base = f"spec.disaggregation.{role}"
-        out.append(RoleShape(
-            role,
+        out.append(_shape(
+            spec, role,
             spec.replicas * override.replicas,
             override.parallelism or spec.parallelism,
             override.resources or spec.resources,
             f"{base}.parallelism" if override.parallelism else "spec.parallelism",
             f"{base}.resources" if override.resources else "spec.resources",
         ))
-    return out
-
-
-def revision(spec: InferenceServiceSpec, shape: RoleShape) -> str:
-    """Hash of everything that changes a role's pods; a group never mixes two revisions."""
-    parts = {
-        "role": shape.role,
-        "model": spec.model.to_wire(),
-        "engine": spec.engine.to_wire(),
-        "parallelism": shape.parallelism.to_wire(),
-        "resources": shape.resources.to_wire(),
-        "placement": spec.placement.to_wire(),
-        "minPromptTokens": spec.disaggregation.minPromptTokens if spec.disaggregation else None,
-    }
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:10]
+    return tuple(out)
 
 
 def _check_shape(shape: ModelShape, rs: RoleShape, model: str) -> list[FieldError]:
@@ -166,7 +161,7 @@ def _engine_env(spec: InferenceServiceSpec) -> dict[str, str]:
 
 def _group(
     spec: InferenceServiceSpec, name: str, rs: RoleShape, replica: int, ordinal: int,
-    location: ModelLocation, budget: MemoryBudget | None, rev: str, addressing: Addressing,
+    location: ModelLocation, budget: MemoryBudget | None, addressing: Addressing,
 ) -> ReplicaGroup:
     p = rs.parallelism
     group_name = f"{name}-{rs.role}-{replica}"
@@ -190,13 +185,17 @@ def _group(
                 "--role", ENGINE_ROLE[rs.role], *spec.engine.extraArgs)
         ranks.append(Rank(index, args, {**group_env, "FROTA_RANK": str(index)}, port))
     sharding = Sharding(p.tensor, p.pipeline, p.expert)
-    return ReplicaGroup(group_name, rs.role, replica, ordinal, sharding, tuple(ranks), rev, budget)
+    return ReplicaGroup(group_name, rs.role, replica, ordinal, sharding, tuple(ranks), rs.revision,
+                        budget)
 
 
-def check(isvc: InferenceService) -> tuple[list[FieldError], list[str]]:
-    """Semantic errors and warnings the schema cannot express."""
-    errors, warnings = [], []
+def check(isvc: InferenceService, shapes: tuple[RoleShape, ...] | None = None,
+          ) -> tuple[list[FieldError], list[str]]:
+    """Semantic errors and warnings the schema cannot express (`shapes`: the spec's, if known)."""
+    errors: list[FieldError] = []
+    warnings: list[str] = []
     spec = isvc.spec
+    shapes = shapes if shapes is not None else role_shapes(spec)
     try:
         location = locate(spec.model.uri)
     except UnknownModelError as exc:
@@ -211,10 +210,10 @@ def check(isvc: InferenceService) -> tuple[list[FieldError], list[str]]:
     if max_len > shape.max_position_embeddings:
         errors.append(FieldError("spec.engine.maxModelLen",
                                  f"{max_len} exceeds the {shape.max_position_embeddings}-token context of {model}"))
-    for rs in role_shapes(spec):
+    for rs in shapes:
         errors += [e for e in _check_shape(shape, rs, model) if e not in errors]
     if not errors:
-        for rs in role_shapes(spec):
+        for rs in shapes:
             errors += _budget(spec, shape, rs, max_len)[1]
     return errors, warnings
 
@@ -222,19 +221,19 @@ def check(isvc: InferenceService) -> tuple[list[FieldError], list[str]]:
 def plan(isvc: InferenceService, addressing: Addressing | None = None) -> Topology:
     """The topology of an InferenceService; raises SpecError naming the fields at fault."""
     addressing = addressing or KubernetesAddressing()
-    errors, warnings = check(isvc)
+    spec, name = isvc.spec, isvc.metadata.name
+    shapes = role_shapes(spec)
+    errors, warnings = check(isvc, shapes)
     if errors:
         raise SpecError(errors)
-    spec, name = isvc.spec, isvc.metadata.name
     location = locate(spec.model.uri)
     shape = location.shape
     max_len = spec.engine.maxModelLen or (shape.max_position_embeddings if shape else 0)
     groups: list[ReplicaGroup] = []
-    for rs in role_shapes(spec):
+    for rs in shapes:
         budget = _budget(spec, shape, rs, max_len)[0] if shape else None
-        rev = revision(spec, rs)
         for replica in range(rs.groups):
-            groups.append(_group(spec, name, rs, replica, len(groups), location, budget, rev, addressing))
+            groups.append(_group(spec, name, rs, replica, len(groups), location, budget, addressing))
     router_env = {
         "FROTA_MAX_INFLIGHT": str(spec.router.admission.maxInflight),
         "FROTA_MAX_QUEUE": str(spec.router.admission.maxQueue),
@@ -249,5 +248,6 @@ def plan(isvc: InferenceService, addressing: Addressing | None = None) -> Topolo
         engine_env=_engine_env(spec),
         groups=tuple(groups),
         router=RouterPlan(spec.router.replicas, spec.router.policy, router_env),
+        role_shapes=shapes,
         warnings=tuple(warnings),
     )

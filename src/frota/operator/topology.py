@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from frota.api import Parallelism, Resources
 from frota.operator.memory import MemoryBudget, Sharding
 from frota.operator.model_shapes import ModelLocation
 
@@ -57,6 +58,23 @@ class LocalAddressing:
 
     def http_port(self, group_ordinal: int, rank: int) -> int:
         return self.base_http_port + group_ordinal * self.ports_per_group + rank
+
+
+@dataclass(frozen=True)
+class RoleShape:
+    """Sharding, resources and revision of one role, with the field paths they came from.
+
+    The planner works these out once per plan; the builders and the reconciler
+    read them from the Topology instead of deriving them from the spec again.
+    """
+
+    role: Role
+    groups: int
+    parallelism: Parallelism
+    resources: Resources
+    parallelism_field: str
+    resources_field: str
+    revision: str  # hash of everything that changes the role's pods
 
 
 @dataclass(frozen=True)
@@ -111,10 +129,23 @@ class Topology:
     engine_env: Mapping[str, str]  # shared by every rank of every group
     groups: tuple[ReplicaGroup, ...]
     router: RouterPlan
+    role_shapes: tuple[RoleShape, ...]  # one per role, in `roles` order
     warnings: tuple[str, ...] = field(default=())
 
     def groups_of(self, role: Role) -> tuple[ReplicaGroup, ...]:
         return tuple(g for g in self.groups if g.role == role)
+
+    def shape_of(self, role: str) -> RoleShape:
+        """The shape of one role (KeyError for a role the topology does not have)."""
+        for shape in self.role_shapes:
+            if shape.role == role:
+                return shape
+        raise KeyError(role)
+
+    @property
+    def revisions(self) -> dict[str, str]:
+        """The revision of each role, also for a role scaled to zero groups."""
+        return {shape.role: shape.revision for shape in self.role_shapes}
 
     @property
     def roles(self) -> tuple[Role, ...]:

@@ -18,7 +18,6 @@ from frota.operator.builders.common import (
     tmp_volume,
 )
 from frota.operator.model_shapes import CACHE_DIR, MODELS_DIR, ModelLocation
-from frota.operator.planner import role_shapes
 from frota.operator.topology import MASTER_PORT, WORKER_PORT, ReplicaGroup, Topology
 
 # Model load can take many minutes for large weights; the startup probe allows 30.
@@ -213,10 +212,9 @@ def role_service(isvc: InferenceService, role: str) -> dict[str, Any]:
 
 def worker_children(isvc: InferenceService, topology: Topology) -> list[dict[str, Any]]:
     """ConfigMap, role Services, and per group a headless Service plus a StatefulSet."""
-    resources = {rs.role: rs.resources for rs in role_shapes(isvc.spec)}
     out = [engine_configmap(isvc, topology)]
     out += [role_service(isvc, role) for role in topology.roles]
     for group in topology.groups:
         out.append(group_service(isvc, group))
-        out.append(statefulset(isvc, topology, group, resources[group.role]))
+        out.append(statefulset(isvc, topology, group, topology.shape_of(group.role).resources))
     return out
