@@ -1,0 +1,26 @@
+"""How each runtime's server is launched for a rank: command, flags, environment, probes.
+
+One pure module per runtime maps the same spec fields to that engine's flags. The
+planner puts the result into the Topology; the builders render it into pods, and
+`frota up` into local processes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One rank's server process: `command + args` with `env`, probed on two paths."""
+
+    command: tuple[str, ...]
+    args: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    live_path: str = "/health"
+    ready_path: str = "/ready"
+
+    @property
+    def argv(self) -> tuple[str, ...]:
+        return (*self.command, *self.args)

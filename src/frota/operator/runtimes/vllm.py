@@ -1,0 +1,128 @@
+"""The vllm runtime: the same spec fields as vLLM's `serve` flags and environment.
+
+Mapped (each a unit test in tests/operator/test_runtime_vllm.py):
+
+| spec field                                   | vLLM                                                |
+|----------------------------------------------|-----------------------------------------------------|
+| model (the local path), model.name           | the model argument, `--served-model-name`           |
+| engine.dtype (auto as Frota resolves it)     | `--dtype`                                           |
+| engine.maxModelLen                           | `--max-model-len`                                   |
+| engine.scheduler.maxNumSeqs / BatchedTokens  | `--max-num-seqs`, `--max-num-batched-tokens`        |
+| engine.kvCache.blockSize / prefixCaching     | `--block-size`, `--[no-]enable-prefix-caching`      |
+| engine.kvCache.memoryFraction                | `--gpu-memory-utilization` (GPU)                    |
+| the planner's KV budget (CPU)                | `VLLM_CPU_KVCACHE_SPACE` (GiB)                      |
+| parallelism.tensor / pipeline                | `--tensor-parallel-size`, `--pipeline-parallel-size`|
+| parallelism.expert == tensor                 | `--enable-expert-parallel`                          |
+| engine.quantization.weights fp8              | `--quantization fp8`                                |
+| engine.quantization.kvCache fp8              | `--kv-cache-dtype fp8`                              |
+| ranks over several pods                      | `--nnodes`, `--node-rank`, `--master-addr/-port`, `--headless` off rank 0 |
+| runtime.args                                 | appended last                                       |
+
+`engine.scheduler.maxQueue` has no vLLM flag: the router's admission answers 429 in
+front of vLLM workers. What vLLM cannot serve at all is refused by the API
+(`frota.api.runtime.VLLM_RULES`) before it gets here.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+
+from frota.api import InferenceServiceSpec, Parallelism, Resources
+from frota.operator.runtimes import Launch
+
+#: vLLM's OpenAI server, as a module (the `vllm` console script needs the distribution to be
+#: named `vllm`; vLLM's CPU build is named `vllm-cpu`).
+SERVER = ("python3", "-m", "vllm.entrypoints.cli.main", "serve")
+#: In a pod template every rank shares one command; ranks after 0 run headless (no API server).
+HEADLESS_UNLESS_RANK_0 = 'if [ "$FROTA_RANK" != 0 ]; then set -- "$@" --headless; fi; exec "$0" "$@"'
+RANK_FROM_ENV = "$(FROTA_RANK)"  # expanded by the kubelet from the container's env
+
+GIB = 2**30
+
+
+def dtype(spec: InferenceServiceSpec, resources: Resources) -> str:
+    """Frota's meaning of `auto` (bfloat16 on an accelerator, float32 on CPU), made explicit."""
+    if spec.engine.dtype != "auto":
+        return spec.engine.dtype
+    return "bfloat16" if resources.accelerator is not None else "float32"
+
+
+def serve_args(spec: InferenceServiceSpec, parallelism: Parallelism, resources: Resources,
+               model_path: str, port: int) -> list[str]:
+    """The flags every rank of a group shares, from the spec (runtime.args not yet appended)."""
+    engine = spec.engine
+    args = [
+        model_path,
+        "--served-model-name", spec.model.name,
+        "--host", "0.0.0.0", "--port", str(port),
+        "--dtype", dtype(spec, resources),
+        "--max-num-seqs", str(engine.scheduler.maxNumSeqs),
+        "--max-num-batched-tokens", str(engine.scheduler.maxNumBatchedTokens),
+        "--block-size", str(engine.kvCache.blockSize),
+        "--enable-prefix-caching" if engine.kvCache.prefixCaching else "--no-enable-prefix-caching",
+        "--tensor-parallel-size", str(parallelism.tensor),
+        "--pipeline-parallel-size", str(parallelism.pipeline),
+    ]
+    if engine.maxModelLen is not None:
+        args += ["--max-model-len", str(engine.maxModelLen)]
+    if parallelism.expert > 1:
+        args.append("--enable-expert-parallel")
+    if engine.quantization.weights == "fp8":
+        args += ["--quantization", "fp8"]
+    if engine.quantization.kvCache == "fp8":
+        args += ["--kv-cache-dtype", "fp8"]
+    if resources.accelerator is not None:
+        args += ["--gpu-memory-utilization", str(engine.kvCache.memoryFraction)]
+    return args
+
+
+def multi_node_args(world_size: int, rank: int | None, master_addr: str, master_port: int) -> list[str]:
+    """vLLM's own multi-node launch for a group whose ranks are separate pods or processes.
+
+    `rank=None` is the pod template's form: the node rank comes from FROTA_RANK and
+    the command turns on `--headless` off rank 0 (`launch` wraps it in a shell).
+    """
+    if world_size == 1:
+        return []
+    args = ["--nnodes", str(world_size), "--node-rank", RANK_FROM_ENV if rank is None else str(rank),
+            "--master-addr", master_addr, "--master-port", str(master_port),
+            "--distributed-executor-backend", "mp"]
+    if rank is not None and rank > 0:
+        args.append("--headless")
+    return args
+
+
+def cpu_env(resources: Resources, kv_cache_bytes: int | None) -> dict[str, str]:
+    """vLLM's CPU settings: the KV space the planner budgeted, threads left to the container."""
+    if resources.accelerator is not None:
+        return {}
+    env = {
+        # vLLM pins its threads to cores it picks itself; in a container (or beside other
+        # ranks on one machine) the CPU share is the scheduler's business.
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+    }
+    if kv_cache_bytes:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.floor(kv_cache_bytes / GIB)))
+    return env
+
+
+def launch(spec: InferenceServiceSpec, parallelism: Parallelism, resources: Resources, *,
+           model_path: str, port: int, master_addr: str, master_port: int,
+           rank: int | None, kv_cache_bytes: int | None,
+           server: tuple[str, ...] = SERVER) -> Launch:
+    """One rank of a vLLM group; `rank=None` renders the group's shared pod template."""
+    world = parallelism.tensor * parallelism.pipeline
+    args = (*serve_args(spec, parallelism, resources, model_path, port),
+            *multi_node_args(world, rank, master_addr, master_port), *spec.runtime.args)
+    command = server
+    if rank is None and world > 1:
+        command = ("/bin/sh", "-c", HEADLESS_UNLESS_RANK_0, *server)
+    return Launch(command=command, args=args, env=cpu_env(resources, kv_cache_bytes),
+                  live_path="/health", ready_path="/health")
+
+
+def describe(launch: Launch) -> str:
+    """The launch as one shell line (what `frota plan` and logs show)."""
+    return shlex.join(launch.argv)

@@ -1,0 +1,128 @@
+"""The vllm runtime's builder: one case per mapped spec field (`frota.operator.runtimes.vllm`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from frota.api import InferenceServiceSpec
+from frota.operator.runtimes import vllm
+
+MODEL = {"name": "smollm2", "uri": "alias:smollm2"}
+
+
+def spec(**fields) -> InferenceServiceSpec:
+    return InferenceServiceSpec.model_validate({"model": MODEL, "runtime": {"engine": "vllm"}, **fields})
+
+
+def rank0(s: InferenceServiceSpec, rank: int | None = 0, kv: int | None = 3 * vllm.GIB):
+    return vllm.launch(s, s.parallelism, s.resources, model_path="/models/hf", port=8000,
+                       master_addr="g-0.g", master_port=29500, rank=rank, kv_cache_bytes=kv)
+
+
+def flag(args, name: str) -> str | None:
+    """The value after `name`, or None when absent."""
+    args = list(args)
+    return args[args.index(name) + 1] if name in args else None
+
+
+GPU = {"accelerator": {"count": 1}}
+
+
+def test_model_path_and_served_name():
+    launch = rank0(spec())
+    assert launch.args[0] == "/models/hf"
+    assert flag(launch.args, "--served-model-name") == "smollm2"
+    assert (flag(launch.args, "--host"), flag(launch.args, "--port")) == ("0.0.0.0", "8000")
+    assert launch.command == vllm.SERVER
+
+
+@pytest.mark.parametrize(("fields", "expected"), [
+    ({}, "float32"),                                   # auto on CPU, as Frota resolves it
+    ({"resources": GPU}, "bfloat16"),                  # auto on an accelerator
+    ({"engine": {"dtype": "float16"}}, "float16"),
+])
+def test_dtype(fields, expected):
+    assert flag(rank0(spec(**fields)).args, "--dtype") == expected
+
+
+def test_max_model_len_only_when_set():
+    assert flag(rank0(spec()).args, "--max-model-len") is None
+    assert flag(rank0(spec(engine={"maxModelLen": 1024})).args, "--max-model-len") == "1024"
+
+
+def test_scheduler_limits():
+    args = rank0(spec(engine={"scheduler": {"maxNumSeqs": 12, "maxNumBatchedTokens": 512}})).args
+    assert (flag(args, "--max-num-seqs"), flag(args, "--max-num-batched-tokens")) == ("12", "512")
+
+
+def test_block_size_and_prefix_caching():
+    on = rank0(spec(engine={"kvCache": {"blockSize": 32}})).args
+    assert flag(on, "--block-size") == "32" and "--enable-prefix-caching" in on
+    off = rank0(spec(engine={"kvCache": {"prefixCaching": False}})).args
+    assert "--no-enable-prefix-caching" in off and "--enable-prefix-caching" not in off
+
+
+def test_parallel_sizes_and_expert_parallel():
+    args = rank0(spec(parallelism={"tensor": 2, "pipeline": 3})).args
+    assert (flag(args, "--tensor-parallel-size"), flag(args, "--pipeline-parallel-size")) == ("2", "3")
+    assert "--enable-expert-parallel" not in args
+    assert "--enable-expert-parallel" in rank0(spec(parallelism={"tensor": 2, "expert": 2})).args
+
+
+def test_fp8_weights_and_kv_cache():
+    plain = rank0(spec(resources=GPU)).args
+    assert flag(plain, "--quantization") is None and flag(plain, "--kv-cache-dtype") is None
+    fp8 = rank0(spec(resources=GPU, engine={"quantization": {"weights": "fp8", "kvCache": "fp8"}})).args
+    assert (flag(fp8, "--quantization"), flag(fp8, "--kv-cache-dtype")) == ("fp8", "fp8")
+
+
+def test_memory_fraction_on_gpu_kv_space_on_cpu():
+    gpu = rank0(spec(resources=GPU, engine={"kvCache": {"memoryFraction": 0.8}}))
+    assert flag(gpu.args, "--gpu-memory-utilization") == "0.8"
+    assert "VLLM_CPU_KVCACHE_SPACE" not in gpu.env
+    cpu = rank0(spec(), kv=int(2.7 * vllm.GIB))
+    assert flag(cpu.args, "--gpu-memory-utilization") is None
+    assert cpu.env["VLLM_CPU_KVCACHE_SPACE"] == "2"   # whole GiB, rounded down: never over budget
+    assert cpu.env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+    assert rank0(spec(), kv=100 * 2**20).env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert "VLLM_CPU_KVCACHE_SPACE" not in rank0(spec(), kv=None).env
+
+
+def test_runtime_args_come_last():
+    args = rank0(spec(runtime={"engine": "vllm", "args": ["--enforce-eager", "--max-num-seqs=4"]})).args
+    assert args[-2:] == ("--enforce-eager", "--max-num-seqs=4")
+
+
+def test_single_rank_groups_need_no_multi_node_flags():
+    launch = rank0(spec(), rank=None)
+    assert "--nnodes" not in launch.args and launch.command == vllm.SERVER
+
+
+def test_multi_node_group_local_processes():
+    s = spec(parallelism={"tensor": 2})
+    leader, follower = rank0(s, rank=0), rank0(s, rank=1)
+    for launch, rank in ((leader, "0"), (follower, "1")):
+        assert flag(launch.args, "--nnodes") == "2" and flag(launch.args, "--node-rank") == rank
+        assert (flag(launch.args, "--master-addr"), flag(launch.args, "--master-port")) == ("g-0.g", "29500")
+    assert "--headless" not in leader.args and "--headless" in follower.args
+
+
+def test_multi_node_group_pod_template():
+    launch = rank0(spec(parallelism={"tensor": 2}), rank=None)
+    assert flag(launch.args, "--node-rank") == "$(FROTA_RANK)"   # the kubelet expands it per pod
+    assert launch.command[:3] == ("/bin/sh", "-c", vllm.HEADLESS_UNLESS_RANK_0)
+    assert launch.command[3:] == vllm.SERVER and "--headless" not in launch.args
+
+
+def test_probes_use_vllms_health():
+    launch = rank0(spec())
+    assert (launch.live_path, launch.ready_path) == ("/health", "/health")
+
+
+@pytest.mark.parametrize(("rank", "tail"), [("0", "serve /m"), ("1", "serve /m --headless")])
+def test_headless_wrapper_in_a_real_shell(rank, tail):
+    import subprocess
+
+    out = subprocess.run(["/bin/sh", "-c", vllm.HEADLESS_UNLESS_RANK_0, "echo", "serve", "/m"],
+                         env={"FROTA_RANK": rank}, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == tail
