@@ -214,9 +214,9 @@ def test_engine_settings_live_in_a_configmap_the_workers_load():
 def test_planned_status_reports_selector_url_and_capacity():
     isvc = Spec().build()
     status = planned_status(isvc, plan(isvc))
-    assert status["url"] == "http://tiny.llm.svc:80/v1"
-    assert "apps.kubernetes.io/pod-index=0" in status["selector"]
-    assert status["capacity"]["sequencesAtMaxModelLen"] >= 1
+    assert status.url == "http://tiny.llm.svc:80/v1"
+    assert "apps.kubernetes.io/pod-index=0" in status.selector
+    assert status.capacity.sequencesAtMaxModelLen >= 1
 
 
 def _all_sample_children() -> list[tuple[str, dict]]:

@@ -4,20 +4,26 @@ from __future__ import annotations
 
 import pytest
 
-from frota.operator.status import (
+from frota.api import Condition, InferenceServiceStatus
+from frota.api.contract import ConditionType, Reason
+from frota.operator.observe import (
     GroupView,
     ImageProblem,
-    Intent,
     Observed,
     PodView,
     RouterView,
+    observe_endpoints,
+    observe_groups,
+    observe_image_problems,
+    pod_view,
+)
+from frota.operator.status import (
+    Intent,
     compute_conditions,
     compute_status,
     invalid_status,
     merge_conditions,
-    observe_groups,
-    observe_image_problems,
-    pod_view,
+    parse_status,
     transitions,
 )
 
@@ -52,25 +58,32 @@ UP = RouterView(exists=True, replicas=1, ready_replicas=1)
 
 
 def conds(i: Intent, groups: tuple[GroupView, ...], router: RouterView = UP,
-          old: list[dict] | None = None) -> dict[str, dict]:
-    return {c["type"]: c for c in compute_conditions(i, Observed(groups, router), old)}
+          old: list[Condition] | None = None) -> dict[str, Condition]:
+    return {c.type: c for c in compute_conditions(i, Observed(groups, router), old)}
+
+
+def cond(type_: str, status: str, reason: str = "AllReplicasReady", **extra: object) -> Condition:
+    return Condition(type=type_, status=status, reason=reason, **extra)
+
+
+WAS_READY = [cond("Ready", "True")]
 
 
 def test_all_groups_serving_at_current_revision_is_ready() -> None:
     c = conds(intent(), (group(0), group(1)))
-    assert c["Ready"]["status"] == "True" and c["Ready"]["reason"] == "AllReplicasReady"
-    assert c["Progressing"]["status"] == "False"
-    assert c["Degraded"]["status"] == "False"
-    assert c["SpecValid"]["status"] == "True"
-    assert all(x["observedGeneration"] == 3 for x in c.values())
+    assert c["Ready"].status == "True" and c["Ready"].reason == "AllReplicasReady"
+    assert c["Progressing"].status == "False"
+    assert c["Degraded"].status == "False"
+    assert c["SpecValid"].status == "True"
+    assert all(x.observedGeneration == 3 for x in c.values())
 
 
 def test_a_group_with_an_unready_rank_does_not_serve() -> None:
     g = group(1, ranks=2, pods=(pod("a"), pod("b", ready=False)))
     assert not g.serving
     c = conds(intent(), (group(0), g))
-    assert c["Ready"]["status"] == "False" and c["Ready"]["reason"] == "ReplicasNotReady"
-    assert c["Progressing"]["reason"] == "Scaling"
+    assert c["Ready"].status == "False" and c["Ready"].reason == "ReplicasNotReady"
+    assert c["Progressing"].reason == "Scaling"
 
 
 def test_a_group_missing_a_rank_does_not_serve() -> None:
@@ -84,25 +97,24 @@ def test_mixed_revisions_inside_a_group_never_serve_and_force_a_restart() -> Non
 
 def test_old_revision_groups_are_not_ready_and_report_a_rolling_update() -> None:
     c = conds(intent(), (group(0), group(1, rev="r1")))
-    assert c["Ready"]["status"] == "False"
-    assert c["Progressing"]["reason"] == "RollingUpdate"
+    assert c["Ready"].status == "False"
+    assert c["Progressing"].reason == "RollingUpdate"
 
 
 def test_router_down_means_not_ready_and_once_it_served_degraded() -> None:
     down = RouterView(exists=True, replicas=1)
     c = conds(intent(), (group(0), group(1)), down)
-    assert c["Ready"]["reason"] == "RouterUnavailable"
-    assert c["Degraded"]["status"] == "False"  # still starting up
-    was_ready = [{"type": "Ready", "status": "True", "reason": "AllReplicasReady"}]
-    c = conds(intent(), (group(0), group(1)), down, old=was_ready)
-    assert (c["Degraded"]["status"], c["Degraded"]["reason"]) == ("True", "RouterUnavailable")
+    assert c["Ready"].reason == "RouterUnavailable"
+    assert c["Degraded"].status == "False"  # still starting up
+    c = conds(intent(), (group(0), group(1)), down, old=WAS_READY)
+    assert (c["Degraded"].status, c["Degraded"].reason) == ("True", "RouterUnavailable")
 
 
 def test_scaled_to_zero_keeps_the_router_and_says_so() -> None:
     c = conds(intent(units=0), ())
-    assert (c["Ready"]["status"], c["Ready"]["reason"]) == ("False", "ScaledToZero")
-    assert "router" in c["Ready"]["message"]
-    assert c["Degraded"]["status"] == "False"
+    assert (c["Ready"].status, c["Ready"].reason) == ("False", "ScaledToZero")
+    assert "router" in c["Ready"].message
+    assert c["Degraded"].status == "False"
 
 
 def test_a_failed_or_restarted_rank_marks_the_group_for_restart() -> None:
@@ -112,17 +124,16 @@ def test_a_failed_or_restarted_rank_marks_the_group_for_restart() -> None:
     # A restart under way (pods terminating) is not restarted again.
     assert not group(0, ranks=2, pods=(pod("a", restarts=1), pod("b", terminating=True))).needs_restart
     c = conds(intent(), (group(0, pods=(pod("a", restarts=2),)), group(1)))
-    assert c["Degraded"]["reason"] == "GroupRestarting"
+    assert c["Degraded"].reason == "GroupRestarting"
 
 
 def test_creation_is_not_degradation_but_losing_serving_groups_is() -> None:
     c = conds(intent(), (group(0, pods=()), group(1, pods=())))
-    assert c["Degraded"]["status"] == "False"
-    was_ready = [{"type": "Ready", "status": "True", "reason": "AllReplicasReady"}]
-    c = conds(intent(), (group(0), group(1, pods=())), old=was_ready)
-    assert (c["Degraded"]["status"], c["Degraded"]["reason"]) == ("True", "BelowMinAvailable")
-    c = conds(intent(unavailable=1), (group(0), group(1, pods=())), old=was_ready)
-    assert c["Degraded"]["status"] == "False"
+    assert c["Degraded"].status == "False"
+    c = conds(intent(), (group(0), group(1, pods=())), old=WAS_READY)
+    assert (c["Degraded"].status, c["Degraded"].reason) == ("True", "BelowMinAvailable")
+    c = conds(intent(unavailable=1), (group(0), group(1, pods=())), old=WAS_READY)
+    assert c["Degraded"].status == "False"
 
 
 def test_status_counts_roles_and_whole_units() -> None:
@@ -131,41 +142,40 @@ def test_status_counts_roles_and_whole_units() -> None:
               group(0, role="decode"), group(1, role="decode"),
               group(2, role="decode", pods=()), group(3, role="decode"))
     s = compute_status(i, Observed(groups, UP), old=None, now="T")
-    roles = {r["role"]: r for r in s["roles"]}
-    assert roles["prefill"] == {"role": "prefill", "replicas": 2, "readyReplicas": 2,
-                                "updatedReplicas": 2}
-    assert roles["decode"]["readyReplicas"] == 3
-    assert s["replicas"] == 2 and s["readyReplicas"] == 1  # 3 of 4 decode groups: one unit
-    assert s["observedGeneration"] == 3 and s["selector"] and s["url"]
-    assert s["revision"] == REV
+    roles = {r.role: r for r in s.roles}
+    assert roles["prefill"].to_wire() == {"role": "prefill", "replicas": 2, "readyReplicas": 2,
+                                          "updatedReplicas": 2}
+    assert roles["decode"].readyReplicas == 3
+    assert s.replicas == 2 and s.readyReplicas == 1  # 3 of 4 decode groups: one unit
+    assert s.observedGeneration == 3 and s.selector and s.url
+    assert s.revision == REV
+    assert all(c.lastTransitionTime == "T" for c in s.conditions)
 
 
 def test_unchanged_conditions_keep_their_transition_time() -> None:
-    first = merge_conditions([{"type": "Ready", "status": "False", "reason": "A"}], None, "T1")
-    again = merge_conditions([{"type": "Ready", "status": "False", "reason": "B"}], first, "T2")
-    flipped = merge_conditions([{"type": "Ready", "status": "True", "reason": "B"}], again, "T3")
-    assert [c["lastTransitionTime"] for c in (first[0], again[0], flipped[0])] == ["T1", "T1", "T3"]
+    first = merge_conditions([cond("Ready", "False", "A")], None, "T1")
+    again = merge_conditions([cond("Ready", "False", "B")], first, "T2")
+    flipped = merge_conditions([cond("Ready", "True", "B")], again, "T3")
+    assert [c.lastTransitionTime for c in (first[0], again[0], flipped[0])] == ["T1", "T1", "T3"]
 
 
 def test_only_changed_conditions_are_transitions() -> None:
-    old = [{"type": "Ready", "status": "False", "reason": "A"},
-           {"type": "Degraded", "status": "False", "reason": "AsExpected"}]
-    new = [{"type": "Ready", "status": "True", "reason": "B"},
-           {"type": "Degraded", "status": "False", "reason": "AsExpected"}]
-    assert [c["type"] for c in transitions(new, old)] == ["Ready"]
-    assert [c["type"] for c in transitions(new, None)] == ["Ready", "Degraded"]
+    old = [cond("Ready", "False", "A"), cond("Degraded", "False", "AsExpected")]
+    new = [cond("Ready", "True", "B"), cond("Degraded", "False", "AsExpected")]
+    assert [c.type for c in transitions(new, old)] == ["Ready"]
+    assert [c.type for c in transitions(new, None)] == ["Ready", "Degraded"]
 
 
 def test_invalid_spec_names_the_field_and_keeps_the_rest() -> None:
-    old = {"replicas": 2, "readyReplicas": 2,
-           "conditions": [{"type": "Ready", "status": "True", "reason": "AllReplicasReady",
-                           "observedGeneration": 1}]}
+    old = InferenceServiceStatus(replicas=2, readyReplicas=2,
+                                 conditions=[cond("Ready", "True", observedGeneration=1)])
     s = invalid_status(generation=2, field_path="engine.maxModelLen", message="too long", old=old)
-    c = {x["type"]: x for x in s["conditions"]}
-    assert c["SpecValid"]["status"] == "False"
-    assert c["SpecValid"]["message"] == "spec.engine.maxModelLen: too long"
-    assert c["Ready"]["status"] == "True" and c["Ready"]["observedGeneration"] == 2
-    assert s["readyReplicas"] == 2 and s["observedGeneration"] == 2
+    c = {x.type: x for x in s.conditions}
+    assert c["SpecValid"].status == "False"
+    assert c["SpecValid"].message == "spec.engine.maxModelLen: too long"
+    assert c["Ready"].status == "True" and c["Ready"].observedGeneration == 2
+    assert c["SpecValid"].reason == Reason.INVALID_SPEC
+    assert s.readyReplicas == 2 and s.observedGeneration == 2
 
 
 @pytest.mark.parametrize(
@@ -199,17 +209,15 @@ def test_ready_needs_every_current_group_discoverable_by_the_router() -> None:
     i = Intent(**{**intent().__dict__, "role_services": {"worker": "x-worker"}})
     groups = (group(0), group(1))
     seen = {"x-worker": frozenset({"x-worker-0-0"})}
-    c = {x["type"]: x for x in compute_conditions(i, Observed(groups, UP, seen))}
-    assert (c["Ready"]["status"], c["Ready"]["reason"]) == ("False", "EndpointsPending")
-    assert "x-worker-1" in c["Ready"]["message"]
+    c = {x.type: x for x in compute_conditions(i, Observed(groups, UP, seen))}
+    assert (c["Ready"].status, c["Ready"].reason) == ("False", "EndpointsPending")
+    assert "x-worker-1" in c["Ready"].message
     seen = {"x-worker": frozenset({"x-worker-0-0", "x-worker-1-0"})}
-    c = {x["type"]: x for x in compute_conditions(i, Observed(groups, UP, seen))}
-    assert c["Ready"]["status"] == "True"
+    c = {x.type: x for x in compute_conditions(i, Observed(groups, UP, seen))}
+    assert c["Ready"].status == "True"
 
 
 def test_endpoints_are_read_from_slices_with_unset_ready_meaning_ready() -> None:
-    from frota.operator.status import observe_endpoints
-
     slices = [{"metadata": {"labels": {"kubernetes.io/service-name": "s"}}, "endpoints": [
         {"targetRef": {"kind": "Pod", "name": "a"}, "conditions": {"ready": True}},
         {"targetRef": {"kind": "Pod", "name": "b"}, "conditions": {"ready": False}},
@@ -243,18 +251,33 @@ def test_an_image_that_cannot_be_pulled_stops_progressing_and_names_image_and_po
                            "Back-off pulling image")
     stuck = group(1, pods=(pod("x-worker-1-0", ready=False),))
     observed = Observed((group(0), stuck), UP, image_problems=(problem,))
-    c = {x["type"]: x for x in compute_conditions(intent(), observed)}
+    c = {x.type: x for x in compute_conditions(intent(), observed)}
     for type_ in ("Ready", "Progressing"):
-        assert c[type_]["status"] == "False" and c[type_]["reason"] == "ImagePullFailed", c[type_]
-        assert "x-worker-1-0" in c[type_]["message"] and "frota-worker:nope" in c[type_]["message"]
+        assert c[type_].status == "False" and c[type_].reason == "ImagePullFailed", c[type_]
+        assert "x-worker-1-0" in c[type_].message and "frota-worker:nope" in c[type_].message
     # Not "in progress": the reconcile settles until the spec or a pod changes.
-    assert c["Progressing"]["status"] == "False"
+    assert c["Progressing"].status == "False"
 
 
 def test_a_serving_fleet_stays_ready_while_a_new_image_fails_to_pull() -> None:
     problem = ImageProblem("x-worker-0-0", "worker", "frota-worker:nope", "ErrImagePull", "")
     observed = Observed((group(0), group(1)), UP, image_problems=(problem, problem))
-    c = {x["type"]: x for x in compute_conditions(intent(), observed)}
-    assert c["Ready"]["status"] == "True"
-    assert c["Progressing"]["reason"] == "ImagePullFailed"
-    assert c["Progressing"]["message"].endswith("(and 1 more container(s))")
+    c = {x.type: x for x in compute_conditions(intent(), observed)}
+    assert c["Ready"].status == "True"
+    assert c["Progressing"].reason == "ImagePullFailed"
+    assert c["Progressing"].message.endswith("(and 1 more container(s))")
+
+
+def test_every_condition_carries_a_contract_type_and_reason() -> None:
+    groups = (group(0), group(1, rev="r1"))
+    for c in compute_conditions(intent(), Observed(groups, UP)):
+        assert ConditionType(c.type) and Reason(c.reason)
+
+
+def test_a_status_round_trips_through_its_wire_form() -> None:
+    s = compute_status(intent(), Observed((group(0), group(1)), UP), old=None, now="T")
+    wire = s.to_wire()
+    assert "capacity" not in wire and wire["conditions"][0]["lastTransitionTime"] == "T"
+    assert parse_status(wire) == s
+    assert parse_status(None) == InferenceServiceStatus()
+    assert parse_status({"replicas": -1}) == InferenceServiceStatus()  # not of its shape

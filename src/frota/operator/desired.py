@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from frota.api import InferenceService
 from frota.api.contract import WORKER_ROLES, Label
 from frota.operator.builders.workers import role_service_name
 from frota.operator.render import planned_status, render
@@ -36,6 +37,7 @@ class InvalidSpec(ValueError):
 class Desired:
     """What one InferenceService should consist of right now."""
 
+    isvc: InferenceService  # the validated manifest (metadata and spec)
     name: str
     namespace: str
     revisions: Mapping[str, str]  # per role
@@ -50,7 +52,7 @@ class Desired:
         return self.intent.replicas
 
 
-def validate(body: Mapping[str, Any]) -> Any:
+def validate(body: Mapping[str, Any]) -> InferenceService:
     """Validate the manifest with the API models; raise InvalidSpec naming the first bad field."""
     try:
         return load(_manifest(body))
@@ -74,7 +76,7 @@ def _manifest(body: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _with_units(isvc: Any, units: int) -> Any:
+def _with_units(isvc: InferenceService, units: int) -> InferenceService:
     return isvc.model_copy(update={"spec": isvc.spec.model_copy(update={"replicas": units})})
 
 
@@ -145,16 +147,16 @@ def _desired_state(body: Mapping[str, Any]) -> Desired:
     planned = planned_status(isvc, topology)
     serving_role = "decode" if spec.disaggregation is not None else "worker"
     intent = Intent(
-        generation=(body.get("metadata") or {}).get("generation"),
+        generation=isvc.metadata.generation,
         revisions=revisions,
         serving_role=serving_role,
         units=units,
         groups_per_unit=per_unit,
         max_unavailable=max_unavailable,
-        selector=planned["selector"],
-        url=planned["url"],
-        mode=planned["mode"],
-        capacity=planned.get("capacity") or {},
+        selector=planned.selector or "",
+        url=planned.url or "",
+        mode=topology.mode,
+        capacity=planned.capacity,
         role_services={role: role_service_name(isvc, role) for role in per_unit},
     )
     shared = tuple(c for c in children if _group_key(c) is None)
@@ -174,6 +176,7 @@ def _desired_state(body: Mapping[str, Any]) -> Desired:
         return list(rendered[needed].get((role, index), []))
 
     return Desired(
+        isvc=isvc,
         name=isvc.metadata.name,
         namespace=isvc.metadata.namespace or "default",
         revisions=revisions,

@@ -17,7 +17,7 @@ import kopf
 from frota.api import contract
 from frota.api.contract import APP_NAME, ENDPOINT_SLICE, POD, Label
 from frota.operator import autoscale, peering
-from frota.operator.status import IMAGE_PULL_REASONS
+from frota.operator.observe import IMAGE_PULL_REASONS
 from frota.operator.workqueue import ENDPOINT_INDEX, ISVC_INDEX, POD_INDEX, Fleet, index_id
 
 ISVC = (contract.GROUP, contract.VERSION, contract.PLURAL)

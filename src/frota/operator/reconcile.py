@@ -19,19 +19,26 @@ from typing import Any
 
 import kopf
 
+from frota.api import InferenceServiceStatus
 from frota.api.contract import ROUTINE_NOT_READY, ConditionType, EventReason, Label
 from frota.operator import apply as api
 from frota.operator.desired import Desired, InvalidSpec, desired_state
-from frota.operator.rollout import GroupState, RolloutPlan, plan_rollout
-from frota.operator.status import (
+from frota.operator.observe import (
     GroupView,
     Observed,
-    compute_status,
-    invalid_status,
     observe_endpoints,
     observe_groups,
     observe_image_problems,
     observe_router,
+)
+from frota.operator.rollout import GroupState, RolloutPlan, plan_rollout
+from frota.operator.status import (
+    FALSE,
+    TRUE,
+    compute_status,
+    invalid_status,
+    is_settled,
+    parse_status,
     transitions,
 )
 
@@ -66,7 +73,7 @@ class Outcome:
     restarted: list[str] = field(default_factory=list)
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
     recheck: bool = False  # some writes are not in the cache yet: reconcile again soon
-    status: dict[str, Any] = field(default_factory=dict)
+    status: InferenceServiceStatus | None = None  # what it wrote (or found unchanged)
 
 
 def now() -> str:
@@ -144,13 +151,17 @@ async def reconcile(
     children: Children,
     *,
     logger: Any,
-    old_status: Mapping[str, Any] | None = None,
+    old_status: InferenceServiceStatus | None = None,
     applied: Applied | None = None,
 ) -> Outcome:
-    """Converge one InferenceService with its spec and write its status."""
+    """Converge one InferenceService with its spec and write its status.
+
+    `old_status` is the status last written, when the caller knows it better
+    than the (possibly lagging) body does.
+    """
     meta = body["metadata"]
     name, namespace = meta["name"], meta.get("namespace") or "default"
-    old_status = old_status if old_status is not None else (body.get("status") or {})
+    old_status = old_status if old_status is not None else parse_status(body.get("status"))
     outcome = Outcome()
     if meta.get("deletionTimestamp"):
         # Being deleted (maybe foreground, children first): recreating children
@@ -186,7 +197,7 @@ async def reconcile(
     observed = Observed(groups=_after_actions(desired, plans, groups, outcome), router=router,
                         endpoints=endpoints, image_problems=observe_image_problems(children.pods))
     outcome.status = compute_status(desired.intent, observed, old=old_status, now=now())
-    outcome.result = "converged" if _is_settled(outcome.status) else "progressing"
+    outcome.result = "converged" if is_settled(outcome.status) else "progressing"
     await _write_status(body, namespace, name, outcome.status, old_status, logger=logger)
     for type_, reason, message in outcome.events:
         kopf.event(dict(body), type=type_, reason=reason, message=message)
@@ -376,38 +387,32 @@ def _router_deployment(children: Children, name: str) -> Mapping[str, Any] | Non
     return None
 
 
-def _is_settled(status: Mapping[str, Any]) -> bool:
-    return any(
-        c["type"] == ConditionType.PROGRESSING and c["status"] == "False" for c in status.get("conditions", [])
-    )
-
-
 async def _write_status(
     body: Mapping[str, Any],
     namespace: str,
     name: str,
-    status: Mapping[str, Any],
-    old: Mapping[str, Any] | None,
+    status: InferenceServiceStatus,
+    old: InferenceServiceStatus,
     *,
     logger: Any,
 ) -> None:
     """Write the status if it changed, and post one event per condition transition."""
-    if dict(status) == dict(old or {}):
+    if status == old:
         return
-    await api.patch_status(KIND, namespace, name, status, logger=logger)
-    first = not (old or {}).get("conditions")
-    for cond in transitions(status.get("conditions", []), (old or {}).get("conditions")):
-        warn = (cond["type"] == ConditionType.DEGRADED and cond["status"] == "True") or (
-            cond["type"] in (ConditionType.READY, ConditionType.SPEC_VALID)
-            and cond["status"] == "False" and cond["reason"] not in ROUTINE_NOT_READY
+    await api.patch_status(KIND, namespace, name, status.to_wire(), logger=logger)
+    first = not old.conditions
+    for cond in transitions(status.conditions, old.conditions):
+        warn = (cond.type == ConditionType.DEGRADED and cond.status == TRUE) or (
+            cond.type in (ConditionType.READY, ConditionType.SPEC_VALID)
+            and cond.status == FALSE and cond.reason not in ROUTINE_NOT_READY
         )
         if first and not warn:
             continue  # a new object's initial conditions are not transitions worth an event
         kopf.event(
             dict(body),
             type="Warning" if warn else "Normal",
-            reason=f"{cond['type']}{cond['status']}",
-            message=f"{cond['reason']}: {cond['message']}",
+            reason=f"{cond.type}{cond.status}",
+            message=f"{cond.reason}: {cond.message}",
         )
 
 

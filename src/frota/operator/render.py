@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from frota.api import KIND, InferenceService
+from frota.api import KIND, Capacity, InferenceService, InferenceServiceStatus
 from frota.api.contract import Label
 from frota.operator.builders import build_children, service_url
 from frota.operator.planner import plan
@@ -43,22 +43,23 @@ def serving_selector(isvc: InferenceService, topology: Topology) -> str:
     return f"{Label.NAME}=frota,{Label.INSTANCE}={isvc.metadata.name},{Label.ROLE}={role},{Label.POD_INDEX}=0"
 
 
-def planned_status(isvc: InferenceService, topology: Topology) -> dict[str, Any]:
+def planned_status(isvc: InferenceService, topology: Topology) -> InferenceServiceStatus:
     """The status fields that follow from the plan alone (selector, url, mode, revision, capacity)."""
-    status: dict[str, Any] = {
-        "selector": serving_selector(isvc, topology),
-        "url": service_url(isvc),
-        "mode": topology.mode,
-    }
     serving = [g for g in topology.groups if g.role in ("worker", "decode")]
-    if serving:
-        status["revision"] = serving[0].revision
     budget = topology.serving_budget
+    capacity = None
     if budget is not None:
-        capacity: dict[str, Any] = {"weightBytesPerRank": budget.weight_bytes_per_rank,
-                                    "maxModelLen": budget.max_model_len}
-        if budget.kv_cache_tokens_per_replica is not None:
-            capacity["kvCacheTokensPerReplica"] = budget.kv_cache_tokens_per_replica
-            capacity["sequencesAtMaxModelLen"] = budget.sequences_at_max_model_len
-        status["capacity"] = capacity
-    return status
+        has_kv = budget.kv_cache_tokens_per_replica is not None
+        capacity = Capacity(
+            weightBytesPerRank=budget.weight_bytes_per_rank,
+            maxModelLen=budget.max_model_len,
+            kvCacheTokensPerReplica=budget.kv_cache_tokens_per_replica,
+            sequencesAtMaxModelLen=budget.sequences_at_max_model_len if has_kv else None,
+        )
+    return InferenceServiceStatus(
+        selector=serving_selector(isvc, topology),
+        url=service_url(isvc),
+        mode=topology.mode,
+        revision=serving[0].revision if serving else None,
+        capacity=capacity,
+    )

@@ -16,6 +16,7 @@ from typing import Any
 
 import kopf
 
+from frota.api import InferenceServiceStatus
 from frota.api.contract import (
     CHILD_KINDS,
     ENDPOINT_SLICE,
@@ -61,7 +62,7 @@ class Fleet:
     _locks: dict[Key, asyncio.Lock] = field(default_factory=dict)
     _dirty: set[Key] = field(default_factory=set)
     _tasks: dict[Key, asyncio.Task[None]] = field(default_factory=dict)
-    _last_status: dict[Key, dict[str, Any]] = field(default_factory=dict)
+    _last_status: dict[Key, InferenceServiceStatus] = field(default_factory=dict)
 
     def children(self, key: Key) -> Children:
         """The cached children of one InferenceService."""
@@ -104,8 +105,6 @@ class Fleet:
             # The status this process last wrote beats the cached body's, which
             # may not have caught up yet (so each transition is posted once).
             old = self._last_status.get(key)
-            if old is None:
-                old = body.get("status") or {}
             try:
                 outcome = await reconcile(body, self.children(key), logger=logger, old_status=old,
                                           applied=self.applied)
@@ -123,7 +122,7 @@ class Fleet:
                 raise
             finally:
                 self.metrics.duration.observe(time.perf_counter() - started)
-            if outcome.status:
+            if outcome.status is not None:
                 self._last_status[key] = outcome.status
             if outcome.recheck:
                 asyncio.get_running_loop().call_later(self.recheck_delay, self.kick, *key)
