@@ -12,13 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
-
-os.environ.setdefault("FROTA_AUTOSCALE_INTERVAL_SECONDS", "0.5")  # before the handlers load
 
 import aiohttp
 import aiohttp.web
@@ -28,11 +25,10 @@ import kmock
 import kopf
 import pytest
 import yaml
-from kmock._internal import enums
-from kopf._cogs.structs.credentials import Vault
 
-import frota.operator.handlers  # noqa: F401  (registers the handlers)
-from frota.operator.workqueue import Fleet
+from frota.operator import handlers
+from frota.operator.settings import OperatorSettings
+from frota.operator.state import OperatorState
 
 NAMESPACE = "default"
 ISVC_PATH = f"/apis/frota.dev/v1alpha1/namespaces/{NAMESPACE}/inferenceservices"
@@ -79,7 +75,8 @@ class FakeApiserver(kmock.KubernetesEmulator):
                 return aiohttp.web.json_response(
                     {"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": status,
                      "reason": "Injected", "message": f"injected {status}"}, status=status)
-        if request.method.upper() in ("POST", "PATCH", "PUT", "DELETE"):
+        writing = request.method.upper() in ("POST", "PATCH", "PUT", "DELETE")
+        if writing:
             self.writes.append((request.method.upper(), request.url.path))
         if request.resource is not None and isinstance(request.data, dict):
             request = await self._prepare(request)
@@ -89,14 +86,15 @@ class FakeApiserver(kmock.KubernetesEmulator):
             return aiohttp.web.json_response(
                 {"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 422,
                  "reason": "Invalid", "message": str(exc)}, status=422)
-        if request.resource is not None and request.action == enums.action.DELETE:
+        if request.resource is not None and writing:
+            # A DELETE, or a PATCH that drops an owner's last finalizer, may remove an owner.
             await self._collect_garbage()
         return response
 
     async def _prepare(self, request: kmock.Request) -> kmock.Request:
         data: dict[str, Any] = request.data
         meta = data.setdefault("metadata", {})
-        if request.action == enums.action.UPDATE and request.name is not None:
+        if request.action == kmock.action.UPDATE and request.name is not None:
             key = (request.resource, request.namespace, request.name)
             exists = key in self.objects and not self.objects[key].deleted
             is_apply = "apply-patch" in request.headers.get("Content-Type", "")
@@ -115,7 +113,7 @@ class FakeApiserver(kmock.KubernetesEmulator):
                     _merged(old.get("spec") or {}, data["spec"]) != old.get("spec")
                 ):
                     meta["generation"] = int(old.get("metadata", {}).get("generation", 1)) + 1
-        if request.action == enums.action.CREATE:
+        if request.action == kmock.action.CREATE:
             _stamp_new(meta, request.namespace)
         meta["resourceVersion"] = str(next(_versions))
         if not meta:
@@ -336,16 +334,23 @@ spec:
     return manifest
 
 
+# Quick enough for tests: the autoscaler ticks twice a second, retries wait a fifth of one.
+SETTINGS = OperatorSettings(namespaces=(NAMESPACE,), autoscale_interval_seconds=0.5,
+                            retry_delay_seconds=0.2)
+
+
 class Operator:
     """One operator process: kopf in its own thread and event loop, as `kopf run` would be.
 
     A thread keeps kopf's shutdown (which waits for every task of its loop)
-    away from the test's loop, where the fake apiserver serves.
+    away from the test's loop, where the fake apiserver serves. It logs in to
+    the fake apiserver through the operator's own login handler.
     """
 
     def __init__(self, server: FakeApiserver) -> None:
         self.server = server
-        self.fleet = Fleet(retry_delay=0.2)
+        url = str(server.url).rstrip("/")
+        self.state = OperatorState(SETTINGS, login=lambda _: kopf.ConnectionInfo(server=url))
         self.stop_flag = threading.Event()
         self.ready_flag = threading.Event()
         self.thread = threading.Thread(target=self._run, name="kopf", daemon=True)
@@ -358,10 +363,10 @@ class Operator:
         settings.scanning.disabled = True
         settings.watching.reconnect_backoff = 0.1
         settings.queueing.idle_timeout = 0.05
-        vault = Vault({"kmock": kopf.ConnectionInfo(server=str(self.server.url).rstrip("/"))})
         await kopf.operator(
-            standalone=True, clusterwide=False, namespaces=[NAMESPACE], settings=settings,
-            vault=vault, memo=kopf.Memo(fleet=self.fleet), stop_flag=self.stop_flag,
+            registry=handlers.registry(SETTINGS), standalone=True, clusterwide=False,
+            namespaces=list(SETTINGS.namespaces), settings=settings,
+            memo=kopf.Memo(state=self.state), stop_flag=self.stop_flag,
             ready_flag=self.ready_flag,
         )
 

@@ -3,15 +3,19 @@ stabilize before scaling down."""
 
 from __future__ import annotations
 
+from frota.api import InferenceServiceSpec, RoleAutoscaling
 from frota.operator.autoscale import (
     Bounds,
     History,
     bounds_of,
     decide,
+    is_autoscaled,
     per_group_value,
     per_replica_value,
     recommend,
     role_metrics_urls,
+    settled,
+    step,
 )
 
 BOUNDS = Bounds(min_replicas=1, max_replicas=8, target=4.0, stabilization_seconds=300)
@@ -32,14 +36,15 @@ def metrics(queue: float, outstanding: dict[str, float], ttft_sum: float = 0.0,
 
 def test_queue_depth_is_waiting_plus_in_flight_per_replica() -> None:
     text = metrics(4, {"a": 6, "b": 6})
-    assert per_replica_value(text, "queueDepth", 2, History()) == 8.0
+    assert per_replica_value(text, "queueDepth", 2, History()) == (8.0, History())
 
 
 def test_ttft_is_the_mean_of_first_tokens_since_the_last_tick() -> None:
-    history = History()
-    assert per_replica_value(metrics(0, {}, 10.0, 10), "ttft", 2, history) is None
-    assert per_replica_value(metrics(0, {}, 16.0, 13), "ttft", 2, history) == 2.0
-    assert per_replica_value(metrics(0, {}, 16.0, 13), "ttft", 2, history) is None
+    value, history = per_replica_value(metrics(0, {}, 10.0, 10), "ttft", 2, History())
+    assert value is None and history.ttft_totals == (10.0, 10)
+    value, history = per_replica_value(metrics(0, {}, 16.0, 13), "ttft", 2, history)
+    assert value == 2.0
+    assert per_replica_value(metrics(0, {}, 16.0, 13), "ttft", 2, history)[0] is None
 
 
 def test_recommendation_scales_in_proportion_within_bounds() -> None:
@@ -51,18 +56,41 @@ def test_recommendation_scales_in_proportion_within_bounds() -> None:
 
 
 def test_scale_up_is_immediate_and_scale_down_waits_for_the_window() -> None:
-    history = History()
-    assert decide(2, 4, history, BOUNDS, now=0.0) == 4
-    assert decide(4, 1, history, BOUNDS, now=60.0) == 4  # 4 was recommended 60 s ago
-    assert decide(4, 1, history, BOUNDS, now=200.0) == 4
-    assert decide(4, 1, history, BOUNDS, now=301.0) == 1  # the 4 left the window
+    wanted, history = decide(2, 4, History(), BOUNDS, now=0.0)
+    assert wanted == 4
+    wanted, history = decide(4, 1, history, BOUNDS, now=60.0)
+    assert wanted == 4  # 4 was recommended 60 s ago
+    wanted, history = decide(4, 1, history, BOUNDS, now=200.0)
+    assert wanted == 4
+    wanted, history = decide(4, 1, history, BOUNDS, now=301.0)
+    assert wanted == 1  # the 4 left the window
+    assert history.recommendations == ((60.0, 1), (200.0, 1), (301.0, 1))
 
 
 def test_scale_down_goes_to_the_highest_recent_recommendation() -> None:
-    history = History()
-    decide(6, 6, history, BOUNDS, now=0.0)
-    decide(6, 3, history, BOUNDS, now=100.0)
-    assert decide(6, 2, history, BOUNDS, now=350.0) == 3
+    _, history = decide(6, 6, History(), BOUNDS, now=0.0)
+    _, history = decide(6, 3, history, BOUNDS, now=100.0)
+    assert decide(6, 2, history, BOUNDS, now=350.0)[0] == 3
+
+
+def test_deciding_leaves_the_history_it_was_given_alone() -> None:
+    before = History(recommendations=((0.0, 6),))
+    decide(6, 2, before, BOUNDS, now=10.0)
+    assert before == History(recommendations=((0.0, 6),))
+
+
+def test_the_first_tick_seeds_the_window_with_the_replicas_it_finds() -> None:
+    wanted, history = step(4, 0.0, BOUNDS, History(), now=0.0)
+    assert wanted == 4 and history.recommendations == ((0.0, 4), (0.0, 1))
+    assert step(4, 0.0, BOUNDS, history, now=301.0)[0] == 1
+
+
+def test_a_change_is_judged_once_it_reached_the_spec_or_after_four_intervals() -> None:
+    scaled = History(last_scaled=(100.0, 3))
+    assert settled(History(), 2, 100.0, interval=15)
+    assert not settled(scaled, 2, 101.0, interval=15)
+    assert settled(scaled, 3, 101.0, interval=15)
+    assert settled(scaled, 2, 160.0, interval=15)
 
 
 def worker(waiting: float, running: float, ttft_sum: float = 0.0, ttft_count: float = 0.0) -> str:
@@ -80,37 +108,51 @@ def worker(waiting: float, running: float, ttft_sum: float = 0.0, ttft_count: fl
 
 
 def test_a_roles_queue_is_waiting_plus_running_averaged_over_its_groups() -> None:
-    assert per_group_value([worker(3, 1), worker(5, 3)], "queueDepth", History()) == 6.0
-    assert per_group_value([], "queueDepth", History()) is None  # nobody answered
+    assert per_group_value([worker(3, 1), worker(5, 3)], "queueDepth", History())[0] == 6.0
+    assert per_group_value([], "queueDepth", History())[0] is None  # nobody answered
 
 
 def test_each_role_keeps_its_own_ttft_totals() -> None:
-    prefill, decode = History(), History()
-    assert per_group_value([worker(0, 0, 1.0, 2)], "ttft", prefill) is None
-    assert per_group_value([worker(0, 0, 9.0, 3)], "ttft", decode) is None
-    assert per_group_value([worker(0, 0, 3.0, 4)], "ttft", prefill) == 1.0
-    assert per_group_value([worker(0, 0, 9.5, 8)], "ttft", decode) == 0.1
+    value, prefill = per_group_value([worker(0, 0, 1.0, 2)], "ttft", History())
+    assert value is None
+    value, decode = per_group_value([worker(0, 0, 9.0, 3)], "ttft", History())
+    assert value is None
+    value, prefill = per_group_value([worker(0, 0, 3.0, 4)], "ttft", prefill)
+    assert value == 1.0
+    value, decode = per_group_value([worker(0, 0, 9.5, 8)], "ttft", decode)
+    assert value == 0.1
     # a restarted worker (totals went down) is not judged
-    assert per_group_value([worker(0, 0, 0.5, 9)], "ttft", decode) is None
+    assert per_group_value([worker(0, 0, 0.5, 9)], "ttft", decode)[0] is None
 
 
 def test_roles_decide_independently_within_their_own_bounds() -> None:
-    spec = {"disaggregation": {
-        "prefill": {"replicas": 1, "autoscaling": {"minReplicas": 1, "maxReplicas": 3, "target": 2,
-                                                   "stabilizationWindowSeconds": 0}},
-        "decode": {"replicas": 4, "autoscaling": {"minReplicas": 2, "maxReplicas": 6, "target": 4,
-                                                  "stabilizationWindowSeconds": 60}},
-    }}
-    prefill_bounds = bounds_of(spec["disaggregation"]["prefill"])
-    decode_bounds = bounds_of(spec["disaggregation"]["decode"])
+    prefill_bounds = bounds_of(RoleAutoscaling(minReplicas=1, maxReplicas=3, target=2,
+                                               stabilizationWindowSeconds=0))
+    decode_bounds = bounds_of(RoleAutoscaling(minReplicas=2, maxReplicas=6, target=4,
+                                              stabilizationWindowSeconds=60))
     assert (prefill_bounds.max_replicas, decode_bounds.stabilization_seconds) == (3, 60.0)
-    prefill, decode = History(), History()
     # prefill is swamped: up at once, to its max; decode is idle: down waits for its window
-    assert decide(1, recommend(1, 20.0, prefill_bounds), prefill, prefill_bounds, 0.0) == 3
-    decode.recommendations.append((0.0, 4))  # the window starts with the first tick's replicas
-    assert decide(4, recommend(4, 0.0, decode_bounds), decode, decode_bounds, 30.0) == 4
-    assert decide(4, recommend(4, 0.0, decode_bounds), decode, decode_bounds, 61.0) == 2
+    wanted, prefill = decide(1, recommend(1, 20.0, prefill_bounds), History(), prefill_bounds, 0.0)
+    assert wanted == 3
+    decode = History(recommendations=((0.0, 4),))  # the window starts with the first tick's
+    wanted, decode = decide(4, recommend(4, 0.0, decode_bounds), decode, decode_bounds, 30.0)
+    assert wanted == 4
+    assert decide(4, recommend(4, 0.0, decode_bounds), decode, decode_bounds, 61.0)[0] == 2
     assert [r for _, r in prefill.recommendations] == [3]
+
+
+def test_bounds_take_the_models_defaults() -> None:
+    bounds = bounds_of(RoleAutoscaling(maxReplicas=3, target=2))
+    assert (bounds.min_replicas, bounds.stabilization_seconds) == (1, 300.0)
+
+
+def test_a_spec_is_autoscaled_by_its_own_or_a_roles_autoscaling() -> None:
+    base = {"model": {"name": "m", "uri": "alias:smollm2"}}
+    assert not is_autoscaled(InferenceServiceSpec.model_validate(base))
+    assert is_autoscaled(InferenceServiceSpec.model_validate(
+        {**base, "autoscaling": {"maxReplicas": 2, "target": 1}}))
+    assert is_autoscaled(InferenceServiceSpec.model_validate({**base, "disaggregation": {
+        "decode": {"autoscaling": {"maxReplicas": 2, "target": 1}}}}))
 
 
 def test_role_metrics_come_from_ready_rank0_pods_of_that_role() -> None:
@@ -122,5 +164,5 @@ def test_role_metrics_come_from_ready_rank0_pods_of_that_role() -> None:
 
     pods = [pod("prefill", "0", "10.0.0.1"), pod("prefill", "1", "10.0.0.2"),
             pod("decode", "0", "10.0.0.3"), pod("decode", "0", "10.0.0.4", ready=False)]
-    assert role_metrics_urls({}, pods, "prefill") == ["http://10.0.0.1:8000/metrics"]
-    assert role_metrics_urls({}, pods, "decode") == ["http://10.0.0.3:8000/metrics"]
+    assert role_metrics_urls(pods, "prefill") == ["http://10.0.0.1:8000/metrics"]
+    assert role_metrics_urls(pods, "decode") == ["http://10.0.0.3:8000/metrics"]

@@ -14,8 +14,6 @@ from frota.cli.main import main
 @pytest.fixture
 def kopf_run(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     seen: dict[str, Any] = {}
-    # run() sets the autoscaling interval in the environment; keep it to this test.
-    monkeypatch.setenv("FROTA_AUTOSCALE_INTERVAL_SECONDS", "0.5")
     monkeypatch.setattr(kopf, "run", lambda **kw: seen.update(kw))
     monkeypatch.setattr(prometheus_client, "start_http_server",
                         lambda port, registry: seen.update(metrics_port=port))
@@ -29,7 +27,15 @@ def test_namespaced_run_with_peering(kopf_run: dict[str, Any]) -> None:
     assert kopf_run["peering_name"] == "frota" and kopf_run["standalone"] is None
     assert kopf_run["liveness_endpoint"] == "http://0.0.0.0:8080/healthz"
     assert kopf_run["metrics_port"] == 9191
-    assert "fleet" in kopf_run["memo"]
+    state = kopf_run["memo"]["state"]
+    assert state.settings.namespaces == ("team-a", "team-b")
+    assert state.settings.autoscale_interval_seconds == 15.0
+    assert isinstance(kopf_run["registry"], kopf.OperatorRegistry)
+
+
+def test_the_autoscale_interval_flag_becomes_a_setting(kopf_run: dict[str, Any]) -> None:
+    assert main(["operator", "--standalone", "--metrics-port", "0", "--autoscale-interval", "3"]) == 0
+    assert kopf_run["memo"]["state"].settings.autoscale_interval_seconds == 3.0
 
 
 def test_all_namespaces_standalone_without_metrics(kopf_run: dict[str, Any]) -> None:

@@ -2,14 +2,13 @@
 
 The owner and its children arrive on separate watches, so a child's deletion
 can reach the operator before its owner's deletionTimestamp does. These unit
-tests stand in for the API server (`api.get`, `api.apply`, ...) to make that
+tests hand the reconcile a fake API (`get`, `apply`, ...) to make that
 ordering certain; tests/operator_reconcile/test_handlers.py plays it on the
 emulated API server.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import pytest
@@ -17,8 +16,6 @@ import pytest
 from frota.operator import reconcile as reconcile_module
 from frota.operator.reconcile import Children, reconcile
 from tests.operator_reconcile.conftest import sample
-
-log = logging.getLogger(__name__)
 
 
 class FakeApi:
@@ -29,11 +26,11 @@ class FakeApi:
         self.gets: list[tuple[str, str, str]] = []
         self.applied: list[str] = []
 
-    async def get(self, kind: str, namespace: str, name: str, *, logger: Any) -> Any:
+    async def get(self, kind: str, namespace: str, name: str) -> Any:
         self.gets.append((kind, namespace, name))
         return self.live_owner
 
-    async def apply(self, obj: dict[str, Any], *, logger: Any) -> dict[str, Any]:
+    async def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
         self.applied.append(f"{obj['kind']}/{obj['metadata']['name']}")
         return {"metadata": {"resourceVersion": "1"}}
 
@@ -52,11 +49,8 @@ def cached_owner() -> dict[str, Any]:
 
 @pytest.fixture
 def fake_api(monkeypatch: pytest.MonkeyPatch) -> FakeApi:
-    fake = FakeApi(live_owner=None)
-    for name in ("get", "apply", "patch_status", "delete"):
-        monkeypatch.setattr(reconcile_module.api, name, getattr(fake, name), raising=False)
     monkeypatch.setattr(reconcile_module.kopf, "event", lambda *a, **k: None)
-    return fake
+    return FakeApi(live_owner=None)
 
 
 NO_CHILDREN = Children(objects=(), pods=(), endpoint_slices=None)
@@ -72,7 +66,7 @@ async def test_missing_children_are_not_created_for_an_owner_that_is_going(
             **owner["metadata"], "deletionTimestamp": "2026-11-30T00:00:00Z"}}
     elif live == "a namesake":  # deleted and created again since the cache saw it
         fake_api.live_owner = {**owner, "metadata": {**owner["metadata"], "uid": "uid-2"}}
-    outcome = await reconcile(owner, NO_CHILDREN, logger=log)
+    outcome = await reconcile(owner, NO_CHILDREN, api=fake_api)
     assert outcome.result == "deleting"
     assert fake_api.applied == [] and outcome.applied == []
     assert fake_api.gets == [("InferenceService", "default", "tiny")]
@@ -83,7 +77,15 @@ async def test_missing_children_are_created_once_the_api_server_confirms_the_own
 ) -> None:
     owner = cached_owner()
     fake_api.live_owner = owner
-    outcome = await reconcile(owner, NO_CHILDREN, logger=log)
+    outcome = await reconcile(owner, NO_CHILDREN, api=fake_api)
     assert outcome.result == "progressing"
     assert "StatefulSet/tiny-worker-0" in fake_api.applied
     assert len(fake_api.gets) == 1  # one GET per reconcile that creates, not one per child
+
+
+async def test_an_owner_being_deleted_is_left_alone(fake_api: FakeApi) -> None:
+    owner = cached_owner()
+    owner["metadata"]["deletionTimestamp"] = "2026-11-30T00:00:00Z"
+    outcome = await reconcile(owner, NO_CHILDREN, api=fake_api)
+    assert outcome.result == "deleting" and outcome.status is None
+    assert fake_api.gets == [] and fake_api.applied == []

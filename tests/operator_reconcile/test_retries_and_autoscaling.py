@@ -2,16 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
-
-from frota.operator import apply, autoscale
+from frota.operator import autoscale
 from tests.operator_reconcile.conftest import Cluster, FakeApiserver, Operator, sample, wait_for
 from tests.operator_reconcile.test_handlers import converge, owned, status_is
-
-
-@pytest.fixture(autouse=True)
-def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(apply, "RETRY_DELAY_SECONDS", 0.2)
 
 
 async def test_transient_api_errors_are_retried_until_the_fleet_converges(
@@ -21,7 +14,7 @@ async def test_transient_api_errors_are_retried_until_the_fleet_converges(
     await cluster.create_isvc(sample("tiny", replicas=1))
     await wait_for(lambda: owned(cluster, "tiny")["StatefulSet"], what="the group despite errors")
     await converge(cluster, "tiny", 1)
-    assert operator.fleet.metrics.reconciles.labels("retry")._value.get() >= 1
+    assert operator.state.metrics.reconciles.labels("retry")._value.get() >= 1
 
 
 async def test_permanent_api_errors_are_reported_not_retried(
@@ -31,7 +24,7 @@ async def test_permanent_api_errors_are_reported_not_retried(
     await cluster.create_isvc(sample("tiny", replicas=1))
     events = await wait_for(lambda: cluster.events("ReconcileFailed"), what="a failure event")
     assert "422" in events[0]["message"] and "not retrying" in events[0]["message"]
-    assert operator.fleet.metrics.reconciles.labels("error")._value.get() >= 1
+    assert operator.state.metrics.reconciles.labels("error")._value.get() >= 1
 
 
 async def test_autoscaler_scales_up_on_queue_depth_and_says_so(
@@ -39,7 +32,7 @@ async def test_autoscaler_scales_up_on_queue_depth_and_says_so(
 ) -> None:
     text = ("# TYPE frota_router_queue_depth gauge\nfrota_router_queue_depth 8\n")
     apiserver["get /router-metrics"] << text.encode()
-    operator.fleet.metrics_url = lambda body: f"{str(apiserver.url).rstrip('/')}/router-metrics"
+    operator.state.metrics_url = lambda isvc: f"{str(apiserver.url).rstrip('/')}/router-metrics"
     await cluster.create_isvc(sample("tiny", replicas=1, autoscaling={
         "minReplicas": 1, "maxReplicas": 3, "metric": "queueDepth", "target": 2,
         "stabilizationWindowSeconds": 0}))
@@ -48,7 +41,7 @@ async def test_autoscaler_scales_up_on_queue_depth_and_says_so(
     events = await wait_for(lambda: cluster.events("ScaledUp"), what="a ScaledUp event")
     assert "1 -> 3" in events[0]["message"], [e["message"] for e in events]
     assert len(events) == 1, [e["message"] for e in events]
-    assert operator.fleet.metrics.scale_decisions.labels("", "up")._value.get() == 1
+    assert operator.state.metrics.scale_decisions.labels("", "up")._value.get() == 1
     await wait_for(status_is(cluster, "tiny", "SpecValid", "True"), what="status")
 
 
@@ -67,8 +60,8 @@ def serve_role_metrics(apiserver: FakeApiserver, operator: Operator, **by_role: 
     for role, text in by_role.items():
         apiserver[f"get /{role}-metrics"] << text
     base = str(apiserver.url).rstrip("/")
-    operator.fleet.role_metrics_urls = (
-        lambda body, pods, role: [f"{base}/{role}-metrics"] if role in by_role else [])
+    operator.state.role_metrics_urls = (
+        lambda pods, role: [f"{base}/{role}-metrics"] if role in by_role else [])
 
 
 def role(cluster: Cluster, name: str, which: str) -> dict:
@@ -92,12 +85,12 @@ async def test_prefill_scales_up_on_its_own_queue_while_decode_stays(
     events = await wait_for(lambda: cluster.events("ScaledUp"), what="a ScaledUp event")
     assert "autoscaling prefill: 1 -> 3" in events[0]["message"], [e["message"] for e in events]
     await wait_for(
-        lambda: operator.fleet.metrics.desired_replicas.labels("default", "pd", "decode")
+        lambda: operator.state.metrics.desired_replicas.labels("default", "pd", "decode")
         ._value.get() == 2, what="a decode decision")
     assert role(cluster, "pd", "decode")["replicas"] == 2
     assert cluster.isvc("pd")["spec"]["replicas"] == 1
-    assert operator.fleet.metrics.scale_decisions.labels("prefill", "up")._value.get() == 1
-    assert operator.fleet.metrics.scale_decisions.labels("decode", "up")._value.get() == 0
+    assert operator.state.metrics.scale_decisions.labels("prefill", "up")._value.get() == 1
+    assert operator.state.metrics.scale_decisions.labels("decode", "up")._value.get() == 0
     assert not cluster.events("ScaledDown")
     assert len(cluster.events("ScaledUp")) == 1
 
@@ -116,18 +109,17 @@ async def test_decode_scales_down_only_after_its_stabilization_window(
             "stabilizationWindowSeconds": window}},
     }))
     seed = await wait_for(
-        lambda: operator.fleet.autoscale_history[("default", "pd")].roles["decode"]
-        .recommendations[0], what="a first decode tick")
+        lambda: operator.state.scalers[("default", "pd", "decode")].recommendations[0],
+        what="a first decode tick")
     assert seed[1] == 3
     events = await wait_for(lambda: cluster.events("ScaledDown"), what="a ScaledDown event")
     assert "autoscaling decode: 3 -> 2" in events[0]["message"], [e["message"] for e in events]
-    history = operator.fleet.autoscale_history[("default", "pd")]
-    assert "prefill" not in history.roles
-    scaled_at, scaled_to = history.roles["decode"].last_scaled
+    assert ("default", "pd", "prefill") not in operator.state.scalers
+    scaled_at, scaled_to = operator.state.scalers[("default", "pd", "decode")].last_scaled
     assert scaled_to == 2 and scaled_at - seed[0] > window  # not before the window passed
     await wait_for(lambda: role(cluster, "pd", "decode")["replicas"] == 2, what="decode at min")
     assert role(cluster, "pd", "prefill")["replicas"] == 1
-    assert operator.fleet.metrics.scale_decisions.labels("decode", "down")._value.get() == 1
+    assert operator.state.metrics.scale_decisions.labels("decode", "down")._value.get() == 1
 
 
 async def test_a_roles_metrics_are_found_on_its_ready_rank0_pods(
@@ -143,8 +135,8 @@ async def test_a_roles_metrics_are_found_on_its_ready_rank0_pods(
                            {"status": {"podIP": ip}})
 
     def urls(role: str) -> list[str]:
-        pods = operator.fleet.children(("default", "pd")).pods
-        return autoscale.role_metrics_urls({}, pods, role)
+        pods = operator.state.children(("default", "pd")).pods
+        return autoscale.role_metrics_urls(pods, role)
 
     await wait_for(lambda: urls("prefill") == ["http://10.0.0.1:8000/metrics"], what="prefill")
     assert urls("decode") == ["http://10.0.0.2:8000/metrics"]

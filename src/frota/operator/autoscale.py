@@ -1,4 +1,4 @@
-"""Autoscaling from serving metrics (a pure decision plus a timer tick).
+"""Autoscaling decisions from serving metrics (pure: state in, decision and new state out).
 
 `spec.autoscaling` scales spec.replicas (replica groups, or disaggregated
 units) from the router's /metrics: one value per replica (queue depth:
@@ -20,37 +20,33 @@ it HPA-style: up at once, down only to the highest recommendation seen within
 the stabilization window (which starts with the replicas found on the first
 tick, so a restarted operator does not scale down at once). Each change is an
 event and a metric (label `role`: prefill, decode, or empty for spec.replicas).
+
+`frota.operator.autoscaler` runs these on the autoscaling timer: it reads
+the metrics, keeps each scaler's `History` between ticks and writes the
+decisions.
 """
 
 from __future__ import annotations
 
 import math
-import os
-import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, replace
+from typing import Any
 
-import aiohttp
-import kopf
 from prometheus_client.parser import text_string_to_metric_families
 
-from frota.api.contract import EventReason, Label
-from frota.operator import apply as api
+from frota.api import Autoscaling, InferenceService, InferenceServiceSpec
+from frota.api.contract import Label
+from frota.operator.builders import service_url
 from frota.operator.topology import WORKER_PORT
 
-if TYPE_CHECKING:
-    from frota.operator.workqueue import Fleet
-
-# Read once at import (kopf timers are registered then): `frota operator
-# --autoscale-interval` sets it before the handlers are imported.
-INTERVAL_SECONDS = float(os.environ.get("FROTA_AUTOSCALE_INTERVAL_SECONDS", "15"))
 TOLERANCE = 0.1  # no change while the metric is within 10% of the target
+ROLES = ("prefill", "decode")
 
 
 @dataclass(frozen=True)
 class Bounds:
-    """spec.autoscaling, as the decision needs it."""
+    """spec.autoscaling (or a role's), as the decision needs it."""
 
     min_replicas: int
     max_replicas: int
@@ -58,17 +54,31 @@ class Bounds:
     stabilization_seconds: float
 
 
-@dataclass
+@dataclass(frozen=True)
 class History:
-    """Recommendations of one InferenceService over time, and the last TTFT totals."""
+    """What one scaler (spec.replicas, or one role's groups per unit) remembers between ticks."""
 
-    recommendations: list[tuple[float, int]] = field(default_factory=list)
-    ttft_totals: tuple[float, float] | None = None  # (sum, count)
+    recommendations: tuple[tuple[float, int], ...] = ()  # (when, replicas) within the window
+    ttft_totals: tuple[float, float] | None = None  # (sum, count) at the last tick
     last_scaled: tuple[float, int] | None = None  # (when, to how many replicas)
-    roles: dict[str, History] = field(default_factory=dict)  # per disaggregated role
 
 
-ROLES = ("prefill", "decode")
+def bounds_of(autoscaling: Autoscaling) -> Bounds:
+    """The bounds of spec.autoscaling or of a disaggregated role's autoscaling."""
+    return Bounds(
+        min_replicas=autoscaling.minReplicas,
+        max_replicas=autoscaling.maxReplicas,
+        target=autoscaling.target,
+        stabilization_seconds=float(autoscaling.stabilizationWindowSeconds),
+    )
+
+
+def is_autoscaled(spec: InferenceServiceSpec) -> bool:
+    """spec.autoscaling or a disaggregated role's autoscaling is set."""
+    roles = spec.disaggregation
+    return spec.autoscaling is not None or (
+        roles is not None and any(getattr(roles, r).autoscaling is not None for r in ROLES)
+    )
 
 
 def recommend(current: int, value: float | None, bounds: Bounds) -> int:
@@ -85,15 +95,32 @@ def recommend(current: int, value: float | None, bounds: Bounds) -> int:
 
 def decide(
     current: int, recommendation: int, history: History, bounds: Bounds, now: float
-) -> int:
+) -> tuple[int, History]:
     """Stabilize: scale up at once; scale down to the window's highest recommendation."""
     window_start = now - bounds.stabilization_seconds
-    history.recommendations = [
-        (t, r) for t, r in history.recommendations if t >= window_start
-    ] + [(now, recommendation)]
+    recent = (*((t, r) for t, r in history.recommendations if t >= window_start),
+              (now, recommendation))
+    after = replace(history, recommendations=recent)
     if recommendation >= current:
-        return recommendation
-    return min(current, max(r for _, r in history.recommendations))
+        return recommendation, after
+    return min(current, max(r for _, r in recent)), after
+
+
+def step(current: int, value: float | None, bounds: Bounds, history: History,
+         now: float) -> tuple[int, History]:
+    """recommend + decide, with the window seeded by the replicas found on the first tick
+    (so a restarted operator does not scale down at once)."""
+    if not history.recommendations:
+        history = replace(history, recommendations=((now, current),))
+    return decide(current, recommend(current, value, bounds), history, bounds, now)
+
+
+def settled(history: History, current: int, now: float, interval: float) -> bool:
+    """False while our last change has not reached the spec yet (judge it next time)."""
+    if history.last_scaled is None:
+        return True
+    when, replicas = history.last_scaled
+    return replicas == current or now - when >= 4 * interval
 
 
 def _sums(metrics_text: str) -> dict[str, float]:
@@ -105,19 +132,19 @@ def _sums(metrics_text: str) -> dict[str, float]:
     return samples
 
 
-def _ttft_since_last(total: float | None, count: float | None, history: History) -> float | None:
+def _ttft_since_last(total: float | None, count: float | None,
+                     history: History) -> tuple[float | None, History]:
     """Mean time to first token since the previous tick, from a histogram's totals."""
     if total is None or count is None:
-        return None
-    previous, history.ttft_totals = history.ttft_totals, (total, count)
+        return None, history
+    previous, after = history.ttft_totals, replace(history, ttft_totals=(total, count))
     if previous is None or count <= previous[1] or total < previous[0]:
-        return None  # no new first tokens (or a worker restarted): nothing to judge
-    return (total - previous[0]) / (count - previous[1])
+        return None, after  # no new first tokens (or a worker restarted): nothing to judge
+    return (total - previous[0]) / (count - previous[1]), after
 
 
-def per_replica_value(
-    metrics_text: str, metric: str, replicas: int, history: History
-) -> float | None:
+def per_replica_value(metrics_text: str, metric: str, replicas: int,
+                      history: History) -> tuple[float | None, History]:
     """The metric the target is compared against, from the router's exposition text."""
     samples = _sums(metrics_text)
     if metric == "ttft":
@@ -126,10 +153,11 @@ def per_replica_value(
                                 history)
     waiting = samples.get("frota_router_queue_depth", 0.0)
     in_flight = samples.get("frota_router_worker_outstanding_requests", 0.0)
-    return (waiting + in_flight) / max(replicas, 1)
+    return (waiting + in_flight) / max(replicas, 1), history
 
 
-def per_group_value(metrics_texts: list[str], metric: str, history: History) -> float | None:
+def per_group_value(metrics_texts: list[str], metric: str,
+                    history: History) -> tuple[float | None, History]:
     """One role's metric per group, from the /metrics of its groups' rank-0 workers.
 
     queueDepth: requests waiting plus running, averaged over the groups that
@@ -137,7 +165,7 @@ def per_group_value(metrics_texts: list[str], metric: str, history: History) -> 
     None when no worker answered (no decision then).
     """
     if not metrics_texts:
-        return None
+        return None, history
     totals: dict[str, float] = {}
     for text in metrics_texts:
         for name, value in _sums(text).items():
@@ -146,24 +174,11 @@ def per_group_value(metrics_texts: list[str], metric: str, history: History) -> 
         return _ttft_since_last(totals.get("vllm:time_to_first_token_seconds_sum"),
                                 totals.get("vllm:time_to_first_token_seconds_count"), history)
     busy = totals.get("vllm:num_requests_waiting", 0.0) + totals.get("vllm:num_requests_running", 0.0)
-    return busy / len(metrics_texts)
+    return busy / len(metrics_texts), history
 
 
-def bounds_of(spec: Mapping[str, Any]) -> Bounds:
-    """The bounds of a spec (or a disaggregated role's spec) with `autoscaling` set."""
-    auto = spec.get("autoscaling") or {}
-    return Bounds(
-        min_replicas=int(auto.get("minReplicas", 1)),
-        max_replicas=int(auto["maxReplicas"]),
-        target=float(auto["target"]),
-        stabilization_seconds=float(auto.get("stabilizationWindowSeconds", 300)),
-    )
-
-
-def role_metrics_urls(body: Mapping[str, Any], pods: Iterable[Mapping[str, Any]],
-                      role: str) -> list[str]:
+def role_metrics_urls(pods: Iterable[Mapping[str, Any]], role: str) -> list[str]:
     """The engine /metrics of the rank-0 pod of every ready group of one role."""
-    del body  # the pods are the InferenceService's own (from the operator's index)
     urls = []
     for pod in pods:
         labels = pod.get("metadata", {}).get("labels") or {}
@@ -176,120 +191,6 @@ def role_metrics_urls(body: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]
     return sorted(urls)
 
 
-def metrics_url(body: Mapping[str, Any]) -> str | None:
-    """The router's metrics endpoint: beside the OpenAI base URL that status reports."""
-    url = (body.get("status") or {}).get("url")
-    return url.removesuffix("/").removesuffix("/v1") + "/metrics" if url else None
-
-
-async def read_metrics(url: str) -> str | None:
-    """Fetch the router's metrics; None when it cannot be reached (no decision then)."""
-    try:
-        timeout = aiohttp.ClientTimeout(total=5)
-        async with aiohttp.ClientSession(timeout=timeout) as session, session.get(url) as resp:
-            if resp.status != 200:
-                return None
-            return await resp.text()
-    except (aiohttp.ClientError, TimeoutError, OSError):
-        return None
-
-
-def _settled(history: History, current: int, now: float) -> bool:
-    """False while our last change has not reached the body yet (judge it next time)."""
-    if history.last_scaled is None:
-        return True
-    when, replicas = history.last_scaled
-    return replicas == current or now - when >= 4 * INTERVAL_SECONDS
-
-
-def _decide(current: int, value: float | None, bounds: Bounds, history: History,
-            now: float) -> int:
-    """recommend + decide, with the window seeded by the replicas of the first tick."""
-    if not history.recommendations:
-        history.recommendations.append((now, current))
-    return decide(current, recommend(current, value, bounds), history, bounds, now)
-
-
-def _announce(body: Mapping[str, Any], fleet: Fleet, *, role: str, current: int, wanted: int,
-              what: str, metric: str, value: float | None, target: float) -> None:
-    """The metric and the event of one change."""
-    direction = "up" if wanted > current else "down"
-    fleet.metrics.scale_decisions.labels(role, direction).inc()
-    who = f"autoscaling {role}" if role else "autoscaling"
-    kopf.event(
-        dict(body), type="Normal", reason=EventReason.SCALED_UP if direction == "up" else EventReason.SCALED_DOWN,
-        message=f"{who}: {current} -> {wanted} {what} ({metric}={value} per "
-                f"{'group' if role else 'replica'}, target {target})",
-    )
-
-
-async def tick(body: Mapping[str, Any], *, fleet: Fleet, logger: Any) -> int | None:
-    """One autoscaling step for one InferenceService: spec.replicas, then each autoscaled role.
-
-    Returns the new spec.replicas if it changed.
-    """
-    spec = body.get("spec") or {}
-    changed = await tick_replicas(body, fleet=fleet, logger=logger) if spec.get("autoscaling") else None
-    for role in ROLES:
-        if ((spec.get("disaggregation") or {}).get(role) or {}).get("autoscaling"):
-            await tick_role(body, role, fleet=fleet, logger=logger)
-    return changed
-
-
-async def tick_replicas(body: Mapping[str, Any], *, fleet: Fleet, logger: Any) -> int | None:
-    """Scale spec.replicas from the router's metrics; returns the new replicas if changed."""
-    meta, spec = body["metadata"], body.get("spec") or {}
-    namespace, name = meta.get("namespace") or "default", meta["name"]
-    bounds = bounds_of(spec)
-    current = int(spec.get("replicas", 1))
-    url = fleet.metrics_url(body)
-    text = await read_metrics(url) if url else None
-    if text is None:
-        logger.debug(f"autoscaling: router metrics unavailable at {url}; no decision")
-        return None
-    history = fleet.autoscale_history.setdefault((namespace, name), History())
-    now = time.monotonic()
-    if not _settled(history, current, now):
-        return None
-    metric = spec["autoscaling"].get("metric", "queueDepth")
-    value = per_replica_value(text, metric, current, history)
-    wanted = _decide(current, value, bounds, history, now)
-    fleet.metrics.desired_replicas.labels(namespace, name, "").set(wanted)
-    if wanted == current:
-        return None
-    await api.patch_spec_replicas(namespace, name, wanted, logger=logger)
-    history.last_scaled = (now, wanted)
-    _announce(body, fleet, role="", current=current, wanted=wanted, what="replicas",
-              metric=metric, value=value, target=bounds.target)
-    return wanted
-
-
-async def tick_role(body: Mapping[str, Any], role: str, *, fleet: Fleet,
-                    logger: Any) -> int | None:
-    """Scale spec.disaggregation.<role>.replicas from the role's own workers' metrics."""
-    meta, spec = body["metadata"], body.get("spec") or {}
-    namespace, name = meta.get("namespace") or "default", meta["name"]
-    role_spec = spec["disaggregation"][role]
-    bounds = bounds_of(role_spec)
-    current = int(role_spec.get("replicas", 1))
-    urls = fleet.role_metrics_urls(body, fleet.children((namespace, name)).pods, role)
-    texts = [t for t in [await read_metrics(u) for u in urls] if t is not None]
-    if not texts:
-        logger.debug(f"autoscaling {role}: no worker metrics at {urls}; no decision")
-        return None
-    history = fleet.autoscale_history.setdefault((namespace, name), History())
-    history = history.roles.setdefault(role, History())
-    now = time.monotonic()
-    if not _settled(history, current, now):
-        return None
-    metric = role_spec["autoscaling"].get("metric", "queueDepth")
-    value = per_group_value(texts, metric, history)
-    wanted = _decide(current, value, bounds, history, now)
-    fleet.metrics.desired_replicas.labels(namespace, name, role).set(wanted)
-    if wanted == current:
-        return None
-    await api.patch_role_replicas(namespace, name, role, wanted, logger=logger)
-    history.last_scaled = (now, wanted)
-    _announce(body, fleet, role=role, current=current, wanted=wanted,
-              what=f"{role} groups per unit", metric=metric, value=value, target=bounds.target)
-    return wanted
+def metrics_url(isvc: InferenceService) -> str:
+    """The router's metrics endpoint: beside the OpenAI base URL its Service serves."""
+    return service_url(isvc).removesuffix("/").removesuffix("/v1") + "/metrics"

@@ -6,6 +6,8 @@ import argparse
 import logging
 import os
 
+from frota.operator.settings import OperatorSettings
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     scope = parser.add_mutually_exclusive_group()
@@ -37,28 +39,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
 
 
+def settings_of(args: argparse.Namespace) -> OperatorSettings:
+    """The operator's settings from its flags."""
+    return OperatorSettings(namespaces=tuple(args.namespace),
+                            autoscale_interval_seconds=args.autoscale_interval)
+
+
 def run(args: argparse.Namespace) -> int:
     """Start the operator: kopf with Frota's handlers, metrics and health endpoints."""
-    # The autoscaling timer's interval is fixed when the handlers register.
-    os.environ["FROTA_AUTOSCALE_INTERVAL_SECONDS"] = str(args.autoscale_interval)
     import kopf
     from prometheus_client import start_http_server
 
-    import frota.operator.handlers  # noqa: F401  (registers the handlers)
-    from frota.operator.workqueue import Fleet
+    from frota.operator import handlers
+    from frota.operator.state import OperatorState
 
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    fleet = Fleet()
+    settings = settings_of(args)
+    state = OperatorState(settings)
     if args.metrics_port:
-        start_http_server(args.metrics_port, registry=fleet.metrics.registry)
-    namespaces = list(args.namespace)
+        start_http_server(args.metrics_port, registry=state.metrics.registry)
     kopf.run(
-        clusterwide=not namespaces,
-        namespaces=namespaces,
+        registry=handlers.registry(settings),
+        clusterwide=not settings.namespaces,
+        namespaces=list(settings.namespaces),
         standalone=args.standalone or None,
         peering_name=args.peering,
         liveness_endpoint=args.liveness or None,
-        memo=kopf.Memo(fleet=fleet, peering_namespaces=namespaces or None),
+        memo=kopf.Memo(state=state),
     )
     return 0

@@ -1,9 +1,11 @@
 """The kopf handlers: thin, each taking only what it uses, handing off to plain functions.
 
-Importing this module registers the handlers on kopf's default registry.
-InferenceService create/update/resume reconcile at once (kopf retries a
-`TemporaryError` with backoff); watches on the children feed a cache (kopf
-indexes) and poke the owner's reconcile, which is how deleted or edited
+`registry(settings)` registers them on a fresh kopf registry; nothing
+registers at import, so the settings (the autoscaling timer's interval among
+them) arrive explicitly. Each InferenceService gets a reconcile loop (a kopf
+daemon, `frota.operator.converge`); its spec's handlers and the watches on
+its children only wake that loop. The watches also feed kopf's indexes, the
+cache a reconcile reads the children from, which is how deleted or edited
 children come back and how status follows pod readiness.
 """
 
@@ -15,19 +17,60 @@ from typing import Any
 import kopf
 
 from frota.api import contract
-from frota.api.contract import APP_NAME, ENDPOINT_SLICE, POD, Label
-from frota.operator import autoscale, peering
+from frota.api.contract import APP_NAME, CHILD_KINDS, ENDPOINT_SLICE, POD, ChildKind, Label
+from frota.operator import autoscale, autoscaler, converge, peering
+from frota.operator.desired import InvalidSpec, desired_state
 from frota.operator.observe import IMAGE_PULL_REASONS
-from frota.operator.workqueue import ENDPOINT_INDEX, ISVC_INDEX, POD_INDEX, Fleet, index_id
+from frota.operator.settings import OperatorSettings
+from frota.operator.state import OperatorState, key_of, plain
 
 ISVC = (contract.GROUP, contract.VERSION, contract.PLURAL)
 OWNED = {Label.NAME: APP_NAME, Label.INSTANCE: kopf.PRESENT}
+INDEXED = (*CHILD_KINDS, POD, ENDPOINT_SLICE)
+# How long a stopping reconcile loop may finish its reconcile before kopf cancels it.
+STOP_GRACE_SECONDS = 5.0
 
 
+def index_id(kind: ChildKind) -> str:
+    """The id of kopf's in-memory index of one kind (kopf passes indexes as kwargs by id)."""
+    return f"frota_{kind.plural}"
 
-@kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -> None:
+
+def registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
+    """Every handler of the operator, registered with these settings."""
+    reg = kopf.OperatorRegistry()
+    kopf.on.startup(registry=reg)(configure)
+    kopf.on.startup(registry=reg)(join_peering)
+    kopf.on.cleanup(registry=reg)(stop)
+    kopf.on.login(registry=reg)(login)
+
+    for kind in CHILD_KINDS:
+        kopf.index(kind.group, kind.version, kind.plural, labels=OWNED, id=index_id(kind),
+                   registry=reg)(index_child)
+    kopf.index(POD.group, POD.version, POD.plural, labels=OWNED, id=index_id(POD),
+               registry=reg)(index_pod)
+    kopf.index(ENDPOINT_SLICE.group, ENDPOINT_SLICE.version, ENDPOINT_SLICE.plural,
+               labels=OWNED, id=index_id(ENDPOINT_SLICE), registry=reg)(index_endpointslice)
+    for kind in INDEXED:
+        kopf.on.event(kind.group, kind.version, kind.plural, labels=OWNED,
+                      id=f"poke_{kind.plural}", registry=reg)(poke_owner)
+
+    kopf.daemon(*ISVC, id="converge", registry=reg, cancellation_backoff=STOP_GRACE_SECONDS,
+                cancellation_timeout=STOP_GRACE_SECONDS)(converge_inferenceservice)
+    for on_change in (kopf.on.resume, kopf.on.create, kopf.on.update):
+        on_change(*ISVC, id="wake", registry=reg)(wake_inferenceservice)
+    kopf.on.delete(*ISVC, optional=True, registry=reg)(forget_inferenceservice)
+    kopf.timer(*ISVC, interval=settings.autoscale_interval_seconds, idle=0, when=_autoscaled,
+               registry=reg)(autoscale_inferenceservice)
+    return reg
+
+
+# -- the operator ----------------------------------------------------------------
+
+
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -> None:
     """Operator-wide settings, in one place."""
+    state: OperatorState = memo["state"]
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
         prefix=contract.ANNOTATION_PREFIX
     )
@@ -36,45 +79,46 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -
     )
     settings.persistence.finalizer = contract.FINALIZER
     settings.posting.loggers = False  # events are the transitions we post, not log lines
-    settings.watching.server_timeout = 270
-    settings.queueing.worker_limit = 64
-    fleet: Fleet = memo.setdefault("fleet", Fleet())
-    # Index kwargs are live views kopf keeps filled from the watches.
-    fleet.indexes.update({k: v for k, v in kwargs.items() if k.startswith("frota_")})
+    settings.watching.server_timeout = state.settings.watch_timeout_seconds
+    settings.queueing.worker_limit = state.settings.worker_limit
+    # kopf passes its indexes as kwargs named by id: live views it keeps filled from the watches.
+    state.indexes.update({kind: kwargs[index_id(kind)] for kind in INDEXED})
+    await state.open()
 
 
-@kopf.on.startup()
+async def login(settings: kopf.OperatorSettings, memo: kopf.Memo,
+                **_: Any) -> kopf.ConnectionInfo | None:
+    """The credentials of kopf's watches, handed to the operator's own client as well."""
+    state: OperatorState = memo["state"]
+    info = state.login(settings)
+    if info is not None:
+        await state.kube.connect(info)
+    return info
+
+
 async def join_peering(settings: kopf.OperatorSettings, memo: kopf.Memo,
                        logger: kopf.Logger, **_: Any) -> None:
-    """Create the peering object when missing, once kopf has credentials (see peering.py)."""
-    memo["peering_task"] = peering.start(settings, memo.get("peering_namespaces"), logger)
+    """Create the peering object when missing, once logged in (see peering.py)."""
+    state: OperatorState = memo["state"]
+    memo["peering_task"] = peering.start(settings, state.settings.peering_namespaces,
+                                         state.kube, logger)
 
 
-@kopf.on.cleanup()
 async def stop(memo: kopf.Memo, **_: Any) -> None:
-    fleet: Fleet | None = memo.get("fleet")
-    if fleet is not None:
-        await fleet.stop()
+    state: OperatorState = memo["state"]
+    await state.close()
 
 
 # -- the cache -----------------------------------------------------------------
-
-
-@kopf.index(*ISVC, id=ISVC_INDEX)
-def index_inferenceservice(
-    body: kopf.Body, namespace: str, name: str, **_: Any
-) -> dict[tuple[str, str], dict]:
-    return {(namespace or "default", name): _plain(body)}
 
 
 def index_child(
     body: kopf.Body, namespace: str, labels: kopf.Labels, **_: Any
 ) -> dict[tuple[str, str], dict]:
     """Cache a child under its owner's key (namespace, InferenceService name)."""
-    return {(namespace or "default", labels[Label.INSTANCE]): _plain(body)}
+    return {(namespace or "default", labels[Label.INSTANCE]): plain(body)}
 
 
-@kopf.index(POD.group, POD.version, POD.plural, labels=OWNED, id=POD_INDEX)
 def index_pod(
     body: kopf.Body, namespace: str, labels: kopf.Labels, **_: Any
 ) -> dict[tuple[str, str], dict]:
@@ -115,8 +159,6 @@ def _slim_container(c: Mapping[str, Any]) -> dict:
     return out
 
 
-@kopf.index(ENDPOINT_SLICE.group, ENDPOINT_SLICE.version, ENDPOINT_SLICE.plural, labels=OWNED,
-            id=ENDPOINT_INDEX)
 def index_endpointslice(
     body: kopf.Body, namespace: str, labels: kopf.Labels, **_: Any
 ) -> dict[tuple[str, str], dict]:
@@ -135,65 +177,50 @@ def index_endpointslice(
 
 async def poke_owner(memo: kopf.Memo, namespace: str, labels: kopf.Labels, **_: Any) -> None:
     """A child changed or vanished: its InferenceService may need work."""
-    fleet: Fleet | None = memo.get("fleet")
-    if fleet is not None:
-        fleet.kick(namespace, labels.get(Label.INSTANCE))
-
-
-for _child in contract.CHILD_KINDS:
-    kopf.index(_child.group, _child.version, _child.plural, labels=OWNED,
-               id=index_id(_child))(index_child)
-for _child in (*contract.CHILD_KINDS, POD, ENDPOINT_SLICE):
-    kopf.on.event(_child.group, _child.version, _child.plural, labels=OWNED,
-                  id=f"poke_{_child.plural}")(poke_owner)
-
-
-def _plain(body: kopf.Body) -> dict:
-    """A plain dict copy without managedFields (the cache holds many of these)."""
-    data = dict(body)
-    meta = dict(data.get("metadata") or {})
-    meta.pop("managedFields", None)
-    data["metadata"] = meta
-    return data
+    state: OperatorState = memo["state"]
+    if owner := labels.get(Label.INSTANCE):
+        state.poke((namespace or "default", owner))
 
 
 # -- the InferenceService --------------------------------------------------------
+# Handlers that touch the operator state are async: kopf runs sync ones in threads.
 
 
-@kopf.on.resume(*ISVC)
-@kopf.on.create(*ISVC)
-@kopf.on.update(*ISVC)
-async def reconcile_inferenceservice(
-    body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any
-) -> None:
-    """Converge children and status with the spec (kopf retries TemporaryError)."""
-    fleet: Fleet = memo["fleet"]
-    await fleet.reconcile(_plain(body), logger=logger)
+async def converge_inferenceservice(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger,
+                                    stopped: kopf.DaemonStopped, **_: Any) -> None:
+    """Converge children and status with the spec whenever something changes."""
+    await converge.run(body, memo["state"], logger=logger, stopped=stopped)
 
 
-@kopf.on.delete(*ISVC, optional=True)
-def forget_inferenceservice(
-    namespace: str, name: str, memo: kopf.Memo, logger: kopf.Logger, **_: Any
-) -> None:
+async def wake_inferenceservice(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """The spec changed (or the operator resumed): its reconcile loop has work."""
+    state: OperatorState = memo["state"]
+    state.poke(key_of(body))
+
+
+async def forget_inferenceservice(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger,
+                            **_: Any) -> None:
     """Children go with their owner (owner references); only local state is dropped."""
-    fleet: Fleet = memo["fleet"]
-    fleet.forget((namespace or "default", name))
+    state: OperatorState = memo["state"]
+    state.forget(key_of(body))
     logger.info("deleted; the garbage collector removes the children it owned")
 
 
-def _autoscaled(spec: Any, **_: Any) -> bool:
-    """spec.autoscaling or a disaggregated role's autoscaling is set."""
-    roles = spec.get("disaggregation") or {}
-    return bool(spec.get("autoscaling")) or any(
-        (roles.get(role) or {}).get("autoscaling") for role in autoscale.ROLES
-    )
+def _autoscaled(body: kopf.Body, **_: Any) -> bool:
+    """A valid spec with spec.autoscaling or a disaggregated role's autoscaling set."""
+    try:
+        return autoscale.is_autoscaled(desired_state(plain(body)).isvc.spec)
+    except InvalidSpec:
+        return False
 
 
-@kopf.timer(*ISVC, interval=autoscale.INTERVAL_SECONDS, idle=0, when=_autoscaled)
-async def autoscale_inferenceservice(
-    body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any
-) -> None:
+async def autoscale_inferenceservice(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger,
+                                     **_: Any) -> None:
     """Scale spec.replicas from the router's queue depth or TTFT, and each autoscaled
     disaggregated role's groups from its own workers' metrics, within bounds."""
-    fleet: Fleet = memo["fleet"]
-    await autoscale.tick(_plain(body), fleet=fleet, logger=logger)
+    state: OperatorState = memo["state"]
+    try:
+        isvc = desired_state(plain(body)).isvc
+    except InvalidSpec:
+        return  # the spec changed since the timer's filter looked: nothing to scale
+    await autoscaler.tick(isvc, state.children(key_of(body)).pods, state, logger=logger)

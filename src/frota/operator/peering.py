@@ -3,9 +3,10 @@
 kopf with ``--peering NAME`` stays paused until the peering object exists. It
 cannot ship in manifests/ beside its CRD (one ``kubectl apply`` would create
 the object before the CRD is established and fail), so the operator makes it.
-kopf's API client gets its credentials only after the startup handlers have
-finished, so the startup handler starts this as a task instead of awaiting it;
-kopf's peering watch sees the object appear and resumes the operator.
+kopf logs in (and so hands the operator's client its credentials) only after
+the startup handlers have finished, so the startup handler starts this as a
+task instead of awaiting it; kopf's peering watch sees the object appear and
+resumes the operator.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 import kopf
 
-from frota.operator import apply
+from frota.operator.apply import KubeApi
 
 PEERING_API = "/apis/kopf.dev/v1"
 RETRY_SECONDS = 5.0
@@ -39,13 +40,13 @@ def peering_objects(name: str, namespaces: list[str] | None) -> list[tuple[str, 
     ]
 
 
-async def ensure_peering(name: str, namespaces: list[str] | None,
+async def ensure_peering(name: str, namespaces: list[str] | None, kube: KubeApi,
                          logger: logging.Logger | logging.LoggerAdapter) -> None:
     """Create the peering objects that are missing; retry transient errors until done."""
     for path, obj in peering_objects(name, namespaces):
         while True:
             try:
-                created = await apply.create_if_missing(path, obj, logger=logger)
+                created = await kube.create_if_missing(path, obj)
             except kopf.TemporaryError as exc:
                 logger.warning(f"creating kopf peering {name!r}: {exc}")
                 await asyncio.sleep(RETRY_SECONDS)
@@ -55,10 +56,11 @@ async def ensure_peering(name: str, namespaces: list[str] | None,
             break
 
 
-def start(settings: kopf.OperatorSettings, namespaces: list[str] | None,
+def start(settings: kopf.OperatorSettings, namespaces: list[str] | None, kube: KubeApi,
           logger: logging.Logger | logging.LoggerAdapter) -> asyncio.Task[None] | None:
     """Start creating the peering objects when the operator runs with ``--peering``."""
     if settings.peering.standalone or not settings.peering.mandatory:
         return None
     return asyncio.get_running_loop().create_task(
-        ensure_peering(settings.peering.name, namespaces, logger), name="kopf peering creator")
+        ensure_peering(settings.peering.name, namespaces, kube, logger),
+        name="kopf peering creator")

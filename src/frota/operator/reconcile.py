@@ -15,13 +15,12 @@ import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import kopf
 
 from frota.api import InferenceServiceStatus
-from frota.api.contract import ROUTINE_NOT_READY, ConditionType, EventReason, Label
-from frota.operator import apply as api
+from frota.api.contract import KIND, ROUTINE_NOT_READY, ConditionType, EventReason, Label
 from frota.operator.desired import Desired, InvalidSpec, desired_state
 from frota.operator.observe import (
     GroupView,
@@ -42,7 +41,15 @@ from frota.operator.status import (
     transitions,
 )
 
-KIND = "InferenceService"
+
+class Api(Protocol):
+    """The Kubernetes API calls a reconcile makes (`frota.operator.apply.KubeApi`)."""
+
+    async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None: ...
+    async def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]: ...
+    async def delete(self, obj: Mapping[str, Any], *, namespace: str | None = None) -> None: ...
+    async def patch_status(self, kind: str, namespace: str, name: str,
+                           status: Mapping[str, Any]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -70,7 +77,7 @@ class Outcome:
     result: str = "converged"  # converged | progressing | invalid | deleting
     applied: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
-    restarted: list[str] = field(default_factory=list)
+    restarted: dict[str, str] = field(default_factory=dict)  # group -> cause (rollout, failure)
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
     recheck: bool = False  # some writes are not in the cache yet: reconcile again soon
     status: InferenceServiceStatus | None = None  # what it wrote (or found unchanged)
@@ -150,7 +157,7 @@ async def reconcile(
     body: Mapping[str, Any],
     children: Children,
     *,
-    logger: Any,
+    api: Api,
     old_status: InferenceServiceStatus | None = None,
     applied: Applied | None = None,
 ) -> Outcome:
@@ -178,18 +185,18 @@ async def reconcile(
             generation=meta.get("generation"), field_path=exc.field, message=exc.message,
             old=old_status,
         )
-        await _write_status(body, namespace, name, outcome.status, old_status, logger=logger)
+        await _write_status(api, body, namespace, name, outcome.status, old_status)
         return outcome
 
     groups = observe_groups(children.of_kind("StatefulSet"), children.pods)
     plans = _plan(desired, groups)
 
     applied = applied if applied is not None else Applied()
-    if not await _apply_all(desired, plans, children, body, outcome, applied, logger=logger):
+    if not await _apply_all(api, desired, plans, children, body, outcome, applied):
         outcome.result = "deleting"  # the cached body was behind: the owner is going
         return outcome
-    await _delete_groups(desired, plans, groups, children, outcome, applied, logger=logger)
-    await _restart_groups(desired, plans, groups, children, outcome, logger=logger)
+    await _delete_groups(api, desired, plans, groups, children, outcome, applied)
+    await _restart_groups(api, desired, plans, groups, children, outcome)
 
     router = observe_router(_router_deployment(children, name))
     endpoints = (None if children.endpoint_slices is None
@@ -198,7 +205,7 @@ async def reconcile(
                         endpoints=endpoints, image_problems=observe_image_problems(children.pods))
     outcome.status = compute_status(desired.intent, observed, old=old_status, now=now())
     outcome.result = "converged" if is_settled(outcome.status) else "progressing"
-    await _write_status(body, namespace, name, outcome.status, old_status, logger=logger)
+    await _write_status(api, body, namespace, name, outcome.status, old_status)
     for type_, reason, message in outcome.events:
         kopf.event(dict(body), type=type_, reason=reason, message=message)
     return outcome
@@ -222,14 +229,13 @@ def _plan(desired: Desired, groups: Sequence[GroupView]) -> dict[str, RolloutPla
 
 
 async def _apply_all(
+    api: Api,
     desired: Desired,
     plans: Mapping[str, RolloutPlan],
     children: Children,
     owner: Mapping[str, Any],
     outcome: Outcome,
     applied: Applied,
-    *,
-    logger: Any,
 ) -> bool:
     """Server-side apply every child that is missing or differs from its desired form.
 
@@ -255,16 +261,16 @@ async def _apply_all(
         else:
             stale.append(obj)
             creating = creating or seen is None
-    if creating and not await _owner_is_live(owner, desired.namespace, logger=logger):
+    if creating and not await _owner_is_live(api, owner, desired.namespace):
         return False
-    results = await asyncio.gather(*(api.apply(o, logger=logger) for o in stale))
+    results = await asyncio.gather(*(api.apply(o) for o in stale))
     for obj, result in zip(stale, results, strict=True):
         applied.record(obj, result, desired.namespace, now)
     outcome.applied.extend(_ref(o) for o in stale)
     return True
 
 
-async def _owner_is_live(owner: Mapping[str, Any], namespace: str, *, logger: Any) -> bool:
+async def _owner_is_live(api: Api, owner: Mapping[str, Any], namespace: str) -> bool:
     """Ask the API server, not the cache, whether the owner still stands.
 
     The owner and its children come from separate watches. When a child's
@@ -273,7 +279,7 @@ async def _owner_is_live(owner: Mapping[str, Any], namespace: str, *, logger: An
     deletion (foreground, or held by someone's finalizer) is taking down.
     Creations are rare (a new service, a rollout's surge), so one GET each is cheap.
     """
-    live = await api.get(KIND, namespace, owner["metadata"]["name"], logger=logger)
+    live = await api.get(KIND, namespace, owner["metadata"]["name"])
     if live is None or live["metadata"].get("deletionTimestamp"):
         return False
     uid = owner["metadata"].get("uid")
@@ -287,14 +293,13 @@ def _adopted(obj: Mapping[str, Any], owner: Mapping[str, Any]) -> dict[str, Any]
 
 
 async def _delete_groups(
+    api: Api,
     desired: Desired,
     plans: Mapping[str, RolloutPlan],
     groups: Sequence[GroupView],
     children: Children,
     outcome: Outcome,
     applied: Applied,
-    *,
-    logger: Any,
 ) -> None:
     """Remove whole groups (scale-down, finished surge, a role the spec dropped)."""
     doomed = []
@@ -302,8 +307,7 @@ async def _delete_groups(
         for index in plan.delete:
             for obj in _group_objects(children, role, index):
                 doomed.append(obj)
-    await asyncio.gather(*(api.delete(o, logger=logger, namespace=desired.namespace)
-                           for o in doomed))
+    await asyncio.gather(*(api.delete(o, namespace=desired.namespace) for o in doomed))
     for obj in doomed:
         applied.confirm(obj, desired.namespace)
     outcome.deleted.extend(_ref(o) for o in doomed)
@@ -322,13 +326,12 @@ def _group_objects(children: Children, role: str, index: int) -> list[Mapping[st
 
 
 async def _restart_groups(
+    api: Api,
     desired: Desired,
     plans: Mapping[str, RolloutPlan],
     groups: Sequence[GroupView],
     children: Children,
     outcome: Outcome,
-    *,
-    logger: Any,
 ) -> None:
     """Delete all pods of groups being replaced or whose rank died, together."""
     replaced = {(role, i) for role, plan in plans.items() for i in plan.replace}
@@ -342,9 +345,8 @@ async def _restart_groups(
     for g in to_restart:
         names = {p.name for p in g.live_pods}
         pods.extend(p for p in children.pods if p["metadata"]["name"] in names)
-        outcome.restarted.append(g.name)
-    await asyncio.gather(*(api.delete(p, logger=logger, namespace=desired.namespace)
-                           for p in pods))
+        outcome.restarted[g.name] = "rollout" if (g.role, g.index) in replaced else "failure"
+    await asyncio.gather(*(api.delete(p, namespace=desired.namespace) for p in pods))
     for g in to_restart:
         if (g.role, g.index) in replaced:
             _event(outcome, "Normal", EventReason.GROUP_UPDATING,
@@ -388,18 +390,17 @@ def _router_deployment(children: Children, name: str) -> Mapping[str, Any] | Non
 
 
 async def _write_status(
+    api: Api,
     body: Mapping[str, Any],
     namespace: str,
     name: str,
     status: InferenceServiceStatus,
     old: InferenceServiceStatus,
-    *,
-    logger: Any,
 ) -> None:
     """Write the status if it changed, and post one event per condition transition."""
     if status == old:
         return
-    await api.patch_status(KIND, namespace, name, status.to_wire(), logger=logger)
+    await api.patch_status(KIND, namespace, name, status.to_wire())
     first = not old.conditions
     for cond in transitions(status.conditions, old.conditions):
         warn = (cond.type == ConditionType.DEGRADED and cond.status == TRUE) or (

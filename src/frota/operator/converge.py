@@ -1,0 +1,107 @@
+"""Each InferenceService's reconcile loop, run by kopf as a daemon.
+
+Why a loop, and why it coalesces: the spec's handlers and the watches on
+every child kind only say "this InferenceService may need work", and during a
+rollout pod events arrive many times a second. Each says so by setting one
+flag (`OperatorState.poke`); the loop reconciles whenever the flag is set and
+clears it first, so any number of pokes during a reconcile make exactly one
+more. One loop per object means one reconcile at a time per object, with no
+lock.
+
+The loop stays inside kopf's model: kopf starts it for every InferenceService
+(created, or found when the operator starts or resumes), stops it when the
+object is deleted or the operator pauses or exits, and holds its finalizer
+until the loop has stopped, so nothing is recreated for an object on its way
+out. A transient API error (`kopf.TemporaryError`) leaves the loop and kopf
+starts it again after the error's delay; every start reconciles at once. A
+permanent one (`kopf.PermanentError`: the API server refused a request) is
+posted as a `ReconcileFailed` event and not retried until the spec or a child
+changes, which is what wakes the loop anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import kopf
+
+from frota.api.contract import EventReason
+from frota.operator.reconcile import Outcome, reconcile
+from frota.operator.state import OperatorState, key_of, plain
+
+
+async def run(body: kopf.Body, state: OperatorState, *, logger: Any,
+              stopped: kopf.DaemonStopped) -> None:
+    """Reconcile one InferenceService whenever it may need work, until kopf stops the loop."""
+    key = key_of(body)
+    wake = state.wakeup(key)
+    recheck: float | None = None
+    try:
+        while True:
+            await _woken(wake, stopped, recheck)
+            if stopped:
+                break
+            wake.clear()
+            try:
+                outcome = await reconcile_once(body, state)
+            except kopf.PermanentError as exc:
+                logger.error(f"reconcile failed; waiting for the next change: {exc}")
+                recheck = None
+            else:
+                # Some writes are not in the cache yet: look again once it has caught up.
+                recheck = state.settings.recheck_delay_seconds if outcome.recheck else None
+            state.idle(key)
+    except asyncio.CancelledError:
+        state.unwatch(key, wake)
+        raise
+    # Other errors leave the loop with its flag set: kopf starts it again after
+    # the error's delay (or its backoff), and the start reconciles.
+    state.unwatch(key, wake)
+
+
+async def _woken(wake: asyncio.Event, stopped: kopf.DaemonStopped,
+                 timeout: float | None) -> None:
+    """Until the flag is set, kopf asks the loop to stop, or `timeout` passes."""
+    if wake.is_set():
+        return
+    waiters = {asyncio.ensure_future(wake.wait()), asyncio.ensure_future(stopped.wait())}
+    try:
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+
+
+async def reconcile_once(body: kopf.Body, state: OperatorState) -> Outcome:
+    """One reconcile of the body as it is now, counted in the operator's metrics."""
+    key = key_of(body)
+    snapshot = plain(body)
+    metrics = state.metrics
+    started = time.perf_counter()
+    try:
+        outcome = await reconcile(snapshot, state.children(key), api=state.kube,
+                                  old_status=state.last_status.get(key), applied=state.applied)
+    except kopf.TemporaryError:
+        metrics.reconciles.labels("retry").inc()
+        raise
+    except kopf.PermanentError as exc:
+        metrics.reconciles.labels("error").inc()
+        # Retrying cannot help: say so where users look.
+        kopf.event(snapshot, type="Warning", reason=EventReason.RECONCILE_FAILED,
+                   message=f"{exc}; not retrying until the spec or cluster changes")
+        raise
+    except Exception:
+        metrics.reconciles.labels("error").inc()
+        raise
+    finally:
+        metrics.duration.observe(time.perf_counter() - started)
+    if outcome.status is not None:
+        state.last_status[key] = outcome.status
+    metrics.reconciles.labels(outcome.result).inc()
+    for ref in outcome.applied:
+        metrics.applied.labels(ref.split("/", 1)[0]).inc()
+    for cause in outcome.restarted.values():
+        metrics.group_restarts.labels(cause).inc()
+    return outcome

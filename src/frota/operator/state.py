@@ -1,0 +1,138 @@
+"""What the operator keeps between handler calls: one `OperatorState` per process, in kopf's memo.
+
+The children cache is kopf's own indexes (filled from the watches); the rest
+is what a reconcile or an autoscaling tick needs from the ones before it: the
+status last written, the writes the cache has not shown yet, each scaler's
+history, and the wake-up flag of each InferenceService's reconcile loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import kopf
+
+from frota.api import InferenceService, InferenceServiceStatus
+from frota.api.contract import CHILD_KINDS, ENDPOINT_SLICE, POD, ChildKind
+from frota.operator import autoscale
+from frota.operator.apply import KubeApi
+from frota.operator.metrics import OperatorMetrics
+from frota.operator.reconcile import Applied, Children
+from frota.operator.settings import OperatorSettings
+
+Key = tuple[str, str]  # (namespace, name) of an InferenceService
+ScalerKey = tuple[str, str, str]  # (namespace, name, role); role "" is spec.replicas
+Login = Callable[[kopf.OperatorSettings], kopf.ConnectionInfo | None]
+
+
+def default_login(settings: kopf.OperatorSettings) -> kopf.ConnectionInfo | None:
+    """kopf's own logins when no Kubernetes client library is installed: the pod's
+    service account, else the kubeconfig."""
+    return (kopf.login_with_service_account(settings=settings)
+            or kopf.login_with_kubeconfig(settings=settings))
+
+
+def key_of(body: Mapping[str, Any]) -> Key:
+    meta = body["metadata"]
+    return meta.get("namespace") or "default", meta["name"]
+
+
+def plain(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A plain dict copy of a kopf body without managedFields (the cache holds many)."""
+    data = dict(body)
+    meta = dict(data.get("metadata") or {})
+    meta.pop("managedFields", None)
+    data["metadata"] = meta
+    return data
+
+
+@dataclass
+class OperatorState:
+    """One operator process's memory, shared by its handlers through kopf's memo."""
+
+    settings: OperatorSettings = field(default_factory=OperatorSettings)
+    login: Login = default_login
+    metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
+    # kopf's index of each watched kind (live views kopf keeps filled from the watches).
+    indexes: dict[ChildKind, kopf.Index[Key, dict[str, Any]]] = field(default_factory=dict)
+    applied: Applied = field(default_factory=Applied)
+    # The status this process last wrote beats the cached body's, which may lag.
+    last_status: dict[Key, InferenceServiceStatus] = field(default_factory=dict)
+    scalers: dict[ScalerKey, autoscale.History] = field(default_factory=dict)  # autoscaler memory
+    # Where the autoscaler reads metrics (tests point these at their own servers).
+    metrics_url: Callable[[InferenceService], str | None] = autoscale.metrics_url
+    role_metrics_urls: Callable[[Iterable[Mapping[str, Any]], str], list[str]] = (
+        autoscale.role_metrics_urls)
+    kube: KubeApi = field(init=False)
+    http: aiohttp.ClientSession | None = field(default=None, init=False)  # metrics scrapes
+    _wake: dict[Key, asyncio.Event] = field(default_factory=dict, init=False)
+    _pending: set[Key] = field(default_factory=set, init=False)
+
+    def __post_init__(self) -> None:
+        self.kube = KubeApi(self.settings)
+
+    async def open(self) -> None:
+        """Open the session every metrics scrape shares (at operator start-up)."""
+        self.http = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=self.settings.scrape_timeout_seconds))
+
+    async def close(self) -> None:
+        """Close the HTTP sessions (at operator shutdown)."""
+        if self.http is not None:
+            await self.http.close()
+            self.http = None
+        await self.kube.close()
+
+    def children(self, key: Key) -> Children:
+        """The cached children of one InferenceService."""
+        def cached(kind: ChildKind) -> tuple[Mapping[str, Any], ...]:
+            index = self.indexes.get(kind)
+            return tuple(index[key]) if index is not None and key in index else ()
+
+        slices = cached(ENDPOINT_SLICE) if ENDPOINT_SLICE in self.indexes else None
+        objects = tuple(obj for kind in CHILD_KINDS for obj in cached(kind))
+        return Children(objects=objects, pods=cached(POD), endpoint_slices=slices)
+
+    # -- waking the reconcile loops --------------------------------------------
+
+    def wakeup(self, key: Key) -> asyncio.Event:
+        """The flag a reconcile loop waits on; set, since a loop that starts has work."""
+        event = self._wake.setdefault(key, asyncio.Event())
+        self.poke(key)
+        return event
+
+    def poke(self, key: Key) -> None:
+        """This InferenceService may need work: wake its loop (if it runs)."""
+        event = self._wake.get(key)
+        if event is not None:
+            event.set()
+            self._pending.add(key)
+            self.metrics.pending.set(len(self._pending))
+
+    def idle(self, key: Key) -> None:
+        """A reconcile finished and nothing asked for another."""
+        if not (event := self._wake.get(key)) or not event.is_set():
+            self._pending.discard(key)
+            self.metrics.pending.set(len(self._pending))
+
+    def unwatch(self, key: Key, event: asyncio.Event | None = None) -> None:
+        """The loop waiting on `event` (any, if None) stopped: deleted, paused or exiting."""
+        if event is None or self._wake.get(key) is event:
+            self._wake.pop(key, None)
+        self.idle(key)
+
+    @property
+    def pending(self) -> int:
+        """InferenceServices with a reconcile asked for or running."""
+        return len(self._pending)
+
+    def forget(self, key: Key) -> None:
+        """Drop the per-object state of a deleted InferenceService."""
+        self.last_status.pop(key, None)
+        for scaler in [k for k in self.scalers if k[:2] == key]:
+            del self.scalers[scaler]
+        self.unwatch(key)
