@@ -11,16 +11,20 @@ from frota.api.spec import InferenceServiceSpec
 from tests.api.apiserver_sim import admit
 from tests.api.test_crd import SCHEMA, _sample
 
-BASE = {"model": {"name": "smollm2", "uri": "alias:smollm2"}, "runtime": {"engine": "vllm"}}
+BASE = {"model": {"name": "smollm2", "uri": "alias:smollm2"}, "runtime": {"engine": "vllm"},
+        "engine": {"kvCache": {"blockSize": 32}}}
 
 # field path of the rule -> a spec fragment that breaks it
 REFUSED = {
     ".disaggregation": {"disaggregation": {}},
-    ".engine.quantization.weights": {"engine": {"quantization": {"weights": "int4"}}},
-    ".engine.quantization.kvCache": {"engine": {"quantization": {"kvCache": "int8"}}},
+    ".engine.quantization.weights": {"engine": {"kvCache": {"blockSize": 32},
+                                                "quantization": {"weights": "int4"}}},
+    ".engine.quantization.kvCache": {"engine": {"kvCache": {"blockSize": 32},
+                                                "quantization": {"kvCache": "int8"}}},
+    ".engine.kvCache.blockSize": {"engine": {"kvCache": {"blockSize": 16}}},
     ".model.uri": {"model": {"name": "tiny", "uri": "synthetic:dense-tiny"}},
     ".parallelism.expert": {"parallelism": {"tensor": 4, "expert": 2}},
-    ".engine.extraArgs": {"engine": {"extraArgs": ["--max-num-seqs=8"]}},
+    ".engine.extraArgs": {"engine": {"kvCache": {"blockSize": 32}, "extraArgs": ["--max-num-seqs=8"]}},
 }
 
 
@@ -59,6 +63,7 @@ def test_frota_runtime_accepts_the_same_fields(field):
     {"parallelism": {"tensor": 2, "pipeline": 2}},
     {"engine": {"quantization": {"weights": "fp8", "kvCache": "fp8"}},
      "resources": {"accelerator": {"count": 1}}},
+    {"engine": {"kvCache": {"blockSize": 16}}, "resources": {"accelerator": {"count": 1}}},
     {"runtime": {"engine": "vllm", "args": ["--enforce-eager"]}},
 ])
 def test_vllm_admits_what_it_serves(ok):

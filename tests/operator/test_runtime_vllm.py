@@ -11,6 +11,7 @@ MODEL = {"name": "smollm2", "uri": "alias:smollm2"}
 
 
 def spec(**fields) -> InferenceServiceSpec:
+    fields.setdefault("engine", {}).setdefault("kvCache", {}).setdefault("blockSize", 32)  # vLLM on CPU
     return InferenceServiceSpec.model_validate({"model": MODEL, "runtime": {"engine": "vllm"}, **fields})
 
 
@@ -56,8 +57,8 @@ def test_scheduler_limits():
 
 
 def test_block_size_and_prefix_caching():
-    on = rank0(spec(engine={"kvCache": {"blockSize": 32}})).args
-    assert flag(on, "--block-size") == "32" and "--enable-prefix-caching" in on
+    on = rank0(spec(resources=GPU, engine={"kvCache": {"blockSize": 8}})).args
+    assert flag(on, "--block-size") == "8" and "--enable-prefix-caching" in on
     off = rank0(spec(engine={"kvCache": {"prefixCaching": False}})).args
     assert "--no-enable-prefix-caching" in off and "--enable-prefix-caching" not in off
 

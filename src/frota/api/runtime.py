@@ -77,6 +77,12 @@ VLLM_RULES = (
         ".parallelism.expert",
     ),
     CelRule(
+        _vllm("has(self.resources.accelerator) || self.engine.kvCache.blockSize == 32"),
+        "runtime.engine vllm on CPU pages the KV cache in blocks of 32 tokens: set "
+        "engine.kvCache.blockSize to 32, or give the ranks an accelerator",
+        ".engine.kvCache.blockSize",
+    ),
+    CelRule(
         _vllm("!has(self.engine.extraArgs) || size(self.engine.extraArgs) == 0"),
         "engine.extraArgs are `frota worker` flags: give vLLM's flags in runtime.args",
         ".engine.extraArgs",

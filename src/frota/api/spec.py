@@ -102,6 +102,7 @@ class InferenceServiceSpec(FrotaModel):
             quant.kvCache == "int8",
             self.model.uri.startswith("synthetic:"),
             par.expert not in (1, par.tensor),
+            self.resources.accelerator is None and self.engine.kvCache.blockSize != 32,
             bool(self.engine.extraArgs),
         )
         return [rule for rule, bad in zip(VLLM_RULES, broken, strict=True) if bad]
