@@ -4,6 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from frota.api.memory import DTYPE_BYTES, KV_CACHE_DTYPES, QUANTIZATIONS
+
+DTYPES = (*DTYPE_BYTES, "auto")
+
+
+def _choices(names: tuple[str, ...]) -> str:
+    return f"{', '.join(names[:-1])} or {names[-1]}"
+
 
 @dataclass
 class EngineArgs:
@@ -36,12 +44,13 @@ class EngineArgs:
             raise ValueError("max_num_batched_tokens must be >= 1")
         if self.block_size < 1:
             raise ValueError("block_size must be >= 1")
-        if self.dtype not in ("float32", "bfloat16", "float16", "auto"):
-            raise ValueError(f"dtype {self.dtype!r}: use float32, bfloat16, float16 or auto")
-        if self.quantization not in ("none", "int8", "int4", "fp8"):
-            raise ValueError(f"quantization {self.quantization!r}: use none, int8, int4 or fp8")
-        if self.kv_cache_dtype not in ("auto", "int8", "fp8"):
-            raise ValueError(f"kv_cache_dtype {self.kv_cache_dtype!r}: use auto, int8 or fp8")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype {self.dtype!r}: use {_choices(DTYPES)}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization {self.quantization!r}: use {_choices(QUANTIZATIONS)}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype {self.kv_cache_dtype!r}: "
+                             f"use {_choices(KV_CACHE_DTYPES)}")
         sharded = self.tensor_parallel_size * self.pipeline_parallel_size * self.expert_parallel_size
         if sharded > 1 and (self.quantization != "none" or self.kv_cache_dtype != "auto"):
             raise ValueError("quantization and kv_cache_dtype are not supported with parallel "
@@ -71,6 +80,3 @@ class ModelConfig:
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
-
-    def kv_bytes_per_token(self, dtype_size: int) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_size

@@ -2,20 +2,17 @@
 
 Pure arithmetic over a ModelShape and the parallel sizes; the engine measures
 the real numbers at start-up, this is the plan the operator reports and checks
-before asking the scheduler for pods.
+before asking the scheduler for pods. The bytes themselves come from
+`frota.api.memory`, the accounting the engine sizes its KV pool with.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
+from frota.api import memory
 from frota.operator.model_shapes import ModelShape
 
-DTYPE_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0}
-# Bytes per weight of the quantized linear layers (int4 carries one fp16 scale per 32 weights).
-WEIGHT_QUANT_BYTES = {"int8": 1.0, "int4": 0.5 + 2 / 32, "fp8": 1.0}
-KV_QUANT_BYTES = {"int8": 1.0, "fp8": 1.0}
 # What a CPU worker process needs besides weights and KV cache (interpreter, torch, buffers).
 CPU_RUNTIME_OVERHEAD_BYTES = 768 * 2**20
 
@@ -43,40 +40,30 @@ class MemoryBudget:
     sequences_at_max_model_len: int | None
 
 
+def accounting_shape(shape: ModelShape) -> memory.ModelShape:
+    """The dimensions `frota.api.memory` reads (an MoE's per-expert MLP size)."""
+    return memory.ModelShape(
+        vocab_size=shape.vocab_size, hidden_size=shape.hidden_size,
+        intermediate_size=shape.moe_intermediate_size if shape.is_moe else shape.intermediate_size,
+        num_layers=shape.num_layers, num_heads=shape.num_heads, num_kv_heads=shape.num_kv_heads,
+        head_dim=shape.head_dim, tie_word_embeddings=shape.tie_word_embeddings,
+        num_experts=shape.num_experts,
+    )
+
+
 def weight_bytes_per_stage(
     shape: ModelShape, sharding: Sharding, dtype: str, weight_quant: str
 ) -> list[int]:
     """Weight bytes of one rank in each pipeline stage (stage 0 holds the embedding)."""
-    dtype_bytes = DTYPE_BYTES[dtype]
-    linear_bytes = WEIGHT_QUANT_BYTES.get(weight_quant, dtype_bytes)
-    tp = sharding.tensor
-    h, hd = shape.hidden_size, shape.head_dim
-    kv_heads_per_rank = max(1, shape.num_kv_heads // tp)
-    attn = 2 * h * shape.num_heads * hd / tp + 2 * h * kv_heads_per_rank * hd
-    if shape.is_moe:
-        # Each rank holds num_experts/expert experts, each split over tensor/expert ranks.
-        mlp = shape.num_experts * 3 * h * shape.moe_intermediate_size / tp
-        gate = h * shape.num_experts * dtype_bytes
-    else:
-        mlp = 3 * h * shape.intermediate_size / tp
-        gate = 0.0
-    per_layer = (attn + mlp) * linear_bytes + gate + 2 * h * dtype_bytes
-    layers = math.ceil(shape.num_layers / sharding.pipeline)
-    embedding = shape.vocab_size * h / tp * dtype_bytes
-    stages = [layers * per_layer for _ in range(sharding.pipeline)]
-    stages[0] += embedding
-    if sharding.pipeline > 1 or not shape.tie_word_embeddings:
-        stages[-1] += embedding  # the LM head: a separate copy unless tied on the same rank
-    stages[-1] += h * dtype_bytes  # final norm
-    return [int(s) for s in stages]
+    return memory.weight_bytes_per_stage(accounting_shape(shape), weight_quant, dtype,
+                                         tensor=sharding.tensor, pipeline=sharding.pipeline)
 
 
 def kv_bytes_per_token(shape: ModelShape, sharding: Sharding, dtype: str, kv_quant: str) -> int:
     """KV cache bytes one token takes on one rank (K and V, every layer of its stage)."""
-    elem = KV_QUANT_BYTES.get(kv_quant, DTYPE_BYTES[dtype])
-    kv_heads_per_rank = max(1, shape.num_kv_heads // sharding.tensor)
-    layers = math.ceil(shape.num_layers / sharding.pipeline)
-    return int(2 * layers * kv_heads_per_rank * shape.head_dim * elem)
+    return memory.kv_bytes_per_token(shape.num_layers, shape.num_kv_heads, shape.head_dim,
+                                     kv_quant, dtype, tensor=sharding.tensor,
+                                     pipeline=sharding.pipeline)
 
 
 def plan_memory(

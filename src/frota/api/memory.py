@@ -1,0 +1,177 @@
+"""Memory accounting: bytes of weights and of KV cache per token. Pure arithmetic, no torch.
+
+The one owner of these numbers: the operator's planner sizes replicas with them
+(per rank, over tensor and pipeline parallel sizes) and the engine sizes its KV
+block pool with them, so the plan and the pool agree. Bytes as the engine stores
+them (`frota.engine.quant.formats` and `frota.engine.quant.kv`):
+
+- float32 4, bfloat16/float16 2 bytes per weight;
+- int8: 1 byte per weight + a float32 scale per output channel (or per group);
+- int4: half a byte per weight + float32 scale and zero per group
+  (a symmetric weight stores the zeros too, as zeros: the kernels need them);
+- fp8: 1 byte per weight + a float32 scale per output channel.
+
+KV: `auto` stores K and V in the model dtype; `int8`/`fp8` store 1 byte per
+element plus a float16 scale per (token, head).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+QUANTIZATIONS = ("none", "int8", "int4", "fp8")
+KV_CACHE_DTYPES = ("auto", "int8", "fp8")
+SCALE_BYTES = 4  # float32 weight scales and zeros
+KV_SCALE_BYTES = 2  # float16 per (token, head)
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Bytes of one element of a float `dtype` ("float32", "bfloat16", "float16")."""
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"dtype {dtype!r}: use one of {', '.join(DTYPE_BYTES)}")
+    return DTYPE_BYTES[dtype]
+
+
+def linear_weight_bytes(
+    out_features: int,
+    in_features: int,
+    quantization: str = "none",
+    dtype: str = "bfloat16",
+    group_size: int = 32,
+    int8_group_size: int | None = None,
+) -> int:
+    """Bytes of one `[out, in]` weight stored as `quantization` (none keeps `dtype`).
+
+    int4 counts a trailing partial group whole (the engine refuses such a shape,
+    but a plan of one should not crash the planner).
+    """
+    n = out_features * in_features
+    if quantization == "none":
+        return n * dtype_bytes(dtype)
+    if quantization == "int8":
+        groups = 1 if int8_group_size is None else in_features // int8_group_size
+        return n + out_features * groups * SCALE_BYTES
+    if quantization == "int4":
+        groups = -(-in_features // group_size)
+        return n // 2 + out_features * groups * 2 * SCALE_BYTES
+    if quantization == "fp8":
+        return n + out_features * SCALE_BYTES
+    raise ValueError(f"quantization {quantization!r}: use one of {', '.join(QUANTIZATIONS)}")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the accounting needs of a Llama-family model (dense or MoE).
+
+    `intermediate_size` is each expert's when `num_experts` > 0.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    tie_word_embeddings: bool = False
+    num_experts: int = 0
+
+
+def weight_bytes_per_stage(
+    shape: ModelShape,
+    quantization: str = "none",
+    dtype: str = "bfloat16",
+    *,
+    tensor: int = 1,
+    pipeline: int = 1,
+    group_size: int = 32,
+    quantize_lm_head: bool = True,
+) -> list[int]:
+    """Weight bytes of one rank in each pipeline stage.
+
+    Linears are stored as `quantization` and split over `tensor` ranks (KV heads are
+    replicated when there are fewer than ranks, the vocabulary is split rounding up);
+    norms, the MoE router and the embedding stay in `dtype`. Stage 0 holds the embedding,
+    the last stage the LM head and the final norm. An LM head tied to the embedding on
+    the same rank is the embedding (one copy), except as int4: its kernel layout cannot
+    be gathered by row, so the embedding keeps its floats.
+    """
+    h, elem = shape.hidden_size, dtype_bytes(dtype)
+    q = shape.num_heads // tensor * shape.head_dim
+    kv = max(1, shape.num_kv_heads // tensor) * shape.head_dim
+    ff = shape.intermediate_size // tensor
+
+    def lin(out_features: int, in_features: int) -> int:
+        return linear_weight_bytes(out_features, in_features, quantization, dtype, group_size)
+
+    attn = lin(q + 2 * kv, h) + lin(h, q)
+    mlp = lin(2 * ff, h) + lin(h, ff)
+    if shape.num_experts:
+        # every expert, each split over the tensor ranks; the router gate stays float
+        mlp = shape.num_experts * mlp + linear_weight_bytes(shape.num_experts, h, "none", dtype)
+    per_layer = attn + mlp + 2 * h * elem  # + input and post-attention norms
+    num_layers = -(-shape.num_layers // pipeline)
+    vocab = -(-shape.vocab_size // tensor)
+    head_quant = quantization if quantize_lm_head else "none"
+    lm_head = linear_weight_bytes(vocab, h, head_quant, dtype, group_size)
+    embedding = vocab * h * elem
+    shared = shape.tie_word_embeddings and pipeline == 1 and head_quant != "int4"
+    stages = [num_layers * per_layer for _ in range(pipeline)]
+    stages[0] += 0 if shared else embedding
+    stages[-1] += lm_head + h * elem  # + the final norm
+    return stages
+
+
+def model_weight_bytes(
+    shape: ModelShape,
+    quantization: str = "none",
+    dtype: str = "bfloat16",
+    group_size: int = 32,
+    quantize_lm_head: bool = True,
+) -> int:
+    """Bytes of all weights of an unsharded model (`weight_bytes_per_stage` on one rank)."""
+    (total,) = weight_bytes_per_stage(shape, quantization, dtype, group_size=group_size,
+                                      quantize_lm_head=quantize_lm_head)
+    return total
+
+
+def kv_bytes_per_token(
+    num_layers: int,
+    num_kv_heads: int,
+    head_dim: int,
+    kv_cache_dtype: str = "auto",
+    dtype: str = "bfloat16",
+    *,
+    tensor: int = 1,
+    pipeline: int = 1,
+) -> int:
+    """Bytes of K and V for one token on one rank: every layer of its pipeline stage, its
+    share of the KV heads over `tensor` ranks (one head each when there are fewer heads)."""
+    if kv_cache_dtype == "auto":
+        per_head = head_dim * dtype_bytes(dtype)
+    elif kv_cache_dtype in ("int8", "fp8"):
+        per_head = head_dim + KV_SCALE_BYTES
+    else:
+        raise ValueError(
+            f"kv cache dtype {kv_cache_dtype!r}: use one of {', '.join(KV_CACHE_DTYPES)}"
+        )
+    num_layers = -(-num_layers // pipeline)
+    num_kv_heads = max(1, num_kv_heads // tensor)
+    return 2 * num_layers * num_kv_heads * per_head
+
+
+def num_kv_blocks(
+    memory_bytes: int,
+    block_size: int,
+    num_layers: int,
+    num_kv_heads: int,
+    head_dim: int,
+    kv_cache_dtype: str = "auto",
+    dtype: str = "bfloat16",
+) -> int:
+    """How many KV blocks of `block_size` tokens fit in `memory_bytes`."""
+    per_block = block_size * kv_bytes_per_token(
+        num_layers, num_kv_heads, head_dim, kv_cache_dtype, dtype
+    )
+    return max(0, memory_bytes // per_block)

@@ -1,0 +1,65 @@
+"""The operator's memory plan and what the engine really allocates agree (frota.api.memory)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from frota.api.memory import KV_CACHE_DTYPES, ModelShape, model_weight_bytes
+from frota.engine import EngineArgs
+from frota.engine.llm_engine import LLMEngine
+from frota.engine.quant.apply import quantized_weight_bytes
+from frota.engine.quant.kv import allocate_kv_pool
+from frota.operator.memory import Sharding, kv_bytes_per_token
+from frota.operator.model_shapes import synthetic_shape
+
+SPEC = "dense-small"  # 4 layers, 4 KV heads of 32
+
+
+def _pool_bytes(pool: list) -> int:
+    return sum(t.numel() * t.element_size() if isinstance(t, torch.Tensor) else t.nbytes()
+               for kv in pool for t in kv)
+
+
+@pytest.mark.parametrize("kv_cache_dtype", KV_CACHE_DTYPES)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_planned_kv_bytes_per_token_are_the_allocated_pools(kv_cache_dtype: str,
+                                                                dtype: str) -> None:
+    shape = synthetic_shape(SPEC)
+    num_blocks, block_size = 3, 8
+    pool = allocate_kv_pool(shape.num_layers, num_blocks, shape.num_kv_heads, block_size,
+                            shape.head_dim, kv_cache_dtype, getattr(torch, dtype))
+    planned = kv_bytes_per_token(shape, Sharding(), dtype, kv_cache_dtype)
+    assert planned * num_blocks * block_size == _pool_bytes(pool)
+
+
+@pytest.mark.parametrize("kv_cache_dtype", KV_CACHE_DTYPES)
+def test_the_engine_sizes_its_pool_with_the_planned_bytes(kv_cache_dtype: str) -> None:
+    memory_bytes, block_size = 1 << 20, 8
+    engine = LLMEngine(EngineArgs(model=f"synthetic:{SPEC}", dtype="float32", device="cpu",
+                                  kv_cache_dtype=kv_cache_dtype, kv_cache_memory=memory_bytes,
+                                  block_size=block_size, verbose=False))
+    planned = kv_bytes_per_token(synthetic_shape(SPEC), Sharding(), "float32", kv_cache_dtype)
+    assert engine.block_manager.num_blocks == memory_bytes // (planned * block_size)
+    held = _pool_bytes(engine.runner.kv_caches)
+    assert held == engine.block_manager.num_blocks * block_size * planned
+    if kv_cache_dtype != "auto":  # the float16 scale of each (token, head) is in the pool
+        assert planned == 2 * 4 * 4 * (32 + 2)
+
+
+@pytest.mark.parametrize(("spec", "quantization", "dtype"), [
+    ("dense-tiny", "none", "bfloat16"),
+    ("dense-tiny", "int8", "bfloat16"),
+    ("dense-tiny,tie=1", "int8", "float32"),
+    ("moe-tiny", "int4", "float32"),
+])
+def test_the_accounted_weight_bytes_are_what_the_engine_holds(spec: str, quantization: str,
+                                                              dtype: str) -> None:
+    engine = LLMEngine(EngineArgs(model=f"synthetic:{spec}", dtype=dtype, device="cpu",
+                                  quantization=quantization, num_kv_blocks=4, verbose=False))
+    c = engine.model_config
+    shape = ModelShape(c.vocab_size, c.hidden_size, c.intermediate_size, c.num_layers,
+                       c.num_heads, c.num_kv_heads, c.head_dim, c.tie_word_embeddings,
+                       c.num_experts)
+    assert quantized_weight_bytes(engine.runner.model) == model_weight_bytes(shape, quantization,
+                                                                             dtype)
