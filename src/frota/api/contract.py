@@ -1,7 +1,8 @@
 """The facts every part of Frota shares, each written down once.
 
 API coordinates, label and annotation keys, the kinds of child the operator
-owns, condition types and reasons, event reasons. The operator, the router,
+owns, condition types and reasons, event reasons, the metric names one part
+exports and another reads. The operator, the router,
 `frota up` and the tests import these names instead of restating the strings.
 Plain Python: nothing here imports pydantic, kopf or torch.
 """
@@ -138,3 +139,33 @@ class EventReason(StrEnum):
     RECONCILE_FAILED = "ReconcileFailed"
     SCALED_UP = "ScaledUp"
     SCALED_DOWN = "ScaledDown"
+
+
+class WorkerMetric:
+    """Metric families a worker's /metrics exports that other parts read (the router's health
+    checks, the operator's autoscaler, `frota up`'s status, dashboards). The vLLM names, so a
+    Frota worker and a vLLM worker read alike (and the Gateway API endpoint picker works).
+    Samples add `_total` (counters) or `_sum`, `_count`, `_bucket` (histograms)."""
+
+    NUM_REQUESTS_RUNNING = "vllm:num_requests_running"
+    NUM_REQUESTS_WAITING = "vllm:num_requests_waiting"
+    KV_CACHE_USAGE_PERC = "vllm:kv_cache_usage_perc"
+    CACHE_CONFIG_INFO = "vllm:cache_config_info"  # labels block_size, num_gpu_blocks
+    PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries"
+    PREFIX_CACHE_HITS = "vllm:prefix_cache_hits"
+    TIME_TO_FIRST_TOKEN_SECONDS = "vllm:time_to_first_token_seconds"
+    INTER_TOKEN_LATENCY_SECONDS = "vllm:inter_token_latency_seconds"
+    E2E_REQUEST_LATENCY_SECONDS = "vllm:e2e_request_latency_seconds"
+    PROMPT_TOKENS = "vllm:prompt_tokens"
+    GENERATION_TOKENS = "vllm:generation_tokens"
+    REQUEST_SUCCESS = "vllm:request_success"
+
+
+class RouterMetric:
+    """Metric families of the router's /metrics that the operator's autoscaler and `frota up`'s
+    status read (the router's own are all `frota_router_*`)."""
+
+    QUEUE_DEPTH = "frota_router_queue_depth"
+    INFLIGHT_REQUESTS = "frota_router_inflight_requests"
+    WORKER_OUTSTANDING_REQUESTS = "frota_router_worker_outstanding_requests"
+    TIME_TO_FIRST_TOKEN_SECONDS = "frota_router_time_to_first_token_seconds"

@@ -1,4 +1,4 @@
-"""Prometheus metrics with the vLLM names (DESIGN.md), one registry per app.
+"""Prometheus metrics with the vLLM names (frota.api.contract.WorkerMetric), a registry per app.
 
 Engine state (running, waiting, KV usage, prefix cache) is read from
 `engine.stats()` at scrape time; latencies and token counts are recorded by
@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from frota.api.contract import WorkerMetric
 from frota.server.engine_api import EngineStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -50,17 +51,19 @@ class EngineStatsCollector(Collector):
             c.add_metric(values, value)
             return c
 
-        yield gauge("vllm:num_requests_running", "Requests in the running batch.", s.num_running)
-        yield gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.",
+        yield gauge(WorkerMetric.NUM_REQUESTS_RUNNING, "Requests in the running batch.",
+                    s.num_running)
+        yield gauge(WorkerMetric.NUM_REQUESTS_WAITING, "Requests waiting to be scheduled.",
                     s.num_waiting)
         total = max(s.num_kv_blocks_total, 1)
-        yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage (1 means 100 percent).",
+        yield gauge(WorkerMetric.KV_CACHE_USAGE_PERC, "KV-cache usage (1 means 100 percent).",
                     s.num_kv_blocks_used / total)
-        yield counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
-                      s.prefix_cache_queries)
-        yield counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+        yield counter(WorkerMetric.PREFIX_CACHE_QUERIES,
+                      "Prompt tokens looked up in the prefix cache.", s.prefix_cache_queries)
+        yield counter(WorkerMetric.PREFIX_CACHE_HITS, "Prompt tokens found in the prefix cache.",
                       s.prefix_cache_hits)
-        info = GaugeMetricFamily("vllm:cache_config_info", "Information of the KV cache config.",
+        info = GaugeMetricFamily(WorkerMetric.CACHE_CONFIG_INFO,
+                                 "Information of the KV cache config.",
                                  labels=["model_name", "block_size", "num_gpu_blocks"])
         info.add_metric([self.model_name, str(s.block_size), str(s.num_kv_blocks_total)], 1.0)
         yield info
@@ -82,17 +85,19 @@ class ServerMetrics:
         self.registry = CollectorRegistry()
         self.registry.register(EngineStatsCollector(model_name, stats))
         labels = ["model_name"]
-        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token.",
+        self.ttft = Histogram(WorkerMetric.TIME_TO_FIRST_TOKEN_SECONDS, "Time to first token.",
                               labels, buckets=TTFT_BUCKETS, registry=self.registry)
-        self.itl = Histogram("vllm:inter_token_latency_seconds", "Time between output tokens.",
-                             labels, buckets=ITL_BUCKETS, registry=self.registry)
-        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Request latency end to end.",
-                             labels, buckets=E2E_BUCKETS, registry=self.registry)
-        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prefill tokens processed.",
+        self.itl = Histogram(WorkerMetric.INTER_TOKEN_LATENCY_SECONDS,
+                             "Time between output tokens.", labels, buckets=ITL_BUCKETS,
+                             registry=self.registry)
+        self.e2e = Histogram(WorkerMetric.E2E_REQUEST_LATENCY_SECONDS,
+                             "Request latency end to end.", labels, buckets=E2E_BUCKETS,
+                             registry=self.registry)
+        self.prompt_tokens = Counter(WorkerMetric.PROMPT_TOKENS, "Prefill tokens processed.",
                                      labels, registry=self.registry)
-        self.generation_tokens = Counter("vllm:generation_tokens", "Generated tokens.",
+        self.generation_tokens = Counter(WorkerMetric.GENERATION_TOKENS, "Generated tokens.",
                                          labels, registry=self.registry)
-        self.request_success = Counter("vllm:request_success", "Finished requests.",
+        self.request_success = Counter(WorkerMetric.REQUEST_SUCCESS, "Finished requests.",
                                        ["model_name", "finished_reason"], registry=self.registry)
         # Label children resolved once: `labels()` takes a lock on every call.
         self._ttft = self.ttft.labels(model_name)

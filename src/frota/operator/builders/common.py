@@ -17,7 +17,7 @@ def selector_labels(isvc: InferenceService, **extra: str) -> dict[str, str]:
 
 def labels(isvc: InferenceService, role: str | None = None, replica: int | None = None,
            **extra: str) -> dict[str, str]:
-    """Labels of a child object (DESIGN.md: name, instance, role, replica)."""
+    """Labels of a child object (docs/internals.md: name, instance, role, replica)."""
     out = {**selector_labels(isvc), Label.MANAGED_BY: OPERATOR_MANAGER}
     if role is not None:
         out[Label.ROLE] = role
