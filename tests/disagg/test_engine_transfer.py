@@ -8,14 +8,6 @@ import asyncio
 import pytest
 
 from frota.engine import AsyncEngine, EngineArgs, SamplingParams
-from frota.engine.kv_transfer import (
-    export_parts,
-    import_part,
-    layout_fingerprint,
-    part_specs,
-    release,
-    reserve,
-)
 
 MODEL = "synthetic:dense-tiny"
 
@@ -39,25 +31,27 @@ async def _collect(engine: AsyncEngine, rid: str, prompt: list[int], params: Sam
 
 async def _disaggregated(prefill: AsyncEngine, decode: AsyncEngine, prompt: list[int],
                          params: SamplingParams) -> tuple[list[int], str]:
+    """Through `AsyncEngine.kv_transfer`, the interface the worker's KV routes use."""
     first_params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=params.ignore_eos)
-    seq = prefill.engine.make_sequence("p", prompt, first_params)
-    seq.keep_kv = True
+    src, dst = prefill.kv_transfer, decode.kv_transfer
+    seq = src.new_sequence("p", prompt, first_params, keep_kv=True)
     first, _ = await _collect(prefill, "p", prompt, first_params, seq=seq)
-    assert seq.block_table, "a prefill-only sequence keeps its blocks at finish"
+    assert src.holds_blocks(seq), "a prefill-only sequence keeps its blocks at finish"
+    header, parts = src.export(seq)
     n_blocks = -(-len(prompt) // prefill.engine.block_manager.block_size)
-    specs = part_specs(prefill.engine, n_blocks)
-    data = [bytes(p) for p in export_parts(prefill.engine, seq.block_table[:n_blocks])]
+    assert header["num_blocks"] == n_blocks and header["num_prompt_tokens"] == len(prompt)
+    assert len(header["parts"]) == src.num_parts()
+    data = [bytes(p) for p in parts]
     used_before = prefill.stats().num_kv_blocks_used
-    await prefill.call(lambda e: release(e, seq))
+    await src.release(seq)
     assert prefill.stats().num_kv_blocks_used == used_before - n_blocks
 
-    assert layout_fingerprint(prefill.engine) == layout_fingerprint(decode.engine)
-    dseq = decode.engine.make_sequence("d", prompt, params)
-    assert await decode.call(lambda e: reserve(e, dseq, len(prompt)))
-    for i, (spec, chunk) in enumerate(zip(specs, data, strict=True)):
-        import_part(decode.engine, i, dseq.block_table, chunk, spec)
-    dseq.num_computed_tokens = len(prompt)
-    dseq.append_token(first[0])
+    assert header["fingerprint"] == src.fingerprint() == dst.fingerprint()
+    dseq = dst.new_sequence("d", prompt, params)
+    assert await dst.reserve(dseq)
+    for i, (spec, chunk) in enumerate(zip(header["parts"], data, strict=True)):
+        dst.import_part(dseq, i, chunk, spec)
+    dst.finish_import(dseq, first[0])
     return await _collect(decode, "d", prompt, params, seq=dseq)
 
 

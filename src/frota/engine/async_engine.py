@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from frota.engine.config import EngineArgs
+from frota.engine.kv_transfer import KVTransfer, admit_imported
 from frota.engine.llm_engine import LLMEngine
 from frota.engine.outputs import EngineStats, RequestOutput
 from frota.engine.sampling_params import SamplingParams
@@ -24,6 +25,7 @@ class AsyncEngine:
         self.tokenizer = self.engine.tokenizer
         self.max_model_len = self.engine.max_model_len
         self.model_config = self.engine.model_config
+        self.kv_transfer = KVTransfer(self)  # disaggregated prefill/decode: moving prompt KV
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wakeup = threading.Event()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
@@ -48,8 +50,8 @@ class AsyncEngine:
                        seq: Sequence | None = None) -> AsyncIterator[RequestOutput]:
         """Yield the deltas of one request until it finishes; raises InvalidRequestError up front.
 
-        `seq`: an already built sequence (from `engine.make_sequence`), e.g. one whose prompt
-        KV was imported by `frota.engine.kv_transfer`; `prompt` and `params` are then unused.
+        `seq`: an already built sequence (from `kv_transfer.new_sequence`), e.g. one whose
+        prompt KV was imported; `prompt` and `params` are then unused.
         """
         if self._error is not None:
             raise RuntimeError(f"the engine loop failed: {self._error!r}")
@@ -117,8 +119,6 @@ class AsyncEngine:
                 if seq.request_id not in self._streams:
                     self.engine.block_manager.deallocate(seq)  # imported KV, if any
                 elif seq.num_generated_tokens:  # KV imported with its first token
-                    from frota.engine.kv_transfer import admit_imported
-
                     self._deliver(admit_imported(self.engine, seq), seq.request_id)
                 else:
                     self.engine.add_sequence(seq)

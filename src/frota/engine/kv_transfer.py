@@ -12,6 +12,10 @@ first token and samples the second, exactly as the colocated engine would.
 
 Both sides describe their KV pool with `layout_fingerprint`; a transfer between
 pools whose fingerprints differ is refused (the bytes would be meaningless).
+
+`KVTransfer` is the same, bound to a running `AsyncEngine` (`AsyncEngine.kv_transfer`):
+what the worker's HTTP routes use, so they never reach into the engine's block pool
+or a sequence's bookkeeping.
 """
 
 from __future__ import annotations
@@ -20,13 +24,17 @@ import hashlib
 import json
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from frota.engine.llm_engine import LLMEngine
 from frota.engine.outputs import RequestOutput
+from frota.engine.sampling_params import SamplingParams
 from frota.engine.sequence import Sequence
+
+if TYPE_CHECKING:
+    from frota.engine.async_engine import AsyncEngine
 
 
 def layout(engine: LLMEngine) -> dict[str, Any]:
@@ -134,3 +142,78 @@ def admit_imported(engine: LLMEngine, seq: Sequence) -> RequestOutput:
         del engine.requests[seq.request_id]
     text = detok.flush(finished=reason is not None)
     return engine._output(seq, [token], text, None, reason is not None)
+
+
+class KVTransfer:
+    """A running `AsyncEngine`'s side of a KV transfer.
+
+    Block pool changes (`reserve`, `release`) run on the engine thread; reading pinned
+    blocks and writing reserved ones run on the caller's (no step touches those blocks).
+    """
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._async_engine = engine
+
+    @property
+    def _engine(self) -> LLMEngine:
+        return self._async_engine.engine
+
+    def layout(self) -> dict[str, Any]:
+        return layout(self._engine)
+
+    def fingerprint(self) -> str:
+        return layout_fingerprint(self._engine)
+
+    @staticmethod
+    def prompt_digest(token_ids: list[int]) -> str:
+        return prompt_digest(token_ids)
+
+    def num_parts(self) -> int:
+        """Storage parts of a block stream (per layer K then V; values and scales if quantized)."""
+        return len(storage_parts(self._engine))
+
+    def new_sequence(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                     *, keep_kv: bool = False) -> Sequence:
+        """A validated sequence for `AsyncEngine.generate(seq=...)`; raises InvalidRequestError.
+        `keep_kv`: a prefill whose blocks stay pinned after it finishes, for `export`."""
+        seq = self._engine.make_sequence(request_id, prompt, params)
+        seq.keep_kv = keep_kv
+        return seq
+
+    # -- prefill side ----------------------------------------------------------
+
+    def export(self, seq: Sequence) -> tuple[dict[str, Any], Iterator[memoryview]]:
+        """The stream header (fingerprint, layout, num_prompt_tokens, num_blocks, parts) of a
+        finished prefill's pinned prompt blocks, and their bytes part by part (read lazily)."""
+        num_blocks = -(-seq.num_prompt_tokens // self._engine.block_manager.block_size)
+        header = {"fingerprint": self.fingerprint(), "layout": self.layout(),
+                  "num_prompt_tokens": seq.num_prompt_tokens, "num_blocks": num_blocks,
+                  "parts": part_specs(self._engine, num_blocks)}
+        return header, export_parts(self._engine, list(seq.block_table[:num_blocks]))
+
+    async def release(self, seq: Sequence) -> None:
+        """Free a pinned or reserved sequence's blocks; raises RuntimeError if the engine stopped."""
+        await self._async_engine.call(lambda e: release(e, seq))
+
+    # -- decode side -----------------------------------------------------------
+
+    def holds_blocks(self, seq: Sequence) -> bool:
+        return bool(seq.block_table)
+
+    async def reserve(self, seq: Sequence) -> bool:
+        """Blocks for `seq`'s prompt; False when the pool cannot spare them (the engine will
+        then compute the prompt itself)."""
+        num_tokens = seq.num_prompt_tokens
+        return bool(await self._async_engine.call(lambda e: reserve(e, seq, num_tokens)))
+
+    def import_part(self, seq: Sequence, part_index: int, data: bytes | bytearray,
+                    spec: dict[str, Any]) -> None:
+        """Copy one received part into `seq`'s reserved blocks."""
+        import_part(self._engine, part_index, seq.block_table, data, spec)
+
+    def finish_import(self, seq: Sequence, first_token: int) -> None:
+        """The prompt's KV is in place (if blocks were reserved) and the prefill's first token
+        follows it: `generate(seq=seq)` then continues from the second token."""
+        if seq.block_table:
+            seq.num_computed_tokens = seq.num_prompt_tokens
+        seq.append_token(first_token)

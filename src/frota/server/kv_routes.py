@@ -108,16 +108,15 @@ class KVService:
 
     # -- engine access -------------------------------------------------------
 
-    def engine(self) -> Any:
-        """The AsyncEngine; 503 while loading."""
+    def kv(self) -> Any:
+        """The engine's KV transfer side (`frota.engine.kv_transfer.KVTransfer`); 503 while
+        loading."""
         bindings, _ = self.state.ready_generation()
-        return bindings.engine
+        return bindings.engine.kv_transfer
 
     async def release(self, seq: Any) -> None:
-        from frota.engine.kv_transfer import release
-
         with contextlib.suppress(RuntimeError):  # the engine is gone: nothing to free
-            await self.engine().call(lambda e: release(e, seq))
+            await self.kv().release(seq)
 
     # -- pinned handles ------------------------------------------------------
 
@@ -165,8 +164,6 @@ class KVService:
     # -- prefill side --------------------------------------------------------
 
     async def prefill(self, request: web.Request) -> web.Response:
-        from frota.engine.kv_transfer import layout_fingerprint, prompt_digest
-
         state = self.state
         bindings, generation = state.ready_generation()
         builder, model_cls = _BUILDERS[request.match_info["endpoint"]]
@@ -180,13 +177,13 @@ class KVService:
             raise errors.invalid("Disaggregated prefill serves one prompt and n=1.", param="n")
         generation.admit(1)
         engine = bindings.engine
+        kv = engine.kv_transfer
         params = dataclasses.replace(job.params[0], max_tokens=1)
         request_id = f"kv-{uuid.uuid4().hex}"
         try:
-            seq = engine.engine.make_sequence(request_id, job.prompts[0], params)
+            seq = kv.new_sequence(request_id, job.prompts[0], params, keep_kv=True)
         except bindings.invalid_request_error as exc:
             raise errors.invalid(str(exc), param=getattr(exc, "param", None)) from exc
-        seq.keep_kv = True
         first: int | None = None
         reason: str | None = None
         with state.lifecycle.in_flight():
@@ -203,8 +200,8 @@ class KVService:
         self.pin(seq)
         handle = {
             "url": self.options.advertise_url, "id": request_id,
-            "fingerprint": layout_fingerprint(engine.engine),
-            "prompt_digest": prompt_digest(job.prompts[0]),
+            "fingerprint": kv.fingerprint(),
+            "prompt_digest": kv.prompt_digest(job.prompts[0]),
             "num_prompt_tokens": seq.num_prompt_tokens, "first_token": first,
             "ttl_s": self.options.handle_ttl_s,
         }
@@ -213,14 +210,11 @@ class KVService:
                                   "num_prompt_tokens": seq.num_prompt_tokens})
 
     async def send_blocks(self, request: web.Request) -> web.StreamResponse:
-        from frota.engine.kv_transfer import export_parts, layout, layout_fingerprint, part_specs
-
-        engine = self.engine()
-        llm = engine.engine
-        fingerprint = layout_fingerprint(llm)
+        kv = self.kv()
+        fingerprint = kv.fingerprint()
         asked = request.headers.get(FINGERPRINT_HEADER)
         if asked is not None and asked != fingerprint:
-            raise errors.APIError(409, f"KV layout mismatch: this prefill worker has {layout(llm)} "
+            raise errors.APIError(409, f"KV layout mismatch: this prefill worker has {kv.layout()} "
                                   f"(fingerprint {fingerprint}), the decode worker {asked}.",
                                   code="kv_layout_mismatch")
         entry = self.pinned.pop(request.match_info["id"], None)
@@ -229,19 +223,15 @@ class KVService:
                                   f"{request.match_info['id']!r}; run the request again.",
                                   type="not_found_error", code="kv_handle_not_found")
         seq = entry.seq
-        num_blocks = -(-seq.num_prompt_tokens // llm.block_manager.block_size)
-        block_ids = list(seq.block_table[:num_blocks])
-        header = json.dumps({"fingerprint": fingerprint, "layout": layout(llm),
-                             "num_prompt_tokens": seq.num_prompt_tokens,
-                             "num_blocks": num_blocks,
-                             "parts": part_specs(llm, num_blocks)}).encode()
+        fields, parts = kv.export(seq)
+        header = json.dumps(fields).encode()
         started = time.perf_counter()
         sent = 0
         response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
         try:
             await response.prepare(request)
             await response.write(struct.pack(">I", len(header)) + header)
-            for data in export_parts(llm, block_ids):
+            for data in parts:
                 await response.write(data)
                 sent += data.nbytes
             await response.write_eof()
@@ -260,11 +250,9 @@ class KVService:
         return web.json_response({"released": entry is not None})
 
     async def describe(self, request: web.Request) -> web.Response:
-        from frota.engine.kv_transfer import layout, layout_fingerprint
-
-        llm = self.engine().engine
-        return web.json_response({"role": self.options.role, "fingerprint": layout_fingerprint(llm),
-                                  "layout": layout(llm), "pinned_handles": len(self.pinned)})
+        kv = self.kv()
+        return web.json_response({"role": self.options.role, "fingerprint": kv.fingerprint(),
+                                  "layout": kv.layout(), "pinned_handles": len(self.pinned)})
 
     # -- decode side ---------------------------------------------------------
 
@@ -273,8 +261,6 @@ class KVService:
         raw = request.headers.get(HANDLE_HEADER)
         if raw is None:
             return
-        from frota.engine.kv_transfer import layout, layout_fingerprint, prompt_digest
-
         try:
             handle = json.loads(raw)
             url, handle_id = str(handle["url"]).rstrip("/"), str(handle["id"])
@@ -285,35 +271,34 @@ class KVService:
         if job.num_choices != 1:
             raise errors.invalid("A request with a KV handle must have one prompt and n=1.",
                                  param="n")
-        engine = self.engine()
-        llm = engine.engine
-        fingerprint = layout_fingerprint(llm)
+        kv = self.kv()
+        fingerprint = kv.fingerprint()
         if handle.get("fingerprint") != fingerprint:
             self.metrics.failures.labels("layout_mismatch").inc()
             raise errors.APIError(409, f"KV layout mismatch: the handle's fingerprint is "
                                   f"{handle.get('fingerprint')}, this decode worker's is "
-                                  f"{fingerprint} ({layout(llm)}); prefill and decode workers "
+                                  f"{fingerprint} ({kv.layout()}); prefill and decode workers "
                                   "must run the same model, dtype and block size.",
                                   code="kv_layout_mismatch")
         prompt = job.prompts[0]
-        if handle.get("prompt_digest") != prompt_digest(prompt):
+        if handle.get("prompt_digest") != kv.prompt_digest(prompt):
             self.metrics.failures.labels("prompt_mismatch").inc()
             raise errors.APIError(409, "The KV handle belongs to a different prompt (the prefill "
                                   "worker tokenized it differently).", code="kv_prompt_mismatch")
         try:
-            seq = llm.make_sequence(job.engine_id(0), prompt, job.params[0])
+            seq = kv.new_sequence(job.engine_id(0), prompt, job.params[0])
         except Exception as exc:
             raise errors.invalid(str(exc)) from exc
         started = time.perf_counter()
         try:
-            received = await self._pull(engine, seq, url, handle_id, fingerprint)
+            received = await self._pull(kv, seq, url, handle_id, fingerprint)
         except errors.APIError:
-            if seq.block_table:
+            if kv.holds_blocks(seq):
                 await self.release(seq)
             raise
         except (aiohttp.ClientError, asyncio.IncompleteReadError, OSError, TimeoutError,
                 ValueError) as exc:
-            if seq.block_table:
+            if kv.holds_blocks(seq):
                 await self.release(seq)
             self.metrics.failures.labels(type(exc).__name__).inc()
             raise errors.APIError(424, f"Could not fetch the KV blocks from the prefill worker "
@@ -321,19 +306,14 @@ class KVService:
                                   type="upstream_error", code="kv_transfer_failed") from exc
         self.metrics.bytes.labels("received").inc(received)
         self.metrics.seconds.labels("receive").observe(time.perf_counter() - started)
-        if seq.block_table:
-            seq.num_computed_tokens = seq.num_prompt_tokens
-        seq.append_token(first)
+        kv.finish_import(seq, first)
         job.kv_seq = seq
 
-    async def _pull(self, engine: Any, seq: Any, url: str, handle_id: str,
+    async def _pull(self, kv: Any, seq: Any, url: str, handle_id: str,
                     fingerprint: str) -> int:
         """Stream the blocks into `seq`'s newly reserved blocks; the bytes received (0 when the
         pool was full and the prompt will be recomputed instead)."""
-        from frota.engine.kv_transfer import import_part, reserve, storage_parts
-
         assert self.session is not None
-        llm = engine.engine
         async with self.session.get(f"{url}/internal/kv/blocks/{handle_id}",
                                     headers={FINGERPRINT_HEADER: fingerprint}) as resp:
             if resp.status != 200:
@@ -345,19 +325,18 @@ class KVService:
                                       type="upstream_error", code="kv_transfer_failed")
             (size,) = struct.unpack(">I", await resp.content.readexactly(4))
             header = json.loads(await resp.content.readexactly(size))
-            num_parts = len(storage_parts(llm))
+            num_parts = kv.num_parts()
             if (header["fingerprint"] != fingerprint or len(header["parts"]) != num_parts
                     or header["num_prompt_tokens"] != seq.num_prompt_tokens):
                 raise errors.APIError(409, f"The KV stream does not fit this worker: {header}.",
                                       code="kv_layout_mismatch")
-            num_tokens = seq.num_prompt_tokens
-            if not await engine.call(lambda e: reserve(e, seq, num_tokens)):
+            if not await kv.reserve(seq):
                 self.metrics.recomputed.inc()
                 return 0  # closing the stream early frees the blocks on the prefill side
             received = 0
             for i, spec in enumerate(header["parts"]):
                 data = await resp.content.readexactly(spec["nbytes"])
-                import_part(llm, i, seq.block_table, data, spec)
+                kv.import_part(seq, i, data, spec)
                 received += len(data)
             return received
 
