@@ -141,13 +141,13 @@ def test_without_the_env_nothing_prebuilt_is_used(monkeypatch):
 
 
 def test_prebuilt_flags_replace_march_native():
-    from frota.engine import kernels
-    from frota.engine.quant import cpu_kernels
+    from frota.engine.kernels.build import EXTENSIONS
 
     level = isa.BY_NAME["x86-64-v4-bf16"]
-    assert prebuilt._portable(kernels.CFLAGS, level) == ["-O3", "-march=x86-64-v4", "-mavx512bf16",
-                                                         "-ffast-math", "-fopenmp"]
-    assert prebuilt._portable(cpu_kernels.CFLAGS, isa.BY_NAME["x86-64-v2"]) == ["-O3", "-march=x86-64-v2"]
+    assert prebuilt._portable(EXTENSIONS["attention"].cflags, level) == [
+        "-O3", "-march=x86-64-v4", "-mavx512bf16", "-ffast-math", "-fopenmp"]
+    assert prebuilt._portable(EXTENSIONS["quant"].cflags, isa.BY_NAME["x86-64-v2"]) == [
+        "-O3", "-march=x86-64-v2"]
 
 
 def test_prebuild_elsewhere_than_x86_writes_an_empty_manifest(tmp_path, monkeypatch):

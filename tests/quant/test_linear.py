@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from frota.engine.kernels import build, prebuilt
 from frota.engine.quant import cpu_kernels, linear
 from frota.engine.quant.formats import quantize_fp8, quantize_int4, quantize_int8
 from frota.engine.quant.gguf_native import q4_1_to_int4
@@ -242,14 +243,16 @@ def test_fp8_uses_scaled_mm_on_capable_gpus() -> None:
 
 def test_without_a_compiler_the_layers_use_torch(monkeypatch, caplog) -> None:  # type: ignore[no-untyped-def]
     """A failed build is logged once and leaves `kernels()` None: torch's ops serve."""
-    def no_compiler():  # type: ignore[no-untyped-def]
+    def no_compiler(*args):  # type: ignore[no-untyped-def]
         raise RuntimeError("g++: command not found")
 
-    monkeypatch.setattr(cpu_kernels, "_state", {})
-    monkeypatch.setattr(cpu_kernels, "_build", no_compiler)
-    with caplog.at_level("WARNING", logger="frota.engine.quant"):
+    monkeypatch.setattr(build, "_loaded", {})
+    monkeypatch.setattr(prebuilt, "load", lambda kind: None)  # nor a prebuilt one (FROTA_KERNELS_DIR)
+    monkeypatch.setattr(build, "compile_extension", no_compiler)
+    with caplog.at_level("WARNING", logger="frota.engine.kernels"):
         assert cpu_kernels.kernels() is None
-    assert "unavailable" in caplog.text and "g++" in caplog.text
+        assert cpu_kernels.kernels() is None
+    assert caplog.text.count("unavailable") == 1 and "g++" in caplog.text
     torch.manual_seed(0)
     layer = Int4Linear(quantize_int4(torch.randn(64, 128), 32))
     layer.prepare(torch.bfloat16)
@@ -258,9 +261,10 @@ def test_without_a_compiler_the_layers_use_torch(monkeypatch, caplog) -> None:  
     _check(layer, x)
 
 
-def test_kernels_can_be_turned_off(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(cpu_kernels, "_state", {})
-    monkeypatch.setenv("FROTA_QUANT_KERNELS", "torch")
+@pytest.mark.parametrize("switch", [("FROTA_CPU_KERNELS", "0"), ("FROTA_QUANT_KERNELS", "torch")])
+def test_kernels_can_be_turned_off(monkeypatch, switch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(build, "_loaded", {})
+    monkeypatch.setenv(*switch)
     assert cpu_kernels.kernels() is None
     layer = Int8Linear(quantize_int8(torch.randn(32, 64), group_size=32))
     layer.prepare(torch.bfloat16)

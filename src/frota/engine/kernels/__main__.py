@@ -13,8 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from frota.engine import kernels
-from frota.engine.quant import cpu_kernels as quant_kernels
+from frota.engine.kernels import build
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,12 +33,12 @@ def main(argv: list[str] | None = None) -> int:
               f"in {time.monotonic() - start:.0f} s", flush=True)
         return 0 if built or not isa.is_x86_64() else 1
     ok = True
-    for name, build in (("paged attention", kernels.cpu_kernels), ("int8/int4 matmul", quant_kernels.kernels)):
+    for kind in build.EXTENSIONS:
         start = time.monotonic()
-        print(f"[frota.engine] building the {name} kernels ...", flush=True)
-        built = build() is not None
+        print(f"[frota.engine] building the {kind} kernels ...", flush=True)
+        built = build.load(kind) is not None
         ok &= built
-        print(f"[frota.engine] {name}: {'ready' if built else 'FAILED'} in {time.monotonic() - start:.0f} s",
+        print(f"[frota.engine] {kind}: {'ready' if built else 'FAILED'} in {time.monotonic() - start:.0f} s",
               flush=True)
     return 0 if ok else 1
 

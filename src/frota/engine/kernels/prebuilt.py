@@ -1,8 +1,8 @@
 """The C++ kernels built ahead of time for portable ISA levels (the worker image), and loading them.
 
-`python -m frota.engine.kernels --prebuild DIR` compiles both extensions, the attention and
-layer ops (`frota.engine.kernels`) and the int8/int4 matmuls (`frota.engine.quant.cpu_kernels`),
-once per level of `isa.LEVELS` the compiler knows, into `DIR/<level>/`, and writes
+`python -m frota.engine.kernels --prebuild DIR` compiles every extension of `build.EXTENSIONS`
+(the attention and layer ops, the int8/int4 matmuls), with its own flags but -march=native
+replaced, once per level of `isa.LEVELS` the compiler knows, into `DIR/<level>/`, and writes
 `DIR/manifest.json`: the torch version, the machine, a hash of each extension's source and
 the levels built.
 
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import importlib.util
 import json
 import logging
@@ -29,30 +28,21 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 
-from frota.engine.kernels import isa
+from frota.engine.kernels import build, isa
 
 log = logging.getLogger("frota.engine.kernels")
 
 DIR_ENV = "FROTA_KERNELS_DIR"
 ISA_ENV = "FROTA_KERNELS_ISA"
-KINDS = ("attention", "quant")
-_BASE_NAMES = {"attention": "frota_cpu_kernels", "quant": "frota_quant"}
+KINDS = tuple(build.EXTENSIONS)
 
 
 def module_name(kind: str, level: isa.IsaLevel) -> str:
-    return f"{_BASE_NAMES[kind]}_{level.slug}"
+    return f"{build.EXTENSIONS[kind].name}_{level.slug}"
 
 
 def source_digest(kind: str) -> str:
-    if kind == "attention":
-        from frota.engine.kernels import SOURCES
-
-        data = b"".join(source.read_bytes() for source in SOURCES)
-    else:
-        from frota.engine.quant.cpu_kernels import CPP
-
-        data = CPP.encode()
-    return hashlib.sha256(data).hexdigest()[:16]
+    return build.EXTENSIONS[kind].source_digest()
 
 
 def _portable(cflags: Sequence[str], level: isa.IsaLevel) -> list[str]:
@@ -61,11 +51,8 @@ def _portable(cflags: Sequence[str], level: isa.IsaLevel) -> list[str]:
 
 
 def _compile(kind: str, name: str, level: isa.IsaLevel, directory: Path) -> None:
-    if kind == "attention":
-        from frota.engine import kernels as extension
-    else:
-        from frota.engine.quant import cpu_kernels as extension
-    extension.compile_extension(name, _portable(extension.CFLAGS, level), directory)
+    ext = build.EXTENSIONS[kind]
+    build.compile_extension(ext, name, _portable(ext.cflags, level), directory)
 
 
 def compiler_supports(level: isa.IsaLevel, cxx: str = "c++") -> bool:

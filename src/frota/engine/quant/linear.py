@@ -9,7 +9,8 @@ Kernels, by device and activation dtype:
   kernel's layout (GGUF's nibble order, float16 scale and min per group when
   they are exact in float16). More rows (prefill) dequantize with the same
   extension and multiply. When the extension cannot be built (no compiler), or
-  with `FROTA_QUANT_KERNELS=torch`, the torch ops below are used, as before.
+  is switched off (`FROTA_CPU_KERNELS=0`, or `FROTA_QUANT_KERNELS=torch` for it
+  alone), the torch ops below are used, as before.
 - int8 per channel: `torch._weight_int8pack_mm` (CPU and CUDA) for bf16/fp16
   activations. On CPU its float32 path is a scalar loop, slower than
   dequantize-then-matmul, so float32 takes the fallback.
