@@ -375,6 +375,10 @@ class Operator:
         loop = asyncio.get_running_loop()
         assert await loop.run_in_executor(None, self.ready_flag.wait, 10), "kopf did not start"
 
+    def metric(self, sample: str, /, **labels: str) -> float:
+        """One sample of the operator's metrics (0 until it is first counted)."""
+        return self.state.metrics.registry.get_sample_value(sample, labels) or 0.0
+
     async def stop(self) -> None:
         self.stop_flag.set()
         await asyncio.get_running_loop().run_in_executor(None, self.thread.join, 15)

@@ -254,8 +254,9 @@ async def test_restart_converges_without_duplicates_or_writes(
     second = Operator(apiserver)
     await second.start()
     try:
-        await wait_for(lambda: second.state.metrics.reconciles.labels("converged")._value.get() >= 1,
-                       what="a reconcile by the new operator")
+        await wait_for(
+            lambda: second.metric("frota_operator_reconciles_total", result="converged") >= 1,
+            what="a reconcile by the new operator")
         # A second pass (pokes from the initial listing of children) changes nothing either.
         await wait_for(lambda: second.state.pending == 0, what="no reconcile pending")
     finally:

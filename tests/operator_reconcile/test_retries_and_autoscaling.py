@@ -6,6 +6,10 @@ from frota.operator import autoscale
 from tests.operator_reconcile.conftest import Cluster, FakeApiserver, Operator, sample, wait_for
 from tests.operator_reconcile.test_handlers import converge, owned, status_is
 
+RECONCILES = "frota_operator_reconciles_total"
+DECISIONS = "frota_operator_autoscale_decisions_total"
+DESIRED = "frota_operator_autoscale_desired_replicas"
+
 
 async def test_transient_api_errors_are_retried_until_the_fleet_converges(
     cluster: Cluster, apiserver: FakeApiserver, operator: Operator
@@ -14,7 +18,7 @@ async def test_transient_api_errors_are_retried_until_the_fleet_converges(
     await cluster.create_isvc(sample("tiny", replicas=1))
     await wait_for(lambda: owned(cluster, "tiny")["StatefulSet"], what="the group despite errors")
     await converge(cluster, "tiny", 1)
-    assert operator.state.metrics.reconciles.labels("retry")._value.get() >= 1
+    assert operator.metric(RECONCILES, result="retry") >= 1
 
 
 async def test_permanent_api_errors_are_reported_not_retried(
@@ -24,7 +28,7 @@ async def test_permanent_api_errors_are_reported_not_retried(
     await cluster.create_isvc(sample("tiny", replicas=1))
     events = await wait_for(lambda: cluster.events("ReconcileFailed"), what="a failure event")
     assert "422" in events[0]["message"] and "not retrying" in events[0]["message"]
-    assert operator.state.metrics.reconciles.labels("error")._value.get() >= 1
+    assert operator.metric(RECONCILES, result="error") >= 1
 
 
 async def test_autoscaler_scales_up_on_queue_depth_and_says_so(
@@ -41,7 +45,7 @@ async def test_autoscaler_scales_up_on_queue_depth_and_says_so(
     events = await wait_for(lambda: cluster.events("ScaledUp"), what="a ScaledUp event")
     assert "1 -> 3" in events[0]["message"], [e["message"] for e in events]
     assert len(events) == 1, [e["message"] for e in events]
-    assert operator.state.metrics.scale_decisions.labels("", "up")._value.get() == 1
+    assert operator.metric(DECISIONS, role="", direction="up") == 1
     await wait_for(status_is(cluster, "tiny", "SpecValid", "True"), what="status")
 
 
@@ -85,12 +89,12 @@ async def test_prefill_scales_up_on_its_own_queue_while_decode_stays(
     events = await wait_for(lambda: cluster.events("ScaledUp"), what="a ScaledUp event")
     assert "autoscaling prefill: 1 -> 3" in events[0]["message"], [e["message"] for e in events]
     await wait_for(
-        lambda: operator.state.metrics.desired_replicas.labels("default", "pd", "decode")
-        ._value.get() == 2, what="a decode decision")
+        lambda: operator.metric(DESIRED, namespace="default", name="pd", role="decode") == 2,
+        what="a decode decision")
     assert role(cluster, "pd", "decode")["replicas"] == 2
     assert cluster.isvc("pd")["spec"]["replicas"] == 1
-    assert operator.state.metrics.scale_decisions.labels("prefill", "up")._value.get() == 1
-    assert operator.state.metrics.scale_decisions.labels("decode", "up")._value.get() == 0
+    assert operator.metric(DECISIONS, role="prefill", direction="up") == 1
+    assert operator.metric(DECISIONS, role="decode", direction="up") == 0
     assert not cluster.events("ScaledDown")
     assert len(cluster.events("ScaledUp")) == 1
 
@@ -119,7 +123,7 @@ async def test_decode_scales_down_only_after_its_stabilization_window(
     assert scaled_to == 2 and scaled_at - seed[0] > window  # not before the window passed
     await wait_for(lambda: role(cluster, "pd", "decode")["replicas"] == 2, what="decode at min")
     assert role(cluster, "pd", "prefill")["replicas"] == 1
-    assert operator.state.metrics.scale_decisions.labels("decode", "down")._value.get() == 1
+    assert operator.metric(DECISIONS, role="decode", direction="down") == 1
 
 
 async def test_a_roles_metrics_are_found_on_its_ready_rank0_pods(

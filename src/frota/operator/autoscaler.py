@@ -71,7 +71,8 @@ async def _scale(isvc: InferenceService, role: str, autoscaling: Autoscaling, cu
                  logger: Any) -> int | None:
     """One scaler: spec.replicas from the router (role ""), or one role's groups per unit
     from its own workers. Returns the new replicas if they changed."""
-    assert state.http is not None, "the metrics session opens at start-up"
+    if state.http is None:
+        return None  # not started yet, or shutting down: the metrics session is closed
     namespace, name = isvc.metadata.namespace or "default", isvc.metadata.name
     if role:
         urls = state.role_metrics_urls(pods, role)
