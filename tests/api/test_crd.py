@@ -89,7 +89,9 @@ def test_apiserver_admits_every_sample(path):
     obj = yaml.safe_load(path.read_text())
     defaulted, errors = admit(SCHEMA, obj)
     assert errors == []
-    assert defaulted["spec"]["engine"]["kvCache"]["blockSize"] == 16  # nested defaults filled
+    written = obj["spec"].get("engine", {}).get("kvCache", {}).get("blockSize", 16)
+    assert defaulted["spec"]["engine"]["kvCache"]["blockSize"] == written  # nested defaults filled
+    assert defaulted["spec"]["engine"]["kvCache"]["memoryFraction"] == 0.9
 
 
 def _with(patch_path: str, value, base: str = "cpu-tiny-smollm2.yaml") -> dict:

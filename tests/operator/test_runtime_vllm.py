@@ -127,3 +127,65 @@ def test_headless_wrapper_in_a_real_shell(rank, tail):
     out = subprocess.run(["/bin/sh", "-c", vllm.HEADLESS_UNLESS_RANK_0, "echo", "serve", "/m"],
                          env={"FROTA_RANK": rank}, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == tail
+
+
+def _worker_pod(path: str):
+    from frota.operator.render import render
+    from frota.operator.validation import load
+    from tests.api.test_crd import _sample
+
+    _, children = render(load(_sample(path)))
+    sts = next(c for c in children if c["kind"] == "StatefulSet")
+    return sts["spec"]["template"]["spec"]
+
+
+def test_vllm_pod_runs_vllm_on_a_converted_model():
+    pod = _worker_pod("vllm-cpu-smollm2.yaml")
+    worker = pod["containers"][0]
+    assert worker["image"] == "frota-vllm-cpu:dev"
+    assert worker["command"] == list(vllm.SERVER)
+    assert worker["args"][0] == "/models/converted/smollm2"
+    assert worker["args"][-2:] == ["--optimization-level", "0"]      # runtime.args last
+    assert {worker[p]["httpGet"]["path"] for p in ("startupProbe", "livenessProbe", "readinessProbe")} == {"/health"}
+    (convert,) = pod["initContainers"]
+    assert convert["command"] == ["frota"] and convert["args"] == ["convert", "smollm2", "/models/converted/smollm2"]
+    assert convert["image"] != worker["image"]                      # Frota's image holds the GGUF
+    mounts = {m["mountPath"]: m for m in worker["volumeMounts"]}
+    assert mounts["/models/converted"]["readOnly"] is True and "/dev/shm" in mounts
+    env = {e["name"]: e.get("value") for e in worker["env"]}
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["HOME"] == "/tmp"
+
+
+def test_frota_pod_is_unchanged_by_the_runtime_field():
+    pod = _worker_pod("cpu-tiny-smollm2.yaml")
+    worker = pod["containers"][0]
+    assert worker["command"] == ["frota"] and worker["args"][0] == "worker"
+    assert worker["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert "initContainers" not in pod and all(v["name"] != "dshm" for v in pod["volumes"])
+
+
+def test_runtime_changes_roll_the_groups_but_frota_revisions_hold():
+    from frota.operator.planner import revision
+
+    frota = InferenceServiceSpec.model_validate({"model": MODEL})
+    explicit = InferenceServiceSpec.model_validate({"model": MODEL, "runtime": {"engine": "frota"}})
+    assert revision(frota, "worker", frota.parallelism, frota.resources) == revision(
+        explicit, "worker", explicit.parallelism, explicit.resources)
+    s = spec()
+    assert revision(s, "worker", s.parallelism, s.resources) != revision(
+        frota, "worker", frota.parallelism, frota.resources)
+
+
+def test_vllm_plan_reserves_vllms_own_overhead_on_cpu():
+    from frota.operator.planner import plan
+    from frota.operator.validation import SpecError, load
+
+    def manifest(memory: str):
+        return load({"apiVersion": "frota.dev/v1alpha1", "kind": "InferenceService",
+                     "metadata": {"name": "v"},
+                     "spec": {**spec(resources={"memory": memory}, engine={"maxModelLen": 2048}).to_wire()}})
+
+    with pytest.raises(SpecError, match="of runtime"):
+        plan(manifest("3Gi"))                                    # Frota's engine would fit here
+    budget = plan(manifest("5Gi")).groups[0].budget
+    assert budget.runtime_overhead_bytes == vllm.CPU_RUNTIME_OVERHEAD_BYTES

@@ -78,11 +78,16 @@ def plan_memory(
     memory_fraction: float,
     rank_memory_bytes: int | None,
     on_accelerator: bool,
+    cpu_runtime_overhead_bytes: int = CPU_RUNTIME_OVERHEAD_BYTES,
 ) -> MemoryBudget:
-    """The memory plan of one replica; kv fields are None when the rank's memory is unknown."""
+    """The memory plan of one replica; kv fields are None when the rank's memory is unknown.
+
+    `cpu_runtime_overhead_bytes`: what the runtime's processes hold on CPU besides weights
+    and KV cache (Frota's engine by default; the vllm runtime passes its own).
+    """
     weights = max(weight_bytes_per_stage(shape, sharding, dtype, weight_quant))
     per_token = kv_bytes_per_token(shape, sharding, dtype, kv_quant)
-    overhead = 0 if on_accelerator else CPU_RUNTIME_OVERHEAD_BYTES
+    overhead = 0 if on_accelerator else cpu_runtime_overhead_bytes
     if rank_memory_bytes is None:
         return MemoryBudget(weights, per_token, None, overhead, None, None, max_model_len, None)
     kv_bytes = int(rank_memory_bytes * memory_fraction) - overhead - weights

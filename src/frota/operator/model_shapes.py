@@ -17,6 +17,7 @@ Delivery = Literal["image", "pvc", "download", "synthetic"]
 
 MODELS_DIR = "/models"
 CACHE_DIR = "/models/cache"
+CONVERTED_DIR = "/models/converted"  # HF-layout copies of image-baked models (`frota convert`)
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,17 @@ import hashlib
 import json
 
 from frota.api import InferenceService, InferenceServiceSpec, Parallelism, Resources
+from frota.api.runtime import Runtime
 from frota.operator.memory import MemoryBudget, Sharding, plan_memory
-from frota.operator.model_shapes import ModelLocation, ModelShape, UnknownModelError, locate
+from frota.operator.model_shapes import (
+    CONVERTED_DIR,
+    ModelLocation,
+    ModelShape,
+    UnknownModelError,
+    locate,
+)
 from frota.operator.quantity import format_bytes, parse_quantity
+from frota.operator.runtimes import vllm
 from frota.operator.topology import (
     Addressing,
     KubernetesAddressing,
@@ -47,6 +55,8 @@ def revision(spec: InferenceServiceSpec, role: Role, parallelism: Parallelism,
         "placement": spec.placement.to_wire(),
         "minPromptTokens": spec.disaggregation.minPromptTokens if spec.disaggregation else None,
     }
+    if spec.runtime != Runtime():  # left out by default, so the revisions of frota specs hold
+        parts["runtime"] = spec.runtime.to_wire()
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:10]
 
 
@@ -125,6 +135,8 @@ def _budget(
         memory_fraction=engine.kvCache.memoryFraction,
         rank_memory_bytes=_rank_memory(rs.resources),
         on_accelerator=rs.resources.accelerator is not None,
+        **({"cpu_runtime_overhead_bytes": vllm.CPU_RUNTIME_OVERHEAD_BYTES}
+           if spec.runtime.engine == "vllm" else {}),
     )
     errors = []
     if budget.sequences_at_max_model_len == 0 and budget.rank_memory_bytes is not None:
@@ -159,12 +171,52 @@ def _engine_env(spec: InferenceServiceSpec) -> dict[str, str]:
     return env
 
 
+def model_path(location: ModelLocation, spec: InferenceServiceSpec, converted_dir: str) -> str:
+    """What the runtime's server is given as its model.
+
+    Frota's runtime reads every delivery itself (an alias's GGUF from the image). vLLM
+    reads HF-layout checkpoints, so an image-baked model is served from its converted
+    copy (`frota convert`, run by an init container, or by `frota up`).
+    """
+    if spec.runtime.engine == "vllm" and location.delivery == "image":
+        return f"{converted_dir}/{location.model_arg}"
+    return location.model_arg
+
+
+def _vllm_group(
+    spec: InferenceServiceSpec, group_name: str, rs: RoleShape, replica: int, ordinal: int,
+    path: str, budget: MemoryBudget | None, addressing: Addressing,
+) -> ReplicaGroup:
+    p = rs.parallelism
+    world = p.tensor * p.pipeline
+    kv = budget.kv_cache_bytes_per_rank if budget is not None else None
+
+    def launch(rank: int | None, port: int):
+        return vllm.launch(spec, p, rs.resources, model_path=path, port=port,
+                           master_addr=addressing.master_addr(group_name),
+                           master_port=addressing.master_port(ordinal), rank=rank, kv_cache_bytes=kv)
+
+    ranks = []
+    for index in range(world):
+        port = addressing.http_port(ordinal, index)
+        one = launch(index, port)
+        ranks.append(Rank(index, one.args, {**one.env, "FROTA_RANK": str(index)}, port, one.command))
+    template = launch(None, addressing.http_port(ordinal, 0))
+    sharding = Sharding(p.tensor, p.pipeline, p.expert)
+    return ReplicaGroup(group_name, rs.role, replica, ordinal, sharding, tuple(ranks), rs.revision,
+                        budget, template)
+
+
 def _group(
     spec: InferenceServiceSpec, name: str, rs: RoleShape, replica: int, ordinal: int,
     location: ModelLocation, budget: MemoryBudget | None, addressing: Addressing,
+    converted_dir: str = CONVERTED_DIR,
 ) -> ReplicaGroup:
     p = rs.parallelism
     group_name = f"{name}-{rs.role}-{replica}"
+    if spec.runtime.engine == "vllm":
+        path = model_path(location, spec, converted_dir)
+        return _vllm_group(spec, group_name, rs, replica, ordinal, path, budget, addressing)
     world = p.tensor * p.pipeline
     group_env = {
         "FROTA_WORLD_SIZE": str(world),
@@ -218,8 +270,13 @@ def check(isvc: InferenceService, shapes: tuple[RoleShape, ...] | None = None,
     return errors, warnings
 
 
-def plan(isvc: InferenceService, addressing: Addressing | None = None) -> Topology:
-    """The topology of an InferenceService; raises SpecError naming the fields at fault."""
+def plan(isvc: InferenceService, addressing: Addressing | None = None,
+         converted_dir: str = CONVERTED_DIR) -> Topology:
+    """The topology of an InferenceService; raises SpecError naming the fields at fault.
+
+    `converted_dir`: where HF-layout copies of image-baked models are, for runtimes that
+    need them (the init container's volume in a pod; a cache directory for `frota up`).
+    """
     addressing = addressing or KubernetesAddressing()
     spec, name = isvc.spec, isvc.metadata.name
     shapes = role_shapes(spec)
@@ -233,7 +290,8 @@ def plan(isvc: InferenceService, addressing: Addressing | None = None) -> Topolo
     for rs in shapes:
         budget = _budget(spec, shape, rs, max_len)[0] if shape else None
         for replica in range(rs.groups):
-            groups.append(_group(spec, name, rs, replica, len(groups), location, budget, addressing))
+            groups.append(_group(spec, name, rs, replica, len(groups), location, budget, addressing,
+                                 converted_dir))
     router_env = {
         "FROTA_MAX_INFLIGHT": str(spec.router.admission.maxInflight),
         "FROTA_MAX_QUEUE": str(spec.router.admission.maxQueue),
@@ -245,7 +303,7 @@ def plan(isvc: InferenceService, addressing: Addressing | None = None) -> Topolo
         mode="Disaggregated" if spec.disaggregation else "Colocated",
         served_model_name=spec.model.name,
         model=location,
-        engine_env=_engine_env(spec),
+        engine_env=_engine_env(spec) if spec.runtime.engine == "frota" else {},
         groups=tuple(groups),
         router=RouterPlan(spec.router.replicas, spec.router.policy, router_env),
         role_shapes=shapes,

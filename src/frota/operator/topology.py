@@ -13,6 +13,7 @@ from typing import Literal, Protocol
 from frota.api import Parallelism, Resources
 from frota.operator.memory import MemoryBudget, Sharding
 from frota.operator.model_shapes import ModelLocation
+from frota.operator.runtimes import FROTA_COMMAND, Launch
 
 Role = Literal["worker", "prefill", "decode"]
 WORKER_PORT = 8000
@@ -79,12 +80,17 @@ class RoleShape:
 
 @dataclass(frozen=True)
 class Rank:
-    """One `frota worker` process: `frota <args>` with `env` on top of the topology's engine env."""
+    """One worker process: `command + args` with `env` on top of the topology's engine env.
+
+    `command` is the runtime's server as the image names it: `frota` (Frota's runtime,
+    `args` starting with `worker`) or `vllm serve`; `frota up` maps it to a local program.
+    """
 
     index: int
     args: tuple[str, ...]
     env: Mapping[str, str]
     http_port: int
+    command: tuple[str, ...] = FROTA_COMMAND
 
 
 @dataclass(frozen=True)
@@ -99,6 +105,16 @@ class ReplicaGroup:
     ranks: tuple[Rank, ...]
     revision: str
     budget: MemoryBudget | None
+    # What every pod of the group runs (one template; the rank comes from FROTA_RANK),
+    # and the paths its probes ask. None: the leader's command and args, Frota's probes.
+    template: Launch | None = None
+
+    @property
+    def pod(self) -> Launch:
+        """The group's pod template launch."""
+        if self.template is not None:
+            return self.template
+        return Launch(self.leader.command, self.leader.args)
 
     @property
     def leader(self) -> Rank:

@@ -17,13 +17,12 @@ from frota.operator.builders.common import (
     selector_labels,
     tmp_volume,
 )
-from frota.operator.model_shapes import CACHE_DIR, MODELS_DIR, ModelLocation
+from frota.operator.model_shapes import CACHE_DIR, CONVERTED_DIR, MODELS_DIR, ModelLocation
 from frota.operator.topology import MASTER_PORT, WORKER_PORT, ReplicaGroup, Topology
 
 # Model load can take many minutes for large weights; the startup probe allows 30.
 STARTUP_PERIOD_SECONDS = 10
 STARTUP_FAILURES = 180
-PROBE_PATHS = {"live": "/health", "ready": "/ready"}
 
 
 def engine_configmap_name(isvc: InferenceService) -> str:
@@ -85,6 +84,31 @@ def model_volumes(isvc: InferenceService, location: ModelLocation) -> tuple[list
     return [volume], [mount], [fetch]
 
 
+def converted_model(isvc: InferenceService, location: ModelLocation,
+                    resources: Resources) -> tuple[list, list, list]:
+    """(volumes, worker mounts, init containers) that give the vllm runtime an image-baked
+    model as an HF-layout directory: Frota's image runs `frota convert` into an emptyDir."""
+    if isvc.spec.runtime.engine != "vllm" or location.delivery != "image":
+        return [], [], []
+    volume = {"name": "converted", "emptyDir": {"sizeLimit": isvc.spec.model.cacheSize}}
+    _, tmp_mount = tmp_volume()
+    convert = {
+        "name": "convert-model",
+        "image": isvc.spec.engine.image,
+        "imagePullPolicy": isvc.spec.engine.imagePullPolicy,
+        "command": ["frota"],
+        "args": ["convert", location.model_arg, f"{CONVERTED_DIR}/{location.model_arg}"],
+        "env": list(WRITABLE_HOME_ENV),
+        # Converting holds the dequantized model once: the rank's memory is enough.
+        "resources": {"requests": {"cpu": resources.cpu, "memory": resources.memory},
+                      "limits": {"memory": resources.memory}},
+        "securityContext": container_security_context(),
+        "volumeMounts": [tmp_mount, {"name": "converted", "mountPath": CONVERTED_DIR}],
+    }
+    mount = {"name": "converted", "mountPath": CONVERTED_DIR, "readOnly": True}
+    return [volume], [mount], [convert]
+
+
 def _rank_env(isvc: InferenceService, group: ReplicaGroup) -> list[dict[str, Any]]:
     # Every rank of a group shares the pod template; only FROTA_RANK differs, and
     # the StatefulSet controller's pod-index label supplies it.
@@ -101,18 +125,23 @@ def _pod_spec(isvc: InferenceService, topology: Topology, group: ReplicaGroup,
     spec = isvc.spec
     tmp, tmp_mount = tmp_volume()
     volumes, mounts, init = model_volumes(isvc, topology.model)
-    volumes = [tmp, *volumes]
-    mounts = [tmp_mount, *mounts]
-    if resources.accelerator is not None:
-        # NCCL moves data through shared memory; the default /dev/shm is 64 MiB.
-        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}})
+    more_volumes, more_mounts, more_init = converted_model(isvc, topology.model, resources)
+    volumes = [tmp, *volumes, *more_volumes]
+    mounts = [tmp_mount, *mounts, *more_mounts]
+    init = [*init, *more_init]
+    if resources.accelerator is not None or spec.runtime.engine == "vllm":
+        # NCCL, and vLLM's processes, move data through shared memory; the default /dev/shm
+        # is 64 MiB.
+        size = "8Gi" if resources.accelerator is not None else "1Gi"
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": size}})
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    launch = group.pod
     container = {
         "name": "worker",
-        "image": spec.engine.image,
+        "image": spec.worker_image,
         "imagePullPolicy": spec.engine.imagePullPolicy,
-        "command": ["frota"],
-        "args": list(group.leader.args),
+        "command": list(launch.command),
+        "args": list(launch.args),
         "ports": [
             {"name": "http", "containerPort": WORKER_PORT, "protocol": "TCP"},
             {"name": "dist", "containerPort": MASTER_PORT, "protocol": "TCP"},
@@ -121,9 +150,9 @@ def _pod_spec(isvc: InferenceService, topology: Topology, group: ReplicaGroup,
         "env": _rank_env(isvc, group),
         "resources": _resources(resources),
         "securityContext": container_security_context(),
-        "startupProbe": http_probe(PROBE_PATHS["live"], period=STARTUP_PERIOD_SECONDS, failures=STARTUP_FAILURES),
-        "livenessProbe": http_probe(PROBE_PATHS["live"], period=10, failures=3),
-        "readinessProbe": http_probe(PROBE_PATHS["ready"], period=5, failures=3),
+        "startupProbe": http_probe(launch.live_path, period=STARTUP_PERIOD_SECONDS, failures=STARTUP_FAILURES),
+        "livenessProbe": http_probe(launch.live_path, period=10, failures=3),
+        "readinessProbe": http_probe(launch.ready_path, period=5, failures=3),
         "volumeMounts": mounts,
     }
     pod: dict[str, Any] = {

@@ -10,6 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+#: Frota's runtime: the worker image's `frota` command (`frota worker ...`).
+FROTA_COMMAND = ("frota",)
+
 
 @dataclass(frozen=True)
 class Launch:
