@@ -21,6 +21,7 @@ from frota.operator.topology import Topology
 ROUTER_PORT = 8000
 SERVICE_PORT = 80
 API_KEY_DIR = "/var/run/secrets/frota/api-key"
+ROUTER_ENDPOINT_DRAIN_SECONDS = 5  # preStop: out of the Service's endpoints before SIGTERM
 
 
 def router_name(isvc: InferenceService) -> str:
@@ -139,6 +140,9 @@ def deployment(isvc: InferenceService, topology: Topology) -> dict[str, Any]:
                         "startupProbe": http_probe("/health", period=2, failures=30),
                         "livenessProbe": http_probe("/health", period=10, failures=3),
                         "readinessProbe": http_probe("/ready", period=5, failures=2),
+                        # Leave the Service's endpoints before stopping: kube-proxy on every
+                        # node needs a moment to stop sending new connections here.
+                        "lifecycle": {"preStop": {"sleep": {"seconds": ROUTER_ENDPOINT_DRAIN_SECONDS}}},
                         "volumeMounts": mounts,
                     }],
                     "volumes": volumes,

@@ -23,6 +23,9 @@ from frota.operator.topology import MASTER_PORT, WORKER_PORT, ReplicaGroup, Topo
 # Model load can take many minutes for large weights; the startup probe allows 30.
 STARTUP_PERIOD_SECONDS = 10
 STARTUP_FAILURES = 180
+# SIGTERM to SIGKILL; Frota's worker drains in-flight requests for all but the last seconds.
+TERMINATION_GRACE_SECONDS = 60
+DRAIN_MARGIN_SECONDS = 10
 
 
 def engine_configmap_name(isvc: InferenceService) -> str:
@@ -116,6 +119,9 @@ def _rank_env(isvc: InferenceService, group: ReplicaGroup) -> list[dict[str, Any
         {"name": "FROTA_RANK", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{Label.POD_INDEX}']"}}},
     ]
     env += [{"name": k, "value": v} for k, v in group.leader.env.items() if k != "FROTA_RANK"]
+    if isvc.spec.runtime.engine == "frota":
+        drain = TERMINATION_GRACE_SECONDS - DRAIN_MARGIN_SECONDS
+        env.append({"name": "FROTA_SHUTDOWN_GRACE_PERIOD", "value": str(drain)})
     env += WRITABLE_HOME_ENV
     return env + _user_env(isvc.spec.engine.env)
 
@@ -158,7 +164,7 @@ def _pod_spec(isvc: InferenceService, topology: Topology, group: ReplicaGroup,
     pod: dict[str, Any] = {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": 60,
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
         "securityContext": pod_security_context(),
         "containers": [container],
         "volumes": volumes,
