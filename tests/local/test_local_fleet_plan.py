@@ -73,7 +73,7 @@ def test_gpu_ranks_each_get_their_own_devices(monkeypatch: pytest.MonkeyPatch):
 
 
 def test_strip_flags_drops_both_spellings():
-    assert fleet._strip_flags(("a", "--port", "1", "--port=2", "--host", "h", "b"),
+    assert topology.strip_flags(("a", "--port", "1", "--port=2", "--host", "h", "b"),
                               {"--port", "--host"}) == ("a", "b")
 
 

@@ -10,7 +10,14 @@ from dataclasses import dataclass
 
 from frota.local.ports import free_ports, require_free
 from frota.local.supervisor import GroupSpec, ProcessSpec
-from frota.local.topology import LocalGroup, LocalTopology, UnsupportedLocally
+from frota.local.topology import (
+    LocalGroup,
+    LocalRank,
+    LocalTopology,
+    UnsupportedLocally,
+    strip_flags,
+)
+from frota.operator.runtimes import FROTA_COMMAND
 
 # How `frota up` starts `frota worker` and `frota router`: this interpreter,
 # so the fleet runs the same install as the command that started it.
@@ -28,6 +35,7 @@ class FleetOptions:
     log_level: str = "info"
     launcher: tuple[str, ...] = DEFAULT_LAUNCHER
     cpu_threads: int | None = None  # torch threads per rank; default: cores / ranks
+    vllm: str = "vllm"  # the `vllm` command the vllm runtime's workers run
 
 
 @dataclass(frozen=True)
@@ -85,15 +93,15 @@ def build(topology: LocalTopology, opts: FleetOptions) -> LocalFleet:
                                             threads)}
             if devices is not None:
                 env["CUDA_VISIBLE_DEVICES"] = devices[index]
-            argv = (*opts.launcher, *_strip_flags(rank.args, {"--port", "--host"}),
+            argv = (*local_command(rank, opts), *strip_flags(rank.args, {"--port", "--host"}),
                     "--host", opts.host, "--port", str(port))
             is_leader = rank.rank == 0
             procs.append(ProcessSpec(
                 name=group.name if len(group.ranks) == 1 else f"{group.name}.{rank.rank}",
                 argv=argv, env=env, port=port, role=group.role, replica=group.replica,
                 rank=rank.rank,
-                ready_url=f"http://{_connect_host(opts.host)}:{port}/ready" if is_leader else None,
-                live_url=f"http://{_connect_host(opts.host)}:{port}/health" if is_leader else None,
+                ready_url=f"http://{_connect_host(opts.host)}:{port}{group.ready_path}" if is_leader else None,
+                live_url=f"http://{_connect_host(opts.host)}:{port}{group.live_path}" if is_leader else None,
             ))
             index += 1
         worker_groups.append(GroupSpec(group.name, tuple(procs)))
@@ -101,6 +109,15 @@ def build(topology: LocalTopology, opts: FleetOptions) -> LocalFleet:
     router = _router_spec(topology, worker_groups, opts)
     return LocalFleet(tuple(worker_groups), GroupSpec("router", (router,)),
                       url=f"http://{_connect_host(opts.host)}:{opts.port}")
+
+
+def local_command(rank: LocalRank, opts: FleetOptions) -> tuple[str, ...]:
+    """The program on this machine for the server an image names (`frota`, `vllm serve`)."""
+    if rank.command == FROTA_COMMAND:
+        return opts.launcher
+    if rank.command[0] == "vllm":
+        return (opts.vllm, *rank.command[1:])
+    return rank.command
 
 
 def leader_url(group: GroupSpec, host: str) -> str:
@@ -118,7 +135,7 @@ def _router_spec(topology: LocalTopology, groups: list[GroupSpec], opts: FleetOp
         ("--workers", "worker"), ("--prefill-workers", "prefill"), ("--decode-workers", "decode"))
         if by_role.get(role)]
     argv = (*opts.launcher, "router", *(x for pool in pools for x in pool),
-            *_strip_flags(topology.router_args, {"--port", "--host", "--workers",
+            *strip_flags(topology.router_args, {"--port", "--host", "--workers",
                                                  "--prefill-workers", "--decode-workers"}),
             "--host", opts.host, "--port", str(opts.port))
     return ProcessSpec(
@@ -160,23 +177,6 @@ def _assign_devices(topology: LocalTopology, num_ranks: int) -> list[str] | None
         return None
     per = topology.accelerators_per_rank
     return [",".join(str(i * per + j) for j in range(per)) for i in range(num_ranks)]
-
-
-def _strip_flags(args: tuple[str, ...], flags: set[str]) -> tuple[str, ...]:
-    """Drop `--flag value` and `--flag=value` pairs that `frota up` sets itself."""
-    out: list[str] = []
-    skip = False
-    for arg in args:
-        if skip:
-            skip = False
-            continue
-        if arg in flags:
-            skip = True
-            continue
-        if arg.split("=", 1)[0] in flags:
-            continue
-        out.append(arg)
-    return tuple(out)
 
 
 def _connect_host(host: str) -> str:

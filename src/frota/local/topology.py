@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.resources
 import importlib.util
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import yaml
 
 from frota.api import InferenceService
 from frota.operator import planner
+from frota.operator.runtimes import FROTA_COMMAND
 from frota.operator.validation import SpecError
 from frota.operator.validation import load as validate
 
@@ -31,11 +33,16 @@ class UnsupportedLocally(ValueError):
 
 @dataclass(frozen=True)
 class LocalRank:
-    """One worker process: `frota <args>` with `env` (the planner's, complete)."""
+    """One worker process: `command + args` with `env` (the planner's, complete).
+
+    `command` names the runtime's server as the images do (`frota`, or `vllm serve`);
+    the fleet maps it to a program on this machine.
+    """
 
     rank: int
     args: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
+    command: tuple[str, ...] = FROTA_COMMAND
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,8 @@ class LocalGroup:
     role: str  # worker (colocated) | prefill | decode
     replica: int
     ranks: tuple[LocalRank, ...]
+    live_path: str = "/health"
+    ready_path: str = "/ready"
 
     @property
     def name(self) -> str:
@@ -64,6 +73,9 @@ class LocalTopology:
     accelerators_per_rank: int = 0
     accelerator_resource: str | None = None
     notes: tuple[str, ...] = ()
+    runtime: str = "frota"
+    # Image-baked models the runtime reads as HF-layout directories: (alias, directory).
+    conversions: tuple[tuple[str, str], ...] = ()
 
     @property
     def max_world_size(self) -> int:
@@ -75,8 +87,27 @@ def default_manifest_text() -> str:
     return importlib.resources.files("frota.local").joinpath("default.yaml").read_text()
 
 
-def load(path: str | None) -> InferenceService:
-    """Read and validate a manifest file (or the embedded default)."""
+# `frota up --runtime vllm` on a CPU manifest that leaves these unset: what vLLM's CPU
+# server needs (KV blocks of 32 tokens; ~2.5 GiB of its own besides weights and KV).
+VLLM_CPU_DEFAULTS = {"blockSize": 32, "memory": "5Gi"}
+
+
+def with_runtime(obj: dict, runtime: str, from_default: bool) -> dict:
+    """The manifest with `spec.runtime.engine` set; on CPU, vLLM's block size where the
+    manifest leaves it unset, and, for the built-in default, the memory vLLM needs."""
+    spec = obj.setdefault("spec", {})
+    spec.setdefault("runtime", {})["engine"] = runtime
+    if runtime == "vllm" and not (spec.get("resources") or {}).get("accelerator"):
+        kv = spec.setdefault("engine", {}).setdefault("kvCache", {})
+        kv.setdefault("blockSize", VLLM_CPU_DEFAULTS["blockSize"])
+        if from_default:
+            spec.setdefault("resources", {})["memory"] = VLLM_CPU_DEFAULTS["memory"]
+    return obj
+
+
+def load(path: str | None, runtime: str | None = None) -> InferenceService:
+    """Read and validate a manifest file (or the embedded default); `runtime` overrides
+    `spec.runtime.engine` (`frota up --runtime`)."""
     if path is None:
         text, origin = default_manifest_text(), "the built-in default"
     else:
@@ -94,6 +125,8 @@ def load(path: str | None) -> InferenceService:
             f"{origin} must hold exactly one InferenceService (found {len(services)})"
         )
     obj = services[0]
+    if runtime is not None:
+        obj = with_runtime(obj, runtime, from_default=path is None)
     try:
         return validate(obj)
     except SpecError as exc:
@@ -106,26 +139,50 @@ def _invalid(obj: dict, exc: SpecError) -> str:
     return "\n".join([f'InferenceService "{name}" is invalid:', *(f"  {e}" for e in exc.errors)])
 
 
+def converted_models_dir() -> Path:
+    """Where `frota up` keeps HF-layout copies of image-baked models (`frota convert`)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return Path(base) / "frota" / "converted"
+
+
+# vLLM's multi-node flags: on one machine a vLLM group is one server with its own workers.
+_VLLM_MULTI_NODE = {"--nnodes", "--node-rank", "--master-addr", "--master-port"}
+
+
+def _local_group(topo, g, extra_env: dict[str, str], runtime: str) -> LocalGroup:
+    ranks = tuple(
+        LocalRank(r.index, tuple(r.args), {**topo.rank_env(g, r), **extra_env}, tuple(r.command))
+        for r in g.ranks
+    )
+    if runtime == "vllm":
+        leader = ranks[0]
+        args = tuple(a for a in strip_flags(leader.args, _VLLM_MULTI_NODE) if a != "--headless")
+        ranks = (LocalRank(0, args, leader.env, leader.command),)
+    return LocalGroup(role=g.role, replica=g.replica, ranks=ranks,
+                      live_path=g.pod.live_path, ready_path=g.pod.ready_path)
+
+
 def plan(isvc: InferenceService) -> LocalTopology:
     """The planner's topology of `isvc`, checked for what a single machine can run."""
+    converted = converted_models_dir()
     try:
-        topo = planner.plan(isvc)
+        topo = planner.plan(isvc, converted_dir=str(converted))
     except SpecError as exc:
         raise ManifestError(_invalid(isvc.to_wire(), exc)) from exc
     _check_model(topo.model.uri, topo.model.delivery)
     extra_env = _engine_env(isvc)
-    groups = tuple(
-        LocalGroup(
-            role=g.role, replica=g.replica,
-            ranks=tuple(
-                LocalRank(r.index, tuple(r.args), {**topo.rank_env(g, r), **extra_env})
-                for r in g.ranks
-            ),
-        )
-        for g in topo.groups
-    )
     spec = isvc.spec
+    runtime = spec.runtime.engine
+    groups = tuple(_local_group(topo, g, extra_env, runtime) for g in topo.groups)
+    conversions = ()
+    if runtime == "vllm" and topo.model.delivery == "image":
+        alias = topo.model.model_arg
+        conversions = ((alias, str(converted / alias)),)
     notes = list(topo.warnings)
+    world = max((g.world_size for g in topo.groups), default=1)
+    if runtime == "vllm" and world > 1:
+        notes.append(f"runtime vllm: each group is one vLLM server with {world} "
+                     "workers of its own (vLLM's single-machine parallelism)")
     if topo.router.replicas > 1:
         notes.append(f"spec.router.replicas={topo.router.replicas}: one router runs locally")
     if spec.autoscaling is not None:
@@ -145,6 +202,8 @@ def plan(isvc: InferenceService) -> LocalTopology:
         accelerators_per_rank=accel.count if accel else 0,
         accelerator_resource=accel.resourceName if accel else None,
         notes=tuple(notes),
+        runtime=runtime,
+        conversions=conversions,
     )
 
 
@@ -177,3 +236,20 @@ def _engine_env(isvc: InferenceService) -> dict[str, str]:
             )
         env[var.name] = var.value or ""
     return env
+
+
+def strip_flags(args: tuple[str, ...], flags: set[str]) -> tuple[str, ...]:
+    """Drop `--flag value` and `--flag=value` pairs that `frota up` sets itself."""
+    out: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+            continue
+        if arg in flags:
+            skip = True
+            continue
+        if arg.split("=", 1)[0] in flags:
+            continue
+        out.append(arg)
+    return tuple(out)

@@ -13,11 +13,14 @@ import argparse
 import asyncio
 import importlib.util
 import json
+import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from frota.local import state
 from frota.local.fleet import DEFAULT_LAUNCHER, FleetOptions, LocalFleet, build
@@ -30,6 +33,10 @@ from frota.local.topology import LocalTopology, ManifestError, UnsupportedLocall
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", nargs="?", metavar="FILE",
                         help="InferenceService manifest (YAML); default: the built-in SmolLM2 fleet")
+    parser.add_argument("--runtime", choices=["frota", "vllm"], default=None,
+                        help="the engine behind the workers, overriding the manifest's "
+                             "spec.runtime.engine (vllm: vLLM's `vllm serve`, found as $FROTA_VLLM "
+                             "or on PATH)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address the router and workers listen on (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="router port (default: 8000)")
@@ -60,7 +67,7 @@ def _fail(message: str, code: int = 1) -> int:
 def run(args: argparse.Namespace) -> int:
     """Validate, plan, start the fleet, wait until it is ready, and serve until stopped."""
     try:
-        isvc = load(args.file)
+        isvc = load(args.file, runtime=args.runtime)
         if args.print_manifest:
             from frota.api.yamlio import dump_all
 
@@ -68,15 +75,17 @@ def run(args: argparse.Namespace) -> int:
             return 0
         topology = plan(isvc)
         launcher = tuple(shlex.split(args.launcher)) if args.launcher else DEFAULT_LAUNCHER
+        vllm = find_vllm() if topology.runtime == "vllm" else None
         opts = FleetOptions(host=args.host, port=args.port, worker_base_port=args.worker_base_port,
                             log_level=args.log_level, launcher=launcher,
-                            cpu_threads=args.cpu_threads)
+                            cpu_threads=args.cpu_threads, vllm=vllm or "vllm")
         fleet = build(topology, opts)
         if args.dry_run:
             _print_plan(topology, fleet)
             return 0
         if args.launcher is None:
-            _check_installed(topology)
+            _check_installed(topology, vllm)
+        _convert_models(topology, quiet=args.quiet)
     except ManifestError as exc:
         return _fail(str(exc), 2)
     except (UnsupportedLocally, PortInUseError) as exc:
@@ -87,8 +96,36 @@ def run(args: argparse.Namespace) -> int:
         return 130
 
 
-def _check_installed(topology: LocalTopology) -> None:
-    """The worker needs the engine extra; parallel ranks need a worker that supports them."""
+def find_vllm() -> str | None:
+    """The `vllm` command the vllm runtime runs: $FROTA_VLLM, else `vllm` on PATH."""
+    return os.environ.get("FROTA_VLLM") or shutil.which("vllm")
+
+
+def _convert_models(topology: LocalTopology, quiet: bool) -> None:
+    """HF-layout copies of image-baked models for runtimes that need them, made once."""
+    for alias, directory in topology.conversions:
+        if (Path(directory) / "config.json").is_file():
+            continue
+        if not quiet:
+            print(f"frota up: converting {alias} for {topology.runtime} into {directory} "
+                  "(once; `frota convert`)", file=sys.stderr, flush=True)
+        from frota.engine.loader.export import export_hf
+
+        # Written beside its final name and renamed, so an interrupted run leaves no half model.
+        partial = Path(directory + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        export_hf(alias, partial, verbose=False)
+        partial.rename(directory)
+
+
+def _check_installed(topology: LocalTopology, vllm: str | None = None) -> None:
+    """The worker needs the engine extra; parallel ranks need a worker that supports them;
+    the vllm runtime needs vLLM."""
+    if topology.runtime == "vllm" and vllm is None:
+        raise UnsupportedLocally(
+            "runtime vllm needs vLLM: `pip install vllm` (GPU), or vLLM's CPU build with "
+            "scripts/vllm-env.sh; or set FROTA_VLLM to a `vllm` command"
+        )
     for module, what in (("torch", "torch (the engine extra)"), ("frota.server.cli", "frota worker"),
                          ("frota.router.cli", "frota router")):
         if importlib.util.find_spec(module) is None:
@@ -184,7 +221,7 @@ def _save_state(fleet_state: state.FleetState, sup: Supervisor) -> None:
         state.ProcessState(
             name=m.spec.name, role=m.spec.role, replica=m.spec.replica, rank=m.spec.rank,
             pid=m.pid, port=m.spec.port,
-            url=m.spec.ready_url.removesuffix("/ready") if m.spec.ready_url else None,
+            url=m.spec.ready_url.rsplit("/", 1)[0] if m.spec.ready_url else None,
             is_ready=m.is_ready, num_restarts=m.num_restarts,
         )
         for m in sup.processes
