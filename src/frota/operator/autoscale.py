@@ -36,7 +36,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from frota.api import Autoscaling, InferenceService, InferenceServiceSpec
-from frota.api.contract import Label
+from frota.api.contract import Label, RouterMetric, WorkerMetric
 from frota.operator.builders import service_url
 from frota.operator.topology import WORKER_PORT
 
@@ -148,11 +148,11 @@ def per_replica_value(metrics_text: str, metric: str, replicas: int,
     """The metric the target is compared against, from the router's exposition text."""
     samples = _sums(metrics_text)
     if metric == "ttft":
-        return _ttft_since_last(samples.get("frota_router_time_to_first_token_seconds_sum"),
-                                samples.get("frota_router_time_to_first_token_seconds_count"),
+        return _ttft_since_last(samples.get(RouterMetric.TIME_TO_FIRST_TOKEN_SECONDS + "_sum"),
+                                samples.get(RouterMetric.TIME_TO_FIRST_TOKEN_SECONDS + "_count"),
                                 history)
-    waiting = samples.get("frota_router_queue_depth", 0.0)
-    in_flight = samples.get("frota_router_worker_outstanding_requests", 0.0)
+    waiting = samples.get(RouterMetric.QUEUE_DEPTH, 0.0)
+    in_flight = samples.get(RouterMetric.WORKER_OUTSTANDING_REQUESTS, 0.0)
     return (waiting + in_flight) / max(replicas, 1), history
 
 
@@ -171,9 +171,10 @@ def per_group_value(metrics_texts: list[str], metric: str,
         for name, value in _sums(text).items():
             totals[name] = totals.get(name, 0.0) + value
     if metric == "ttft":
-        return _ttft_since_last(totals.get("vllm:time_to_first_token_seconds_sum"),
-                                totals.get("vllm:time_to_first_token_seconds_count"), history)
-    busy = totals.get("vllm:num_requests_waiting", 0.0) + totals.get("vllm:num_requests_running", 0.0)
+        return _ttft_since_last(totals.get(WorkerMetric.TIME_TO_FIRST_TOKEN_SECONDS + "_sum"),
+                                totals.get(WorkerMetric.TIME_TO_FIRST_TOKEN_SECONDS + "_count"), history)
+    busy = (totals.get(WorkerMetric.NUM_REQUESTS_WAITING, 0.0)
+            + totals.get(WorkerMetric.NUM_REQUESTS_RUNNING, 0.0))
     return busy / len(metrics_texts), history
 
 

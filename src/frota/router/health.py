@@ -209,6 +209,12 @@ class WorkerPool:
             async with self._session.get(worker.url + "/ready", timeout=timeout) as resp:
                 await resp.read()
                 ok, status = resp.status == 200, resp.status
+            if status == 404:
+                # A server without /ready (vLLM's): it listens only once its model is loaded,
+                # so its /health is its readiness.
+                async with self._session.get(worker.url + "/health", timeout=timeout) as resp:
+                    await resp.read()
+                    ok, status = resp.status == 200, resp.status
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             ok, status = False, 0
             reason = f"probe: {type(exc).__name__}"
@@ -218,7 +224,7 @@ class WorkerPool:
                 await self._scrape(worker, timeout)
             return True
         if status:
-            reason = f"probe: /ready answered {status}"
+            reason = f"probe: {resp.url.path} answered {status}"
         # The worker said it is not ready (loading, draining): believe it at once.
         self.record_failure(worker, reason, eject_now=status == 503)
         return False
