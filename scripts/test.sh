@@ -10,6 +10,11 @@ source scripts/bootstrap.sh
 
 echo "== ruff"
 .venv/bin/ruff check --no-cache .
+if [ "${FROTA_VLLM_TESTS:-1}" != 0 ] && [ -z "${FROTA_VLLM:-}" ]; then
+  echo "== vLLM's CPU build (the vllm runtime's tests; FROTA_VLLM_TESTS=0 skips them)"
+  FROTA_VLLM="$(bash scripts/vllm-env.sh)"
+  export FROTA_VLLM
+fi
 echo "== pytest (unit + integration)"
 .venv/bin/python -m pytest -q "$@"
 echo "== e2e (the images on kind; FROTA_E2E=0 skips it)"
