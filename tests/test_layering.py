@@ -1,6 +1,6 @@
 """The one source tree keeps its layers: data plane never reaches into the control plane.
 
-DESIGN.md's dependency direction: api <- operator, local, cli; api <- engine <- server;
+The dependency direction (docs/internals.md): api <- operator, local, cli; api <- engine <- server;
 api <- router. Read from the import statements of every module (ast), so a lazy
 import inside a function counts too.
 """

@@ -47,7 +47,22 @@ defaults of its own fields. "Rules" are checked by the apiserver (CEL) and again
 
 def _defs() -> tuple[dict[str, Any], dict[str, Any]]:
     raw = InferenceService.model_json_schema(by_alias=True, mode="validation")
-    return {k: v for k, v in raw.items() if k != "$defs"}, raw.get("$defs", {})
+    defs = raw.get("$defs", {})
+    # An enum (a StrEnum of the contract) reads best inline, as its values, not as a section.
+    enums = {f"#/$defs/{k}": v for k, v in defs.items() if "enum" in v}
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, dict):
+            if node.get("$ref") in enums:
+                rest = {k: v for k, v in node.items() if k != "$ref"}
+                return {**enums[node["$ref"]], **rest}
+            return {k: inline(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [inline(v) for v in node]
+        return node
+
+    root = inline({k: v for k, v in raw.items() if k != "$defs"})
+    return root, {k: inline(v) for k, v in defs.items() if "enum" not in v}
 
 
 def _ref_name(node: dict[str, Any]) -> str | None:

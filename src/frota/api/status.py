@@ -6,9 +6,9 @@ from typing import Literal
 
 from pydantic import Field
 
+from frota.api.contract import ConditionType
 from frota.api.types import FrotaModel
 
-ConditionType = Literal["Ready", "Progressing", "Degraded", "SpecValid"]
 CONDITION_TYPES: tuple[str, ...] = ("Ready", "Progressing", "Degraded", "SpecValid")
 
 
