@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 from frota.api import InferenceService
 from frota.operator.memory import MemoryBudget
 from frota.operator.quantity import format_bytes
@@ -32,7 +34,8 @@ def describe(isvc: InferenceService, topology: Topology) -> str:
     """Roles, groups, ranks and memory budget, one role per paragraph."""
     name = isvc.metadata.name
     lines = [
-        f"InferenceService {name}: {topology.mode.lower()}, model {topology.served_model_name} "
+        f"InferenceService {name}: {topology.mode.lower()}, runtime {isvc.spec.runtime.engine}, "
+        f"model {topology.served_model_name} "
         f"from {topology.model.uri} (--model {topology.model.model_arg}, delivered by {topology.model.delivery})",
     ]
     for role in topology.roles:
@@ -47,6 +50,7 @@ def describe(isvc: InferenceService, topology: Topology) -> str:
             f"(tensor {s.tensor}, pipeline {s.pipeline}, expert {s.expert}), revision {first.revision}"
         )
         lines.append(f"    groups: {', '.join(g.name for g in groups)}")
+        lines.append(f"    runs: {shlex.join(first.pod.argv)}")
         lines += _budget_lines(first.budget)
     lines.append(f"  router: {topology.router.replicas} replica(s), policy {topology.router.policy}")
     lines += [f"  warning: {w}" for w in topology.warnings]
