@@ -32,6 +32,14 @@ def _with(path: str, value: Any) -> dict[str, Any]:
     return obj
 
 
+def _vllm(**spec: Any) -> dict[str, Any]:
+    """The sample on the vllm runtime (with vLLM's CPU block size), plus `spec`."""
+    obj = _with("spec.runtime", {"engine": "vllm"})
+    obj["spec"]["engine"]["kvCache"] = {"blockSize": 32}
+    obj["spec"].update(spec)
+    return obj
+
+
 # (object, what the apiserver's message must name: the field, and what was wrong)
 BAD_SPECS: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
     "wrong enum": (_with("spec.router.policy", "random"), ("spec.router.policy", "random")),
@@ -45,6 +53,14 @@ BAD_SPECS: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
     "cel: expert does not divide tensor": (
         _with("spec.parallelism", {"tensor": 3, "expert": 2}),
         ("spec.parallelism.expert", "expert must divide tensor"),
+    ),
+    "cel: vllm cannot disaggregate": (
+        _vllm(disaggregation={}),
+        ("spec.disaggregation", "runtime.engine vllm serves colocated replicas only"),
+    ),
+    "cel: vllm on CPU with 16-token blocks": (
+        _with("spec.runtime", {"engine": "vllm"}),
+        ("spec.engine.kvCache.blockSize", "blocks of 32 tokens"),
     ),
     "cel: rollout cannot progress": (
         _with("spec.rollout", {"maxUnavailable": 0, "maxSurge": "0%"}),
