@@ -35,6 +35,8 @@ class FakeWorker:
     raw_bodies: list[bytes] = field(default_factory=list)
     headers: list[Mapping[str, str]] = field(default_factory=list)
     num_disconnects: int = 0
+    num_chunks_sent: int = 0
+    chunk_padding: int = 0  # bytes of padding in each streamed chunk
     num_probes: int = 0
     server: TestServer | None = None
     url: str = ""  # set once started; kept after the server closes
@@ -89,8 +91,10 @@ class FakeWorker:
                     assert request.transport is not None
                     request.transport.abort()
                     return response
-                chunk = {"choices": [{"index": 0, "text": f"t{i} "}], "worker": self.name}
+                chunk = {"choices": [{"index": 0, "text": f"t{i} "}], "worker": self.name,
+                         **({"pad": "p" * self.chunk_padding} if self.chunk_padding else {})}
                 await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                self.num_chunks_sent += 1
                 if self.token_delay:
                     await asyncio.sleep(self.token_delay)
             await response.write(b"data: [DONE]\n\n")

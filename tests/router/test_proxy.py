@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import socket
 
 import aiohttp
 
@@ -39,6 +40,31 @@ async def test_chunks_reach_the_client_before_the_stream_ends(start_worker, star
         gate.set()
         rest = await resp.read()
         assert b"t1" in rest and rest.endswith(b"data: [DONE]\n\n")
+
+
+async def test_a_client_that_reads_nothing_holds_the_worker_back(start_worker, start_router):
+    num_tokens = 20000  # chunks of 4 KiB: 80 MiB, far more than socket buffers hold
+    worker = await start_worker(num_tokens=num_tokens, chunk_padding=4096)
+    router = await start_router([worker])
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    await loop.sock_connect(sock, ("127.0.0.1", router.app.port))
+    body = json.dumps({**STREAM, "max_tokens": num_tokens}).encode()
+    await loop.sock_sendall(sock, b"POST /v1/completions HTTP/1.1\r\nHost: t\r\n"
+                            b"Content-Type: application/json\r\nConnection: close\r\n"
+                            b"Content-Length: %d\r\n\r\n%b" % (len(body), body))
+    await asyncio.sleep(0.5)
+    held = worker.num_chunks_sent
+    await asyncio.sleep(0.3)
+    # The worker waits (what it sent so far is mostly in the kernel's socket buffers).
+    assert worker.num_chunks_sent == held < num_tokens // 4
+    reader, writer = await asyncio.open_connection(sock=sock)
+    received = await asyncio.wait_for(reader.read(), 10)  # the router closes at the end
+    writer.close()
+    assert worker.num_chunks_sent == num_tokens
+    assert received.count(b'"pad"') == num_tokens and b"data: [DONE]" in received
 
 
 async def test_non_streaming_answers_are_forwarded_whole(start_worker, start_router):

@@ -1,6 +1,6 @@
 """The router's HTTP surface: the OpenAI endpoints, health, readiness and metrics.
 
-`RouterApp` routes requests (served by `frota.router.http1`) to its handlers; the
+`RouterApp` routes requests (served by `frota.router.server`) to its handlers; the
 `Router` holds the parts they share: discovery, the worker pool and its health
 checks, the policy, admission, the proxy and the metrics.
 """
@@ -15,22 +15,16 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from aiohttp import web
 
 from frota.router.admission import AdmissionController, Rejected
 from frota.router.discovery import Discovery
-from frota.router.errors import error_response
+from frota.router.errors import error_response, json_response
 from frota.router.health import WorkerPool
-from frota.router.http1 import (
-    Handler,
-    HttpServer,
-    Request,
-    Response,
-    ResponseStream,
-    json_response,
-)
 from frota.router.metrics import RouterMetrics
 from frota.router.policies import LoadSignal, PolicyName, RouteRequest, make_policy
 from frota.router.proxy import Proxy, ProxyConfig, RequestContext
+from frota.router.server import Handler, HttpServer, Request
 from frota.router.upstream import UpstreamClient
 
 log = logging.getLogger(__name__)
@@ -149,7 +143,7 @@ class RouterApp:
     async def start(self, host: str, port: int, *, backlog: int = 2048) -> int:
         """Start discovery and health checks, then listen; returns the port."""
         await self.router.start()
-        self.server = HttpServer(self.handle, _error)
+        self.server = HttpServer(self.handle)
         self.port = await self.server.listen(host, port, backlog=backlog)
         return self.port
 
@@ -158,7 +152,7 @@ class RouterApp:
             await self.server.close()
         await self.router.close()
 
-    async def handle(self, request: Request) -> Response | ResponseStream:
+    async def handle(self, request: Request) -> web.StreamResponse:
         methods = self.routes.get(request.path)
         if methods is None:
             return error_response(404, f"no such endpoint: {request.path}",
@@ -174,7 +168,7 @@ class RouterApp:
                 return refused
         return await handler(request)
 
-    def _check_key(self, request: Request) -> Response | None:
+    def _check_key(self, request: Request) -> web.Response | None:
         """Bearer-token check; None when the key is one of the configured ones."""
         auth = request.headers.get("authorization", "")
         token = auth[7:].strip().encode() if auth[:7].lower() == "bearer " else b""
@@ -184,7 +178,7 @@ class RouterApp:
                    else "incorrect API key provided")
         return error_response(401, message, "invalid_request_error", "invalid_api_key")
 
-    async def _proxied(self, request: Request) -> Response | ResponseStream:
+    async def _proxied(self, request: Request) -> web.StreamResponse:
         router = self.router
         started = time.perf_counter()
         endpoint = request.path
@@ -219,10 +213,10 @@ class RouterApp:
             router.metrics.request_latency.labels(endpoint).observe(
                 time.perf_counter() - started)
 
-    async def _health(self, request: Request) -> Response:
+    async def _health(self, request: Request) -> web.Response:
         return json_response({"status": "ok"})
 
-    async def _ready(self, request: Request) -> Response:
+    async def _ready(self, request: Request) -> web.Response:
         pool = self.router.pool
         num_healthy = len(pool.healthy()) if pool else 0
         if num_healthy:
@@ -230,11 +224,11 @@ class RouterApp:
         return error_response(503, "no healthy worker yet", "service_unavailable",
                               "no_healthy_workers", headers={"Retry-After": "1"})
 
-    async def _metrics(self, request: Request) -> Response:
-        return Response(200, self.router.metrics.render(),
-                        content_type="text/plain; version=0.0.4; charset=utf-8")
+    async def _metrics(self, request: Request) -> web.Response:
+        return web.Response(body=self.router.metrics.render(), headers={
+            "Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
-    async def _workers(self, request: Request) -> Response:
+    async def _workers(self, request: Request) -> web.Response:
         """The router's view of its workers (for people and tests)."""
         router = self.router
         workers = router.pool.workers.values() if router.pool else []
@@ -246,9 +240,3 @@ class RouterApp:
 def build_app(config: RouterConfig, discovery: Discovery) -> RouterApp:
     """The router app; `await app.start(host, port)` opens it."""
     return RouterApp(config, discovery)
-
-
-def _error(status: int, message: str, code: str) -> Response:
-    """Answers the HTTP server gives on its own (bad requests, limits, crashes)."""
-    type_ = "internal_error" if status >= 500 else "invalid_request_error"
-    return error_response(status, message, type_, code)

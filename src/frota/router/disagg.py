@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+from aiohttp import web
 from prometheus_client import Counter, Histogram
 
 from frota.router.discovery import Discovery
 from frota.router.health import Worker, WorkerPool
-from frota.router.http1 import Response, ResponseStream
 from frota.router.proxy import (
     DirectPlan,
     Proxy,
@@ -172,7 +172,7 @@ class DisaggPlan(RoutePlan):
         assert disagg.metrics is not None
         self.metrics = disagg.metrics
 
-    async def execute(self, ctx: RequestContext) -> Response | ResponseStream:
+    async def execute(self, ctx: RequestContext) -> web.StreamResponse:
         handle, prefill = await self._prefill(ctx)
         if handle is None:
             return await self._colocated(ctx, prefill)
@@ -184,7 +184,7 @@ class DisaggPlan(RoutePlan):
         self.metrics.requests.labels("disaggregated").inc()
         return response
 
-    async def _colocated(self, ctx: RequestContext, reason: str) -> Response | ResponseStream:
+    async def _colocated(self, ctx: RequestContext, reason: str) -> web.StreamResponse:
         self.metrics.fallbacks.labels(reason).inc()
         self.metrics.requests.labels("colocated_fallback").inc()
         return await DirectPlan(self.proxy).execute(ctx)
@@ -227,7 +227,7 @@ class DisaggPlan(RoutePlan):
         return handle, worker
 
     async def _decode(self, ctx: RequestContext,
-                      handle: dict[str, Any]) -> Response | ResponseStream | None:
+                      handle: dict[str, Any]) -> web.StreamResponse | None:
         """The decode worker's answer, relayed; None when the request should run
         colocated: any answer but 200 (409: the KV layout does not fit, 424: the prefill
         peer is gone) or a failure before the first byte."""

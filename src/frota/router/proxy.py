@@ -9,9 +9,9 @@ built from the same `Proxy` primitives (`attempt` to open an upstream response,
 
 Streams are relayed as raw bytes, chunk by chunk as they arrive: the router
 never parses or re-serializes SSE events, and a chunk goes from the worker's
-connection to the client's in one callback (`frota.router.upstream`). Non-streaming
-bodies are read whole before the client sees anything, which makes them retryable
-as a whole.
+connection to the client's in one callback (`frota.router.upstream`,
+`frota.router.server.ResponseStream`). Non-streaming bodies are read whole before
+the client sees anything, which makes them retryable as a whole.
 """
 
 from __future__ import annotations
@@ -25,11 +25,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from aiohttp import web
+
 from frota.router.errors import error_response, sse_error_event
 from frota.router.health import Worker, WorkerPool
-from frota.router.http1 import Request, Response, ResponseStream
 from frota.router.metrics import RouterMetrics
 from frota.router.policies import RouteRequest, RoutingPolicy
+from frota.router.server import Request, open_stream
 from frota.router.upstream import UpstreamClient, UpstreamError, UpstreamResponse
 
 log = logging.getLogger(__name__)
@@ -62,7 +64,7 @@ class ProxyConfig:
 class RetryableFailure(Exception):
     """An attempt failed before its first byte reached the client."""
 
-    def __init__(self, reason: str, response: Response | None = None) -> None:
+    def __init__(self, reason: str, response: web.Response | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
         self.response = response  # the worker's own answer, passed on if retries run out
@@ -153,12 +155,13 @@ class Proxy:
                 upstream.close()
             if status >= 500:
                 self.pool.record_failure(worker, f"answered {status}", eject_now=status == 503)
-            response = Response(status, body, _response_headers(upstream, worker))
+            response = web.Response(status=status, body=body,
+                                    headers=_response_headers(upstream, worker))
             raise RetryableFailure(f"status_{status}", response)
         return upstream
 
     async def respond(self, upstream: UpstreamResponse, worker: Worker,
-                      ctx: RequestContext) -> Response | ResponseStream:
+                      ctx: RequestContext) -> web.StreamResponse:
         """The client's answer from an attempt that went ahead: a stream relayed as it
         comes, anything else read whole. Raise `RetryableFailure` when nothing has
         reached the client yet."""
@@ -169,7 +172,7 @@ class Proxy:
         finally:
             upstream.close()  # no-op when fully read; cuts the worker off otherwise
 
-    async def read_whole(self, upstream: UpstreamResponse, worker: Worker) -> Response:
+    async def read_whole(self, upstream: UpstreamResponse, worker: Worker) -> web.Response:
         """Read a non-streaming answer whole; a failure is still retryable."""
         try:
             body = await upstream.read()
@@ -177,10 +180,11 @@ class Proxy:
             self.pool.record_failure(worker, f"body: {exc}")
             raise RetryableFailure("disconnected") from exc
         self.pool.record_success(worker)
-        return Response(upstream.status, body, _response_headers(upstream, worker))
+        return web.Response(status=upstream.status, body=body,
+                            headers=_response_headers(upstream, worker))
 
     async def relay_stream(self, upstream: UpstreamResponse, worker: Worker,
-                           ctx: RequestContext) -> ResponseStream:
+                           ctx: RequestContext) -> web.StreamResponse:
         """Pass a streaming answer through chunk by chunk.
 
         The first chunk is awaited before the client's response starts, so a worker
@@ -197,9 +201,8 @@ class Proxy:
             self.pool.record_failure(worker, "empty stream")
             raise RetryableFailure("empty_stream")
         self.pool.record_success(worker)
-        stream = ResponseStream(ctx.request, upstream.status,
-                                _response_headers(upstream, worker))
-        stream.start(first)
+        stream = await open_stream(ctx.request, upstream.status,
+                                   _response_headers(upstream, worker), first)
         last = time.perf_counter()
         self.metrics.ttft.observe(last - ctx.started)
         itl = self.metrics.itl
@@ -223,15 +226,15 @@ class Proxy:
             stream.write(sse_error_event(
                 f"the worker serving this stream failed ({exc.reason}); "
                 "the response is incomplete, retry the request"))
-        stream.end()
-        return stream
+        await stream.end()
+        return stream.response
 
 
 class RoutePlan(ABC):
     """How one request travels through the fleet (direct today; prefill/decode later)."""
 
     @abstractmethod
-    async def execute(self, ctx: RequestContext) -> Response | ResponseStream:
+    async def execute(self, ctx: RequestContext) -> web.StreamResponse:
         """Serve `ctx` and return the response (already written when streamed)."""
 
 
@@ -242,7 +245,7 @@ class DirectPlan(RoutePlan):
     def __init__(self, proxy: Proxy) -> None:
         self.proxy = proxy
 
-    async def execute(self, ctx: RequestContext) -> Response | ResponseStream:
+    async def execute(self, ctx: RequestContext) -> web.StreamResponse:
         proxy, config = self.proxy, self.proxy.config
         tried: set[str] = set()
         failure: RetryableFailure | None = None
