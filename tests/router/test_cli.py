@@ -11,7 +11,8 @@ import sys
 import aiohttp
 
 from frota.router import cli
-from frota.router.policies import PolicyName
+from frota.router.app import RouterConfig
+from frota.router.policies import PolicyName, PrefixAwareConfig
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -29,6 +30,12 @@ def test_flags_fall_back_to_frota_environment_variables(monkeypatch):
     assert args.policy == "session"  # the command line wins
     config = cli.config_from_args(args)
     assert config.policy is PolicyName.SESSION and config.max_inflight == 7
+
+
+def test_prefix_flags_default_to_the_policy_config():
+    defaults = PrefixAwareConfig()
+    config = cli.config_from_args(parse(["--workers", "a:1"]))
+    assert config.prefix == defaults == RouterConfig().prefix
 
 
 def test_router_modules_never_import_torch_or_the_engine():

@@ -8,8 +8,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from frota.router.health import Worker
-from frota.router.policies import PrefixAwarePolicy, RouteRequest
+from frota.router.policies import PrefixAwareConfig, PrefixAwarePolicy, RouteRequest
 from frota.router.policies.prefix_aware import prefix_block_hashes
+
+
+def prefix_aware(**settings: object) -> PrefixAwarePolicy:
+    return PrefixAwarePolicy(PrefixAwareConfig(**settings))  # type: ignore[arg-type]
 
 
 def chat(*contents: str) -> RouteRequest:
@@ -33,7 +37,7 @@ def test_block_hashes_are_capped_and_cover_a_short_prompt():
 
 def test_conversations_stick_to_the_worker_holding_their_history():
     workers = [Worker(f"http://w{i}") for i in range(4)]
-    policy = PrefixAwarePolicy(block_chars=16)
+    policy = prefix_aware(block_chars=16)
     system = "You are a helpful assistant who answers briefly. " * 3
     for conv in range(20):
         history = [system]
@@ -47,7 +51,7 @@ def test_conversations_stick_to_the_worker_holding_their_history():
 
 def test_unseen_prompts_spread_by_consistent_hashing():
     workers = [Worker(f"http://w{i}") for i in range(4)]
-    policy = PrefixAwarePolicy(block_chars=16)
+    policy = prefix_aware(block_chars=16)
     picks = Counter(policy.choose(chat(f"{i} document " * 10), workers).worker.url
                     for i in range(400))
     assert len(picks) == 4 and min(picks.values()) > 40
@@ -55,7 +59,7 @@ def test_unseen_prompts_spread_by_consistent_hashing():
 
 def test_a_hot_prefix_overflows_to_other_workers_within_the_load_bound():
     workers = [Worker(f"http://w{i}") for i in range(4)]
-    policy = PrefixAwarePolicy(block_chars=16, balance=0.25, balance_abs=0)
+    policy = prefix_aware(block_chars=16, balance=0.25, balance_abs=0)
     reasons = Counter()
     for _ in range(40):  # 40 concurrent requests with the same prompt, none finishing
         decision = policy.choose(chat("the same hot system prompt " * 8), workers)
@@ -75,7 +79,7 @@ def test_the_load_bound_allows_a_few_requests_over_the_least_loaded_at_low_load(
     # this tenant's fifth request elsewhere (1.25 x 3 -> 4); the absolute slack keeps it
     # with its cache until its owner is balance_abs requests ahead of the least loaded.
     workers = [Worker(f"http://w{i}") for i in range(2)]
-    policy = PrefixAwarePolicy(block_chars=16, balance=0.25, balance_abs=4)
+    policy = prefix_aware(block_chars=16, balance=0.25, balance_abs=4)
     for tenant in range(12):
         policy.choose(chat(f"tenant {tenant}'s own system prompt, long enough to follow " * 3,
                            "q"), workers)
@@ -107,7 +111,7 @@ def test_a_hot_prefix_spreads_under_the_relative_bound_even_at_low_load(
     # prefix gets only the relative bound: 5 of 8 here, the rest on the next worker.
     # --prefix-hot-window 0 turns hotness off: the same traffic stays on the owner.
     workers = [Worker(f"http://w{i}") for i in range(2)]
-    policy = PrefixAwarePolicy(block_chars=16, balance=0.25, balance_abs=8,
+    policy = prefix_aware(block_chars=16, balance=0.25, balance_abs=8,
                                hot_window=hot_window)
     system = "the one system prompt every request of this app starts with " * 4
     for q in range(8):
@@ -120,7 +124,7 @@ def test_overflows_of_one_prefix_go_to_the_same_worker_whatever_follows_it():
     # is full, every overflow should land on one other worker (which then caches the
     # prefix), not on a different worker per question.
     workers = [Worker(f"http://w{i}") for i in range(6)]
-    policy = PrefixAwarePolicy(block_chars=16, balance=0.0, balance_abs=0)
+    policy = prefix_aware(block_chars=16, balance=0.0, balance_abs=0)
     system = "a hot tenant's long system prompt with many rules and examples " * 4
     owner = policy.choose(chat(system, "question 0"), workers).worker
     owner.num_outstanding = 10
@@ -133,7 +137,7 @@ def test_an_overflow_borrows_a_worker_without_moving_the_prefix():
     # The owner of a tenant's system prompt is full: one request goes elsewhere, and the
     # next one (once the owner has room) goes back to the owner, where the prefix is cached.
     workers = [Worker(f"http://w{i}") for i in range(2)]
-    policy = PrefixAwarePolicy(block_chars=16, balance=0.0, balance_abs=0)
+    policy = prefix_aware(block_chars=16, balance=0.0, balance_abs=0)
     system = "tenant seven's long system prompt, with its rules and examples " * 4
     owner = policy.choose(chat(system, "question 0"), workers).worker
     other = next(w for w in workers if w is not owner)
@@ -151,7 +155,7 @@ def test_an_overflow_borrows_a_worker_without_moving_the_prefix():
 
 def test_a_vanished_owner_is_replaced_without_error():
     workers = [Worker(f"http://w{i}") for i in range(3)]
-    policy = PrefixAwarePolicy(block_chars=16)
+    policy = prefix_aware(block_chars=16)
     prompt = chat("long shared prefix " * 10)
     owner = policy.choose(prompt, workers).worker
     rest = [w for w in workers if w is not owner]
@@ -162,7 +166,7 @@ def test_a_vanished_owner_is_replaced_without_error():
 
 def test_the_prefix_table_is_bounded():
     workers = [Worker("http://w0")]
-    policy = PrefixAwarePolicy(block_chars=4, max_table_entries=100)
+    policy = prefix_aware(block_chars=4, max_table_entries=100)
     for i in range(500):
         policy.choose(chat(f"prompt number {i}"), workers)
     assert len(policy._owner) <= 100
@@ -180,7 +184,7 @@ def test_a_short_shared_prefix_does_not_pile_first_turns_onto_one_worker():
     # all first turns to its owner. Below min_match they go to the least loaded worker,
     # and each conversation's later turns (mostly its own history) follow its first.
     workers = [Worker(f"http://w{i}") for i in range(2)]
-    policy = PrefixAwarePolicy(block_chars=16, balance=10.0, min_match=0.5)
+    policy = prefix_aware(block_chars=16, balance=10.0, min_match=0.5)
     system = "Be terse. " * 4  # 40 characters, shorter than each user message
     firsts = {}
     for conv in range(8):  # all in flight at once
@@ -197,7 +201,7 @@ def test_a_short_shared_prefix_does_not_pile_first_turns_onto_one_worker():
 
 def test_min_match_zero_follows_any_remembered_prefix():
     workers = [Worker(f"http://w{i}") for i in range(2)]
-    policy = PrefixAwarePolicy(block_chars=16, balance=10.0, min_match=0.0)
+    policy = prefix_aware(block_chars=16, balance=10.0, min_match=0.0)
     system = "Be terse. " * 4
     picks = set()
     for conv in range(8):
@@ -212,4 +216,5 @@ def test_prefix_aware_options_are_checked():
     for kwargs in ({"min_match": 1.5}, {"balance": -1}, {"block_chars": 0}, {"balance_abs": -1},
                    {"hot_window": -1}):
         with pytest.raises(ValueError, match="--prefix-"):
-            PrefixAwarePolicy(**kwargs)
+            prefix_aware(**kwargs)
+

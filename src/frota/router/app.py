@@ -22,7 +22,13 @@ from frota.router.discovery import Discovery
 from frota.router.errors import error_response, json_response
 from frota.router.health import WorkerPool
 from frota.router.metrics import RouterMetrics
-from frota.router.policies import LoadSignal, PolicyName, RouteRequest, make_policy
+from frota.router.policies import (
+    LoadSignal,
+    PolicyName,
+    PrefixAwareConfig,
+    RouteRequest,
+    make_policy,
+)
 from frota.router.proxy import Proxy, ProxyConfig, RequestContext
 from frota.router.server import Handler, HttpServer, Request
 from frota.router.upstream import UpstreamClient
@@ -41,12 +47,7 @@ class RouterConfig:
 
     policy: PolicyName = PolicyName.ROUND_ROBIN
     load_signal: LoadSignal = LoadSignal.OUTSTANDING
-    prefix_block_chars: int = 128
-    prefix_max_blocks: int = 64
-    prefix_balance: float = 0.25
-    prefix_balance_abs: int = 8
-    prefix_hot_window: int = 64
-    prefix_min_match: float = 0.5
+    prefix: PrefixAwareConfig = field(default_factory=PrefixAwareConfig)
     session_header: str = "x-session-id"
     max_inflight: int = 256
     max_queue: int = 1024
@@ -75,14 +76,8 @@ class Router:
         self.config = config
         self.discovery = discovery
         self.metrics = RouterMetrics()
-        self.policy = make_policy(
-            config.policy, load_signal=config.load_signal,
-            prefix_block_chars=config.prefix_block_chars,
-            prefix_max_blocks=config.prefix_max_blocks, prefix_balance=config.prefix_balance,
-            prefix_balance_abs=config.prefix_balance_abs,
-            prefix_hot_window=config.prefix_hot_window,
-            prefix_min_match=config.prefix_min_match,
-            session_header=config.session_header)
+        self.policy = make_policy(config.policy, load_signal=config.load_signal,
+                                  prefix=config.prefix, session_header=config.session_header)
         self.admission = AdmissionController(
             self.metrics, max_inflight=config.max_inflight, max_queue=config.max_queue,
             queue_timeout=config.queue_timeout)

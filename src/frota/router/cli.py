@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from frota.api.contract import Label
-from frota.router.policies import LoadSignal, PolicyName
+from frota.router.policies import LoadSignal, PolicyName, PrefixAwareConfig
 
 if TYPE_CHECKING:
     from frota.router.app import RouterApp
@@ -69,26 +69,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    "[env also FROTA_MIN_PREFILL_TOKENS]; with --discovery kubernetes, "
                    "setting it turns disaggregation on (prefill pods by frota.dev/role)")
 
+    prefix = PrefixAwareConfig()  # the prefix-aware defaults
     g = parser.add_argument_group("routing")
     g.add_argument("--policy", default=_env("--policy", PolicyName.ROUND_ROBIN.value),
                    choices=[p.value for p in PolicyName], help="how a replica is chosen")
     g.add_argument("--load-signal", default=_env("--load-signal", LoadSignal.OUTSTANDING.value),
                    choices=[s.value for s in LoadSignal],
                    help="least-load: router-side outstanding requests or the workers' /metrics")
-    g.add_argument("--prefix-block-chars", type=int, default=_env("--prefix-block-chars", 128),
+    g.add_argument("--prefix-block-chars", type=int,
+                   default=_env("--prefix-block-chars", prefix.block_chars),
                    help="prefix-aware: characters per hashed prompt block")
-    g.add_argument("--prefix-max-blocks", type=int, default=_env("--prefix-max-blocks", 64),
+    g.add_argument("--prefix-max-blocks", type=int,
+                   default=_env("--prefix-max-blocks", prefix.max_blocks),
                    help="prefix-aware: leading blocks hashed per prompt")
-    g.add_argument("--prefix-balance", type=float, default=_env("--prefix-balance", 0.25),
+    g.add_argument("--prefix-balance", type=float,
+                   default=_env("--prefix-balance", prefix.balance),
                    help="prefix-aware: a worker may take (1 + this) x its fair share of load")
-    g.add_argument("--prefix-balance-abs", type=int, default=_env("--prefix-balance-abs", 8),
+    g.add_argument("--prefix-balance-abs", type=int,
+                   default=_env("--prefix-balance-abs", prefix.balance_abs),
                    help="prefix-aware: ... or this many requests more than the least loaded "
                    "worker, whichever allows more (low load)")
-    g.add_argument("--prefix-hot-window", type=int, default=_env("--prefix-hot-window", 64),
+    g.add_argument("--prefix-hot-window", type=int,
+                   default=_env("--prefix-hot-window", prefix.hot_window),
                    help="prefix-aware: a prefix behind more than a worker's fair share of "
                    "this many latest requests is hot and gets the relative bound only "
                    "(0: no prefix is ever hot)")
-    g.add_argument("--prefix-min-match", type=float, default=_env("--prefix-min-match", 0.5),
+    g.add_argument("--prefix-min-match", type=float,
+                   default=_env("--prefix-min-match", prefix.min_match),
                    help="prefix-aware: follow a remembered prefix only when it covers this "
                    "fraction of the prompt's blocks; else route to the least loaded worker")
     g.add_argument("--session-header", default=_env("--session-header", "x-session-id"),
@@ -174,10 +181,10 @@ def config_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
     return RouterConfig(
         policy=PolicyName(args.policy), load_signal=LoadSignal(args.load_signal),
-        prefix_block_chars=args.prefix_block_chars, prefix_max_blocks=args.prefix_max_blocks,
-        prefix_balance=args.prefix_balance, prefix_balance_abs=args.prefix_balance_abs,
-        prefix_hot_window=args.prefix_hot_window,
-        prefix_min_match=args.prefix_min_match,
+        prefix=PrefixAwareConfig(
+            block_chars=args.prefix_block_chars, max_blocks=args.prefix_max_blocks,
+            balance=args.prefix_balance, balance_abs=args.prefix_balance_abs,
+            hot_window=args.prefix_hot_window, min_match=args.prefix_min_match),
         session_header=args.session_header,
         max_inflight=args.max_inflight, max_queue=args.max_queue,
         queue_timeout=args.queue_timeout,

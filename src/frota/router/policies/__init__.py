@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from frota.router.policies.base import Decision, PolicyName, RouteRequest, RoutingPolicy
 from frota.router.policies.least_load import LeastLoadPolicy, LoadSignal
-from frota.router.policies.prefix_aware import PrefixAwarePolicy
+from frota.router.policies.prefix_aware import PrefixAwareConfig, PrefixAwarePolicy
 from frota.router.policies.round_robin import RoundRobinPolicy
 from frota.router.policies.session import SessionPolicy
 
 __all__ = [
-    "Decision", "LeastLoadPolicy", "LoadSignal", "PolicyName", "PrefixAwarePolicy",
-    "RoundRobinPolicy", "RouteRequest", "RoutingPolicy", "SessionPolicy", "make_policy",
+    "Decision", "LeastLoadPolicy", "LoadSignal", "PolicyName", "PrefixAwareConfig",
+    "PrefixAwarePolicy", "RoundRobinPolicy", "RouteRequest", "RoutingPolicy", "SessionPolicy",
+    "make_policy",
 ]
 
 
@@ -18,12 +19,7 @@ def make_policy(
     name: PolicyName | str,
     *,
     load_signal: LoadSignal | str = LoadSignal.OUTSTANDING,
-    prefix_block_chars: int = 128,
-    prefix_max_blocks: int = 64,
-    prefix_balance: float = 0.25,
-    prefix_balance_abs: int = 8,
-    prefix_hot_window: int = 64,
-    prefix_min_match: float = 0.5,
+    prefix: PrefixAwareConfig | None = None,
     session_header: str = "x-session-id",
 ) -> RoutingPolicy:
     """Build the policy `name` with the options that concern it."""
@@ -33,8 +29,6 @@ def make_policy(
         case PolicyName.LEAST_LOAD:
             return LeastLoadPolicy(LoadSignal(load_signal))
         case PolicyName.PREFIX_AWARE:
-            return PrefixAwarePolicy(prefix_block_chars, prefix_max_blocks, prefix_balance,
-                                     prefix_min_match, balance_abs=prefix_balance_abs,
-                                     hot_window=prefix_hot_window)
+            return PrefixAwarePolicy(prefix)
         case PolicyName.SESSION:
             return SessionPolicy(session_header)

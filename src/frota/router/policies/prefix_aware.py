@@ -6,6 +6,7 @@ import hashlib
 import math
 from collections import Counter, OrderedDict, deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from frota.router.health import Worker
 from frota.router.policies.base import Decision, PolicyName, RouteRequest, RoutingPolicy
@@ -28,6 +29,31 @@ def prefix_block_hashes(text: str, block_chars: int, max_blocks: int) -> list[in
         digest = hashlib.blake2b(digest + data[start:start + step], digest_size=8).digest()
         hashes.append(int.from_bytes(digest, "big"))
     return hashes
+
+
+@dataclass(frozen=True)
+class PrefixAwareConfig:
+    """The prefix-aware policy's settings; the `--prefix-*` flags take their defaults
+    from here (see `PrefixAwarePolicy` for what each one does)."""
+
+    block_chars: int = 128       # --prefix-block-chars: characters per hashed block
+    max_blocks: int = 64         # --prefix-max-blocks: leading blocks hashed per prompt
+    balance: float = 0.25        # --prefix-balance: up to (1 + this) x the fair share
+    balance_abs: int = 8         # --prefix-balance-abs: or this many over the least loaded
+    hot_window: int = 64         # --prefix-hot-window: latest requests a hot prefix is seen in
+    min_match: float = 0.5       # --prefix-min-match: share of the blocks a prefix must cover
+    max_table_entries: int = 200_000  # block hashes remembered (LRU)
+
+    def check(self) -> None:
+        """Raise ValueError naming the flag of the first setting out of range."""
+        for flag, ok, want in (("--prefix-block-chars", self.block_chars >= 1, ">= 1"),
+                               ("--prefix-max-blocks", self.max_blocks >= 1, ">= 1"),
+                               ("--prefix-balance", self.balance >= 0, ">= 0"),
+                               ("--prefix-balance-abs", self.balance_abs >= 0, ">= 0"),
+                               ("--prefix-hot-window", self.hot_window >= 0, ">= 0"),
+                               ("--prefix-min-match", 0 <= self.min_match <= 1, "in [0, 1]")):
+            if not ok:
+                raise ValueError(f"prefix-aware: {flag} must be {want}")
 
 
 class PrefixAwarePolicy(RoutingPolicy):
@@ -67,23 +93,16 @@ class PrefixAwarePolicy(RoutingPolicy):
     name = PolicyName.PREFIX_AWARE
     needs_body = True
 
-    def __init__(self, block_chars: int = 128, max_blocks: int = 64, balance: float = 0.25,
-                 min_match: float = 0.5, max_table_entries: int = 200_000,
-                 balance_abs: int = 8, hot_window: int = 64) -> None:
-        for flag, ok, want in (("--prefix-block-chars", block_chars >= 1, ">= 1"),
-                               ("--prefix-max-blocks", max_blocks >= 1, ">= 1"),
-                               ("--prefix-balance", balance >= 0, ">= 0"),
-                               ("--prefix-balance-abs", balance_abs >= 0, ">= 0"),
-                               ("--prefix-hot-window", hot_window >= 0, ">= 0"),
-                               ("--prefix-min-match", 0 <= min_match <= 1, "in [0, 1]")):
-            if not ok:
-                raise ValueError(f"prefix-aware: {flag} must be {want}")
-        self.block_chars = block_chars
-        self.max_blocks = max_blocks
-        self.balance = balance
-        self.balance_abs = balance_abs
-        self.min_match = min_match
-        self.max_table_entries = max_table_entries
+    def __init__(self, config: PrefixAwareConfig | None = None) -> None:
+        config = config or PrefixAwareConfig()
+        config.check()
+        self.block_chars = config.block_chars
+        self.max_blocks = config.max_blocks
+        self.balance = config.balance
+        self.balance_abs = config.balance_abs
+        self.min_match = config.min_match
+        self.max_table_entries = config.max_table_entries
+        hot_window = config.hot_window
         self._owner: OrderedDict[int, str] = OrderedDict()
         self._ring = RingCache()
         # The prefix keys of the last `hot_window` requests, and how often each occurs.
