@@ -27,6 +27,7 @@ class ProcessState:
     pid: int | None
     port: int | None
     url: str | None  # its HTTP address, for ranks that serve one (rank 0 and the router)
+    ready_path: str = "/ready"  # its readiness probe under `url` (vLLM's server: /health)
     is_ready: bool = False
     num_restarts: int = 0
 

@@ -99,11 +99,8 @@ async def _scrape(session: aiohttp.ClientSession,
     if not proc.url:
         return False, {}
     try:
-        async with session.get(f"{proc.url}/ready") as resp:
+        async with session.get(f"{proc.url}{proc.ready_path}") as resp:
             is_ready = resp.status == 200
-        if resp.status == 404:  # a server without /ready (vLLM): up means loaded
-            async with session.get(f"{proc.url}/health") as resp:
-                is_ready = resp.status == 200
         async with session.get(f"{proc.url}/metrics") as resp:
             text = await resp.text() if resp.status == 200 else ""
     except (aiohttp.ClientError, TimeoutError, OSError):

@@ -19,6 +19,7 @@ import yaml
 from frota.api import InferenceService
 from frota.operator import planner
 from frota.operator.runtimes import FROTA_COMMAND
+from frota.operator.topology import ReplicaGroup, Topology
 from frota.operator.validation import SpecError
 from frota.operator.validation import load as validate
 
@@ -149,7 +150,8 @@ def converted_models_dir() -> Path:
 _VLLM_MULTI_NODE = {"--nnodes", "--node-rank", "--master-addr", "--master-port"}
 
 
-def _local_group(topo, g, extra_env: dict[str, str], runtime: str) -> LocalGroup:
+def _local_group(topo: Topology, g: ReplicaGroup, extra_env: dict[str, str],
+                 runtime: str) -> LocalGroup:
     ranks = tuple(
         LocalRank(r.index, tuple(r.args), {**topo.rank_env(g, r), **extra_env}, tuple(r.command))
         for r in g.ranks

@@ -222,6 +222,7 @@ def _save_state(fleet_state: state.FleetState, sup: Supervisor) -> None:
             name=m.spec.name, role=m.spec.role, replica=m.spec.replica, rank=m.spec.rank,
             pid=m.pid, port=m.spec.port,
             url=m.spec.ready_url.rsplit("/", 1)[0] if m.spec.ready_url else None,
+            ready_path="/" + m.spec.ready_url.rsplit("/", 1)[1] if m.spec.ready_url else "/ready",
             is_ready=m.is_ready, num_restarts=m.num_restarts,
         )
         for m in sup.processes

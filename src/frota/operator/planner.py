@@ -20,7 +20,7 @@ from frota.operator.model_shapes import (
     locate,
 )
 from frota.operator.quantity import format_bytes, parse_quantity
-from frota.operator.runtimes import vllm
+from frota.operator.runtimes import Launch, resolve_dtype, vllm
 from frota.operator.topology import (
     Addressing,
     KubernetesAddressing,
@@ -34,13 +34,6 @@ from frota.operator.topology import (
 from frota.operator.validation import FieldError, SpecError
 
 ENGINE_ROLE = {"worker": "both", "prefill": "prefill", "decode": "decode"}
-
-
-def resolve_dtype(spec: InferenceServiceSpec, resources: Resources) -> str:
-    """`auto` is bfloat16 on an accelerator and float32 on CPU."""
-    if spec.engine.dtype != "auto":
-        return spec.engine.dtype
-    return "bfloat16" if resources.accelerator is not None else "float32"
 
 
 def revision(spec: InferenceServiceSpec, role: Role, parallelism: Parallelism,
@@ -191,7 +184,7 @@ def _vllm_group(
     world = p.tensor * p.pipeline
     kv = budget.kv_cache_bytes_per_rank if budget is not None else None
 
-    def launch(rank: int | None, port: int):
+    def launch(rank: int | None, port: int) -> Launch:
         return vllm.launch(spec, p, rs.resources, model_path=path, port=port,
                            master_addr=addressing.master_addr(group_name),
                            master_port=addressing.master_port(ordinal), rank=rank, kv_cache_bytes=kv)

@@ -10,8 +10,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from frota.api import InferenceServiceSpec, Resources
+
 #: Frota's runtime: the worker image's `frota` command (`frota worker ...`).
 FROTA_COMMAND = ("frota",)
+
+
+def resolve_dtype(spec: InferenceServiceSpec, resources: Resources) -> str:
+    """`auto` is bfloat16 on an accelerator and float32 on CPU, whichever runtime serves."""
+    if spec.engine.dtype != "auto":
+        return spec.engine.dtype
+    return "bfloat16" if resources.accelerator is not None else "float32"
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ import math
 import shlex
 
 from frota.api import InferenceServiceSpec, Parallelism, Resources
-from frota.operator.runtimes import Launch
+from frota.operator.runtimes import Launch, resolve_dtype
 
 #: vLLM's OpenAI server, as its images name it.
 SERVER = ("vllm", "serve")
@@ -44,13 +44,6 @@ GIB = 2**30
 CPU_RUNTIME_OVERHEAD_BYTES = 5 * GIB // 2
 
 
-def dtype(spec: InferenceServiceSpec, resources: Resources) -> str:
-    """Frota's meaning of `auto` (bfloat16 on an accelerator, float32 on CPU), made explicit."""
-    if spec.engine.dtype != "auto":
-        return spec.engine.dtype
-    return "bfloat16" if resources.accelerator is not None else "float32"
-
-
 def serve_args(spec: InferenceServiceSpec, parallelism: Parallelism, resources: Resources,
                model_path: str, port: int) -> list[str]:
     """The flags every rank of a group shares, from the spec (runtime.args not yet appended)."""
@@ -59,7 +52,7 @@ def serve_args(spec: InferenceServiceSpec, parallelism: Parallelism, resources: 
         model_path,
         "--served-model-name", spec.model.name,
         "--host", "0.0.0.0", "--port", str(port),
-        "--dtype", dtype(spec, resources),
+        "--dtype", resolve_dtype(spec, resources),  # Frota's `auto`, made explicit
         "--max-num-seqs", str(engine.scheduler.maxNumSeqs),
         "--max-num-batched-tokens", str(engine.scheduler.maxNumBatchedTokens),
         "--block-size", str(engine.kvCache.blockSize),
