@@ -59,6 +59,27 @@ def _user_env(env: list[EnvVar]) -> list[dict[str, Any]]:
     return [e.to_wire() for e in env]
 
 
+def _filled_by_frota(isvc: InferenceService, name: str, volume: str, path: str,
+                     args: list[str], env: list[dict[str, Any]],
+                     resources: dict[str, Any]) -> tuple[list, list, list]:
+    """An emptyDir at `path` that an init container of Frota's image fills (`frota ARGS`),
+    mounted read-only in the worker: (volumes, worker mounts, init containers)."""
+    _, tmp_mount = tmp_volume()
+    init = {
+        "name": name,
+        "image": isvc.spec.engine.image,
+        "imagePullPolicy": isvc.spec.engine.imagePullPolicy,
+        "command": ["frota"],
+        "args": args,
+        "env": env,
+        "resources": resources,
+        "securityContext": container_security_context(),
+        "volumeMounts": [tmp_mount, {"name": volume, "mountPath": path}],
+    }
+    empty_dir = {"name": volume, "emptyDir": {"sizeLimit": isvc.spec.model.cacheSize}}
+    return [empty_dir], [{"name": volume, "mountPath": path, "readOnly": True}], [init]
+
+
 def model_volumes(isvc: InferenceService, location: ModelLocation) -> tuple[list, list, list]:
     """(volumes, worker mounts, init containers) that deliver the model for its URI scheme."""
     if location.delivery == "pvc":
@@ -66,25 +87,14 @@ def model_volumes(isvc: InferenceService, location: ModelLocation) -> tuple[list
         return [volume], [{"name": "model", "mountPath": MODELS_DIR, "readOnly": True}], []
     if location.delivery != "download":
         return [], [], []  # baked into the image, or generated (synthetic)
-    model = isvc.spec.model
-    volume = {"name": "model-cache", "emptyDir": {"sizeLimit": model.cacheSize}}
-    _, tmp_mount = tmp_volume()
     env = list(WRITABLE_HOME_ENV)
-    if model.credentials is not None:
-        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": model.credentials.to_wire()}})
-    fetch = {
-        "name": "fetch-model",
-        "image": isvc.spec.engine.image,
-        "imagePullPolicy": isvc.spec.engine.imagePullPolicy,
-        "command": ["frota"],
-        "args": ["fetch", location.uri, "--dest", location.model_arg],
-        "env": env,
-        "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}},
-        "securityContext": container_security_context(),
-        "volumeMounts": [tmp_mount, {"name": "model-cache", "mountPath": CACHE_DIR}],
-    }
-    mount = {"name": "model-cache", "mountPath": CACHE_DIR, "readOnly": True}
-    return [volume], [mount], [fetch]
+    if isvc.spec.model.credentials is not None:
+        env.append({"name": "HF_TOKEN",
+                    "valueFrom": {"secretKeyRef": isvc.spec.model.credentials.to_wire()}})
+    return _filled_by_frota(
+        isvc, "fetch-model", "model-cache", CACHE_DIR,
+        ["fetch", location.uri, "--dest", location.model_arg], env,
+        {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}})
 
 
 def converted_model(isvc: InferenceService, location: ModelLocation,
@@ -93,23 +103,13 @@ def converted_model(isvc: InferenceService, location: ModelLocation,
     model as an HF-layout directory: Frota's image runs `frota convert` into an emptyDir."""
     if isvc.spec.runtime.engine != "vllm" or location.delivery != "image":
         return [], [], []
-    volume = {"name": "converted", "emptyDir": {"sizeLimit": isvc.spec.model.cacheSize}}
-    _, tmp_mount = tmp_volume()
-    convert = {
-        "name": "convert-model",
-        "image": isvc.spec.engine.image,
-        "imagePullPolicy": isvc.spec.engine.imagePullPolicy,
-        "command": ["frota"],
-        "args": ["convert", location.model_arg, f"{CONVERTED_DIR}/{location.model_arg}"],
-        "env": list(WRITABLE_HOME_ENV),
-        # Converting holds the dequantized model once: the rank's memory is enough.
-        "resources": {"requests": {"cpu": resources.cpu, "memory": resources.memory},
-                      "limits": {"memory": resources.memory}},
-        "securityContext": container_security_context(),
-        "volumeMounts": [tmp_mount, {"name": "converted", "mountPath": CONVERTED_DIR}],
-    }
-    mount = {"name": "converted", "mountPath": CONVERTED_DIR, "readOnly": True}
-    return [volume], [mount], [convert]
+    # Converting holds the dequantized model once: the rank's memory is enough.
+    return _filled_by_frota(
+        isvc, "convert-model", "converted", CONVERTED_DIR,
+        ["convert", location.model_arg, f"{CONVERTED_DIR}/{location.model_arg}"],
+        list(WRITABLE_HOME_ENV),
+        {"requests": {"cpu": resources.cpu, "memory": resources.memory},
+         "limits": {"memory": resources.memory}})
 
 
 def _rank_env(isvc: InferenceService, group: ReplicaGroup) -> list[dict[str, Any]]:
