@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import psutil
+from openai import OpenAI
 
 FAKE_LAUNCHER = f"{sys.executable} {Path(__file__).parent / 'fake_fleet.py'}"
 BANNER = "Frota is serving"
@@ -88,3 +89,9 @@ def all_gone(procs: list[psutil.Process]) -> bool:
         except psutil.NoSuchProcess:
             pass
     return True
+
+
+def client(port: int) -> OpenAI:
+    """The official client, pointed at a local router; no retries, so failures show."""
+    return OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0,
+                  timeout=300)

@@ -20,12 +20,12 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from openai import APIConnectionError, APIStatusError, OpenAI
+from openai import APIConnectionError, APIStatusError
 
 from frota.local.ports import is_port_free
 
 from .conftest import free_port, wait_until
-from .fleet_process import BANNER, UpProcess, all_gone
+from .fleet_process import BANNER, UpProcess, all_gone, client
 
 pytestmark = pytest.mark.slow
 
@@ -78,11 +78,6 @@ def start(tmp_path: Path, *args: str) -> tuple[UpProcess, int]:
                                                 if "not implemented" in line))
         raise
     return up, port
-
-
-def client(port: int) -> OpenAI:
-    return OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0,
-                  timeout=300)
 
 
 def greedy(port: int, model: str, prompt: str = PROMPT, max_tokens: int = 8) -> str:

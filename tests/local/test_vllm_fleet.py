@@ -14,12 +14,12 @@ from collections.abc import Iterator
 
 import pytest
 import yaml
-from openai import APIConnectionError, APIStatusError, OpenAI
+from openai import APIConnectionError, APIStatusError
 
 from frota.local.up import find_vllm
 
 from .conftest import free_port, wait_until
-from .fleet_process import BANNER, UpProcess
+from .fleet_process import BANNER, UpProcess, client
 
 pytestmark = pytest.mark.slow
 
@@ -59,11 +59,6 @@ def vllm_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[UpPro
     yield up, port
     up.stop()
     up.kill_everything()
-
-
-def client(port: int) -> OpenAI:
-    return OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0,
-                  timeout=300)
 
 
 def router_metrics(port: int) -> str:
