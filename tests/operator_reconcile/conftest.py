@@ -334,9 +334,10 @@ spec:
     return manifest
 
 
-# Quick enough for tests: the autoscaler ticks twice a second, retries wait a fifth of one.
+# Quick enough for tests: the autoscaler and the capacity timer tick twice a second,
+# retries wait a fifth of one.
 SETTINGS = OperatorSettings(namespaces=(NAMESPACE,), autoscale_interval_seconds=0.5,
-                            retry_delay_seconds=0.2)
+                            capacity_report_interval_seconds=0.5, retry_delay_seconds=0.2)
 
 
 class Operator:

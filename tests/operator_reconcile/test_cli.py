@@ -30,12 +30,19 @@ def test_namespaced_run_with_peering(kopf_run: dict[str, Any]) -> None:
     state = kopf_run["memo"]["state"]
     assert state.settings.namespaces == ("team-a", "team-b")
     assert state.settings.autoscale_interval_seconds == 15.0
+    assert state.settings.capacity_report_interval_seconds == 30.0
     assert isinstance(kopf_run["registry"], kopf.OperatorRegistry)
 
 
 def test_the_autoscale_interval_flag_becomes_a_setting(kopf_run: dict[str, Any]) -> None:
     assert main(["operator", "--standalone", "--metrics-port", "0", "--autoscale-interval", "3"]) == 0
     assert kopf_run["memo"]["state"].settings.autoscale_interval_seconds == 3.0
+
+
+def test_the_capacity_report_interval_flag_becomes_a_setting(kopf_run: dict[str, Any]) -> None:
+    assert main(["operator", "--standalone", "--metrics-port", "0",
+                 "--capacity-report-interval", "7.5"]) == 0
+    assert kopf_run["memo"]["state"].settings.capacity_report_interval_seconds == 7.5
 
 
 def test_all_namespaces_standalone_without_metrics(kopf_run: dict[str, Any]) -> None:

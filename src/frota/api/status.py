@@ -47,15 +47,22 @@ class RoleStatus(FrotaModel):
 
 
 class Capacity(FrotaModel):
-    """What one replica can hold, from the planner (the decode role when disaggregated)."""
+    """What one replica can hold (the decode role when disaggregated): planned, and reported."""
 
     weightBytesPerRank: int | None = Field(default=None, ge=0, description="Weight memory of the largest rank.")
     kvCacheTokensPerReplica: int | None = Field(
-        default=None, ge=0, description="Tokens of KV cache one replica holds."
+        default=None, ge=0, description="Tokens of KV cache one replica holds, as planned."
     )
     maxModelLen: int | None = Field(default=None, ge=0, description="Longest sequence in tokens.")
     sequencesAtMaxModelLen: int | None = Field(
         default=None, ge=0, description="Sequences of maxModelLen tokens that fit one replica's KV cache."
+    )
+    reportedKvCacheTokensPerReplica: int | None = Field(
+        default=None, ge=0,
+        description=(
+            "Tokens of KV cache the serving replicas' engines report (vllm:cache_config_info: "
+            "num_gpu_blocks x block_size); the smallest replica's. Unset while no replica serves."
+        ),
     )
 
 
@@ -83,4 +90,6 @@ class InferenceServiceStatus(FrotaModel):
     url: str | None = Field(default=None, description="OpenAI-compatible base URL of the router.")
     mode: Literal["Colocated", "Disaggregated"] | None = Field(default=None, description="Serving mode.")
     revision: str | None = Field(default=None, description="Revision of the pod spec the Ready replicas run.")
-    capacity: Capacity | None = Field(default=None, description="Planned memory budget per replica.")
+    capacity: Capacity | None = Field(
+        default=None, description="Memory budget per replica: planned, and as the engines report it."
+    )

@@ -159,7 +159,8 @@ class KubeApi:
 
     async def patch_status(self, kind: str, namespace: str, name: str,
                            status: Mapping[str, Any]) -> None:
-        """Replace the status block through the status subresource (merge patch)."""
+        """Write the status block through the status subresource (a merge patch: a field
+        to remove is given as null; see `reconcile.replacing`)."""
         await self._request("PATCH", f"{_named_path(kind, namespace, name)}/status",
                             payload={"status": dict(status)}, content_type=MERGE_CONTENT_TYPE)
 

@@ -36,13 +36,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          help="run without peering (a single replica, or tests)")
     parser.add_argument("--autoscale-interval", type=float, default=15.0, metavar="SECONDS",
                         help="how often autoscaled InferenceServices read the router's metrics")
+    parser.add_argument("--capacity-report-interval", type=float, default=30.0, metavar="SECONDS",
+                        help="how often InferenceServices read the KV cache their serving "
+                             "workers report (status.capacity)")
     parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
 
 
 def settings_of(args: argparse.Namespace) -> OperatorSettings:
     """The operator's settings from its flags."""
     return OperatorSettings(namespaces=tuple(args.namespace),
-                            autoscale_interval_seconds=args.autoscale_interval)
+                            autoscale_interval_seconds=args.autoscale_interval,
+                            capacity_report_interval_seconds=args.capacity_report_interval)
 
 
 def run(args: argparse.Namespace) -> int:

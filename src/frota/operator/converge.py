@@ -27,9 +27,11 @@ from typing import Any
 
 import kopf
 
+from frota.api import InferenceServiceStatus
 from frota.api.contract import EventReason
 from frota.operator.reconcile import Outcome, reconcile
-from frota.operator.state import OperatorState, key_of, plain
+from frota.operator.state import Key, OperatorState, key_of, plain
+from frota.operator.status import parse_status
 
 
 async def run(body: kopf.Body, state: OperatorState, *, logger: Any,
@@ -79,10 +81,13 @@ async def reconcile_once(body: kopf.Body, state: OperatorState) -> Outcome:
     key = key_of(body)
     snapshot = plain(body)
     metrics = state.metrics
+    old = state.last_status.get(key)
+    old = old if old is not None else parse_status(snapshot.get("status"))
     started = time.perf_counter()
     try:
         outcome = await reconcile(snapshot, state.children(key), api=state.kube,
-                                  old_status=state.last_status.get(key), applied=state.applied)
+                                  old_status=old, applied=state.applied,
+                                  reported_kv=_reported_kv(state, key, old))
     except kopf.TemporaryError:
         metrics.reconciles.labels("retry").inc()
         raise
@@ -105,3 +110,11 @@ async def reconcile_once(body: kopf.Body, state: OperatorState) -> Outcome:
     for cause in outcome.restarted.values():
         metrics.group_restarts.labels(cause).inc()
     return outcome
+
+
+def _reported_kv(state: OperatorState, key: Key, old: InferenceServiceStatus) -> int | None:
+    """The KV cache the engines last reported; until the capacity timer has looked (a
+    restarted operator), what status says, so a restart rewrites nothing."""
+    if key in state.reported_kv:
+        return state.reported_kv[key]
+    return old.capacity.reportedKvCacheTokensPerReplica if old.capacity else None

@@ -3,8 +3,9 @@
 `registry(settings)` registers them on a fresh kopf registry; nothing
 registers at import, so the settings (the autoscaling timer's interval among
 them) arrive explicitly. Each InferenceService gets a reconcile loop (a kopf
-daemon, `frota.operator.converge`); its spec's handlers and the watches on
-its children only wake that loop. The watches also feed kopf's indexes, the
+daemon, `frota.operator.converge`); its spec's handlers, the watches on
+its children and the capacity timer (what the engines report) only wake
+that loop. The watches also feed kopf's indexes, the
 cache a reconcile reads the children from, which is how deleted or edited
 children come back and how status follows pod readiness.
 """
@@ -18,7 +19,7 @@ import kopf
 
 from frota.api import contract
 from frota.api.contract import APP_NAME, CHILD_KINDS, ENDPOINT_SLICE, POD, ChildKind, Label
-from frota.operator import autoscale, autoscaler, converge, peering
+from frota.operator import autoscale, autoscaler, converge, kv_report, peering
 from frota.operator.desired import InvalidSpec, desired_state
 from frota.operator.observe import IMAGE_PULL_REASONS
 from frota.operator.settings import OperatorSettings
@@ -62,6 +63,8 @@ def registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
     kopf.on.delete(*ISVC, optional=True, registry=reg)(forget_inferenceservice)
     kopf.timer(*ISVC, interval=settings.autoscale_interval_seconds, idle=0, when=_autoscaled,
                registry=reg)(autoscale_inferenceservice)
+    kopf.timer(*ISVC, interval=settings.capacity_report_interval_seconds, idle=0,
+               id="capacity", registry=reg)(report_capacity)
     return reg
 
 
@@ -224,3 +227,15 @@ async def autoscale_inferenceservice(body: kopf.Body, memo: kopf.Memo, logger: k
     except InvalidSpec:
         return  # the spec changed since the timer's filter looked: nothing to scale
     await autoscaler.tick(isvc, state.children(key_of(body)).pods, state, logger=logger)
+
+
+async def report_capacity(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Read the KV cache the serving workers' engines report (status.capacity);
+    the reconcile loop writes it."""
+    state: OperatorState = memo["state"]
+    try:
+        role = desired_state(plain(body)).intent.serving_role
+    except InvalidSpec:
+        return  # nothing serves an invalid spec's revision: status says why instead
+    key = key_of(body)
+    await kv_report.refresh(state, key, role, state.children(key).pods)

@@ -160,11 +160,13 @@ async def reconcile(
     api: Api,
     old_status: InferenceServiceStatus | None = None,
     applied: Applied | None = None,
+    reported_kv: int | None = None,
 ) -> Outcome:
     """Converge one InferenceService with its spec and write its status.
 
     `old_status` is the status last written, when the caller knows it better
-    than the (possibly lagging) body does.
+    than the (possibly lagging) body does. `reported_kv` is the KV cache, in
+    tokens per replica, the serving engines last reported (None: not known).
     """
     meta = body["metadata"]
     name, namespace = meta["name"], meta.get("namespace") or "default"
@@ -203,7 +205,8 @@ async def reconcile(
                  else observe_endpoints(children.endpoint_slices))
     observed = Observed(groups=_after_actions(desired, plans, groups, outcome), router=router,
                         endpoints=endpoints, image_problems=observe_image_problems(children.pods))
-    outcome.status = compute_status(desired.intent, observed, old=old_status, now=now())
+    outcome.status = compute_status(desired.intent, observed, old=old_status, now=now(),
+                                    reported_kv=reported_kv)
     outcome.result = "converged" if is_settled(outcome.status) else "progressing"
     await _write_status(api, body, namespace, name, outcome.status, old_status)
     for type_, reason, message in outcome.events:
@@ -400,7 +403,7 @@ async def _write_status(
     """Write the status if it changed, and post one event per condition transition."""
     if status == old:
         return
-    await api.patch_status(KIND, namespace, name, status.to_wire())
+    await api.patch_status(KIND, namespace, name, replacing(status.to_wire(), old.to_wire()))
     first = not old.conditions
     for cond in transitions(status.conditions, old.conditions):
         warn = (cond.type == ConditionType.DEGRADED and cond.status == TRUE) or (
@@ -415,6 +418,18 @@ async def _write_status(
             reason=f"{cond.type}{cond.status}",
             message=f"{cond.reason}: {cond.message}",
         )
+
+
+def replacing(new: Mapping[str, Any], old: Mapping[str, Any]) -> dict[str, Any]:
+    """A merge patch that turns `old` into `new`: fields `new` lacks are set to null
+    (a merge patch leaves out fields as they were), nested objects alike."""
+    patch: dict[str, Any] = dict(new)
+    for name, before in old.items():
+        if name not in new:
+            patch[name] = None
+        elif isinstance(before, Mapping) and isinstance(new[name], Mapping):
+            patch[name] = replacing(new[name], before)
+    return patch
 
 
 def _event(outcome: Outcome, type_: str, reason: str, message: str) -> None:

@@ -2,8 +2,8 @@
 
 Nothing reads them from the environment or at import: `frota.operator.cli`
 builds an `OperatorSettings` from its flags, `handlers.registry(settings)`
-registers the handlers with them (the autoscaling timer's interval is fixed
-when kopf registers it), and the handlers find them in kopf's memo.
+registers the handlers with them (the timers' intervals are fixed when kopf
+registers them), and the handlers find them in kopf's memo.
 """
 
 from __future__ import annotations
@@ -19,6 +19,9 @@ class OperatorSettings:
     namespaces: tuple[str, ...] = ()
     # How often autoscaled InferenceServices read their metrics (`--autoscale-interval`).
     autoscale_interval_seconds: float = 15.0
+    # How often every InferenceService reads the KV cache its serving engines report
+    # (`--capacity-report-interval`; status.capacity.reportedKvCacheTokensPerReplica).
+    capacity_report_interval_seconds: float = 30.0
     # How long kopf waits before retrying a reconcile that hit a transient API error.
     retry_delay_seconds: float = 5.0
     # How soon to look again at writes the watch cache has not shown yet.

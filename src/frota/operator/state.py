@@ -1,9 +1,10 @@
 """What the operator keeps between handler calls: one `OperatorState` per process, in kopf's memo.
 
 The children cache is kopf's own indexes (filled from the watches); the rest
-is what a reconcile or an autoscaling tick needs from the ones before it: the
-status last written, the writes the cache has not shown yet, each scaler's
-history, and the wake-up flag of each InferenceService's reconcile loop.
+is what a reconcile or a timer needs from the ones before it: the status last
+written, the writes the cache has not shown yet, each scaler's history, the
+KV cache the engines last reported, and the wake-up flag of each
+InferenceService's reconcile loop.
 """
 
 from __future__ import annotations
@@ -63,6 +64,9 @@ class OperatorState:
     # The status this process last wrote beats the cached body's, which may lag.
     last_status: dict[Key, InferenceServiceStatus] = field(default_factory=dict)
     scalers: dict[ScalerKey, autoscale.History] = field(default_factory=dict)  # autoscaler memory
+    # KV-cache tokens per replica the serving engines last reported (the capacity timer's);
+    # None: no replica serves. Absent until the timer has looked.
+    reported_kv: dict[Key, int | None] = field(default_factory=dict)
     # Where the autoscaler reads metrics (tests point these at their own servers).
     metrics_url: Callable[[InferenceService], str | None] = autoscale.metrics_url
     role_metrics_urls: Callable[[Iterable[Mapping[str, Any]], str], list[str]] = (
@@ -130,9 +134,16 @@ class OperatorState:
         """InferenceServices with a reconcile asked for or running."""
         return len(self._pending)
 
+    def report_kv(self, key: Key, tokens: int | None) -> bool:
+        """Keep what the engines report (None: no replica serves); True when it is news."""
+        news = key not in self.reported_kv or self.reported_kv[key] != tokens
+        self.reported_kv[key] = tokens
+        return news
+
     def forget(self, key: Key) -> None:
         """Drop the per-object state of a deleted InferenceService."""
         self.last_status.pop(key, None)
+        self.reported_kv.pop(key, None)
         for scaler in [k for k in self.scalers if k[:2] == key]:
             del self.scalers[scaler]
         self.unwatch(key)

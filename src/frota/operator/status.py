@@ -2,7 +2,8 @@
 
 `compute_status` turns the views of `frota.operator.observe` and what the
 spec asks for (`Intent`) into an `InferenceServiceStatus`; conditions carry
-`ConditionType` and `Reason` from the contract. Ready is true only when every
+`ConditionType` and `Reason` from the contract; capacity is the plan's, with
+the KV cache the engines report beside it. Ready is true only when every
 group of the current revision serves (all its ranks ready, none of another
 revision) and the router is up to route to them. The model is serialised only
 where it is written to the API server.
@@ -299,8 +300,10 @@ def compute_status(
     *,
     old: InferenceServiceStatus | None,
     now: str,
+    reported_kv: int | None = None,
 ) -> InferenceServiceStatus:
-    """The whole status block for a valid spec."""
+    """The whole status block for a valid spec; `reported_kv` is the KV cache the serving
+    engines report (tokens per replica), shown beside the planned capacity."""
     counts = _role_counts(intent, observed.groups)
     old_conditions = old.conditions if old else None
     conditions = merge_conditions(
@@ -320,5 +323,13 @@ def compute_status(
         url=intent.url,
         mode=intent.mode,
         revision=intent.revision,
-        capacity=intent.capacity,
+        capacity=_capacity(intent.capacity, reported_kv),
     )
+
+
+def _capacity(planned: Capacity | None, reported_kv: int | None) -> Capacity | None:
+    """The planned capacity, with what the engines report beside it (the plan untouched)."""
+    if reported_kv is None:
+        return planned
+    return (planned or Capacity()).model_copy(
+        update={"reportedKvCacheTokensPerReplica": reported_kv})
