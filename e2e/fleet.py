@@ -35,6 +35,7 @@ WORKER_PORT = 8000
 CHILD_KINDS = ("statefulsets", "services", "deployments", "configmaps", "serviceaccounts",
                "roles", "rolebindings", "poddisruptionbudgets", "networkpolicies", "pods")
 WORKER_IMAGE = os.environ.get("FROTA_E2E_IMAGE", "frota-worker:dev")
+VLLM_IMAGE = os.environ.get("FROTA_E2E_VLLM_IMAGE", "frota-vllm-cpu:dev")
 # Loading a model is 15-50 s here, more while another loads beside it.
 MODEL_TIMEOUT = 240
 

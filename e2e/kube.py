@@ -16,9 +16,12 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import yaml
+
+LOAD_SCRIPT = Path(__file__).parent / "kind" / "load.sh"
 
 
 @dataclass
@@ -116,17 +119,14 @@ class Cluster:
             subprocess.run(["ip", "route", "del", f"{ip}/32"], check=False)
 
     def load_image(self, image: str) -> None:
-        """Put a local Docker image into the nodes that run pods, as ``kind load`` does for users.
-
-        Not the tainted control plane: each node keeps an image twice (layers and unpacked).
-        """
+        """Put a local Docker image into the nodes that run pods (``e2e/kind/load.sh``: as
+        ``kind load docker-image``, but each layer stored once, and a re-tag only tagged)."""
         workers = [n["metadata"]["name"] for n in self.get("nodes")
                    if "node-role.kubernetes.io/control-plane" not in n["metadata"]["labels"]]
-        proc = subprocess.run(["kind", "load", "docker-image", "--name", self.kind_cluster,
-                               "--nodes", ",".join(workers), image],
+        proc = subprocess.run(["bash", str(LOAD_SCRIPT), ",".join(workers), image],
                               capture_output=True, text=True, timeout=900)
         if proc.returncode != 0:
-            raise RuntimeError(f"kind load docker-image {image} failed: {proc.stderr.strip()}")
+            raise RuntimeError(f"loading {image} into {workers} failed: {proc.stderr.strip()}")
 
     def node_shell(self, node: str, script: str) -> str:
         """Run ``script`` with sh on a node (a kind node is a container named after it)."""

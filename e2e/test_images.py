@@ -1,12 +1,14 @@
-"""The two images, run the way the Kubernetes `restricted` profile runs them (Docker, no cluster).
+"""The images, run the way the Kubernetes `restricted` profile runs them (Docker, no cluster).
 
 Read-only root filesystem with /tmp writable (the pods' emptyDir), numeric non-root user,
 every capability dropped, no privilege escalation. The worker must serve the OpenAI API with
 its prebuilt C++ kernels (no compiler in the image, nothing to compile on a read-only root)
-and exit 0 on SIGTERM; the operator image must not contain torch.
+and exit 0 on SIGTERM; the operator image must not contain torch; the vLLM image must be the
+worker's runtime plus vLLM, and run vLLM's CPU build.
 
 Build the images with ``bash scripts/images.sh``. ``FROTA_E2E_IMAGE`` names the worker image
-(default frota-worker:dev), ``FROTA_E2E_OPERATOR_IMAGE`` the operator's (frota-operator:dev).
+(default frota-worker:dev), ``FROTA_E2E_OPERATOR_IMAGE`` the operator's (frota-operator:dev),
+``FROTA_E2E_VLLM_IMAGE`` vLLM's (frota-vllm-cpu:dev).
 Each test skips, saying why, where Docker or its image is missing.
 """
 
@@ -20,11 +22,14 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 WORKER_IMAGE = os.environ.get("FROTA_E2E_IMAGE", "frota-worker:dev")
 OPERATOR_IMAGE = os.environ.get("FROTA_E2E_OPERATOR_IMAGE", "frota-operator:dev")
+VLLM_IMAGE = os.environ.get("FROTA_E2E_VLLM_IMAGE", "frota-vllm-cpu:dev")
+VLLM_ENV_SCRIPT = Path(__file__).parents[1] / "scripts" / "vllm-env.sh"  # owns the vLLM pins
 RESTRICTED = ("--read-only", "--tmpfs", "/tmp", "--user", "10001:10001",
               "--cap-drop", "ALL", "--security-opt", "no-new-privileges")
 READY_TIMEOUT_S = 300
@@ -124,3 +129,31 @@ def test_operator_image_has_no_torch_and_runs_restricted() -> None:
     assert torch.returncode != 0 and "No module named 'torch'" in torch.stderr, torch.stderr
     cli = docker("run", "--rm", *RESTRICTED, OPERATOR_IMAGE, "--help", check=False)
     assert cli.returncode == 0 and "usage: frota" in cli.stdout, cli.stdout + cli.stderr
+
+
+def _layers(image: str) -> list[str]:
+    return docker("image", "inspect", image, "--format", "{{json .RootFS.Layers}}").stdout.strip()[2:-2].split('","')
+
+
+def test_vllm_image_is_one_layer_set_over_the_workers_runtime_and_runs_restricted() -> None:
+    need_image(VLLM_IMAGE)
+    need_image(WORKER_IMAGE)
+    vllm, worker = _layers(VLLM_IMAGE), _layers(WORKER_IMAGE)
+    shared = next(i for i, (a, b) in enumerate(zip(vllm, worker, strict=False)) if a != b)
+    # Base, system packages and the venv with torch are the worker's own layers; vLLM adds
+    # its libnuma and its environment.
+    assert len(vllm) - shared <= 2, (len(vllm), shared)
+    assert shared >= 3, shared
+    version = docker("run", "--rm", *RESTRICTED, "--entrypoint", "vllm", VLLM_IMAGE, "--version",
+                     check=False, timeout=300)
+    assert version.returncode == 0, version.stdout + version.stderr
+    pinned = subprocess.run(["bash", str(VLLM_ENV_SCRIPT), "versions"], capture_output=True,
+                            text=True, check=True).stdout.split()
+    assert version.stdout.strip().splitlines()[-1].startswith(pinned[0]), version.stdout
+    torch = docker("run", "--rm", *RESTRICTED, "--entrypoint", "python", VLLM_IMAGE, "-c",
+                   "import torch, vllm.platforms as p; print(torch.__version__, p.current_platform.device_type)",
+                   check=False, timeout=300)
+    assert torch.returncode == 0, torch.stderr
+    torch_version, platform = torch.stdout.split()[-2:]
+    # The registry's torch (its local version names the CUDA build), on vLLM's CPU platform.
+    assert torch_version.split("+")[0] == pinned[1] and platform == "cpu", torch.stdout

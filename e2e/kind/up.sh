@@ -15,6 +15,7 @@
 #   KIND_NODE_IMAGE       use this node image instead of building one
 #   FROTA_OPERATOR_IMAGE  operator image to load (frota-operator:dev, the dev overlay's)
 #   FROTA_E2E_IMAGE       worker image to load (frota-worker:dev)
+#   FROTA_E2E_VLLM_IMAGE  vLLM image to load (frota-vllm-cpu:dev)
 #   FROTA_E2E_GPUS        nvidia.com/gpu each worker advertises (2; 0: none)
 #   FROTA_KIND_LOAD=0     stop after the cluster is up (no images loaded)
 set -euo pipefail
@@ -24,6 +25,7 @@ KUBECONFIG_OUT=${KIND_KUBECONFIG:-$PWD/e2e/.work/kind-kubeconfig}
 CONFIG=${KIND_CONFIG:-e2e/kind/cluster.yaml}
 OPERATOR_IMAGE=${FROTA_OPERATOR_IMAGE:-frota-operator:dev}
 WORKER_IMAGE=${FROTA_E2E_IMAGE:-frota-worker:dev}
+VLLM_IMAGE=${FROTA_E2E_VLLM_IMAGE:-frota-vllm-cpu:dev}
 GPUS=${FROTA_E2E_GPUS:-2}
 
 log() { echo "== e2e/kind $(date +%H:%M:%S): $*" >&2; }
@@ -85,23 +87,20 @@ fake_gpus() {
   done
 }
 
-# Into the nodes that run pods only: the control plane is tainted, and each
-# node keeps an image twice (layers and unpacked): the 6 GB worker image costs
-# 12 GB of disk per node, and 2.5 min per node to load.
+# Into the nodes that run pods only (the control plane is tainted), by load.sh: a
+# node keeps each layer once, and the vLLM image adds one layer to the worker's.
 load_images() {
-  local image nodes
+  local image nodes images=()
   nodes=$(kubectl get nodes -l '!node-role.kubernetes.io/control-plane' -o name | sed 's|^node/||' | paste -sd,)
   [ -n "$nodes" ] || nodes=$(kubectl get nodes -o name | sed 's|^node/||' | paste -sd,)  # a lone control plane
-  for image in "$OPERATOR_IMAGE" "$WORKER_IMAGE"; do
-    if ! docker image inspect "$image" >/dev/null 2>&1; then
+  for image in "$OPERATOR_IMAGE" "$WORKER_IMAGE" "$VLLM_IMAGE"; do
+    if docker image inspect "$image" >/dev/null 2>&1; then
+      images+=("$image")
+    else
       log "no image $image here, not loaded (scripts/images.sh builds it)"
-      continue
     fi
-    local start=$SECONDS
-    # kind skips nodes that already hold this image ID.
-    kind load docker-image --name "$CLUSTER" --nodes "$nodes" "$image" >&2
-    log "kind load $image into $nodes: $((SECONDS - start))s"
   done
+  [ ${#images[@]} = 0 ] || bash e2e/kind/load.sh "$nodes" "${images[@]}"
 }
 
 main() {

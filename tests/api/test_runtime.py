@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import copy
+import subprocess
+from pathlib import Path
 
 import pytest
 
-from frota.api.runtime import VLLM_IMAGE, VLLM_RULES
+from frota.api.runtime import VLLM_IMAGE, VLLM_RULES, VLLM_VERSION
 from frota.api.spec import InferenceServiceSpec
 from tests.api.apiserver_sim import admit
 from tests.api.test_crd import SCHEMA, _sample
@@ -79,3 +81,14 @@ def test_worker_image_defaults_per_runtime():
     assert frota.runtime.engine == "frota" and frota.worker_image == frota.engine.image
     mine = InferenceServiceSpec.model_validate({**BASE, "runtime": {"engine": "vllm", "image": "me/vllm:cpu"}})
     assert mine.worker_image == "me/vllm:cpu"
+
+
+def test_the_default_vllm_image_is_the_version_the_cpu_image_and_local_env_install() -> None:
+    # scripts/vllm-env.sh installs vLLM locally and in the vLLM image; the API's default
+    # (GPU) image must name the same release.
+    script = Path(__file__).parents[2] / "scripts" / "vllm-env.sh"
+    version, torch = subprocess.run(["bash", str(script), "versions"], capture_output=True,
+                                    text=True, check=True).stdout.split()
+    assert version == VLLM_VERSION
+    assert VLLM_IMAGE.endswith(f":v{version}")
+    assert torch.count(".") == 2
