@@ -67,7 +67,8 @@ class BlockManager:
 
         At least one token is always left to compute, so the step produces logits.
         """
-        if not self.enable_prefix_caching or seq.block_table:
+        # Prompt logprobs need every prompt position computed, so those requests never hit.
+        if not self.enable_prefix_caching or seq.block_table or seq.params.prompt_logprobs is not None:
             return 0
         bs = self.block_size
         parent: int | None = None

@@ -53,6 +53,7 @@ class LLM:
                 finish_reason=s.finish_reason,
                 logprobs=logprobs[s.request_id] if s.params.logprobs is not None else None,
                 num_cached_tokens=s.num_cached_tokens,
+                prompt_logprobs=s.prompt_logprobs if s.params.prompt_logprobs is not None else None,
             )
             for s, prompt in zip(seqs, prompts, strict=True)
         ]

@@ -116,7 +116,7 @@ class LLMEngine:
         self.runner = ModelRunner(model, cfg, num_blocks, args.block_size, self.dtype, self.device,
                                   args.kv_cache_dtype) if self.parallel is None else \
             self.parallel.make_runner(num_blocks, args.block_size, self.dtype)
-        self.sampler = Sampler(args.seed)
+        self.sampler = Sampler(args.seed, tokenizer.eos_token_ids)
         self.requests: dict[str, tuple[Sequence, IncrementalDetokenizer]] = {}
         progress(args.verbose, f"KV cache: {num_blocks} blocks of {args.block_size} tokens; "
                                f"max_model_len {max_model_len}; device {self.device}")
@@ -163,6 +163,11 @@ class LLMEngine:
         vocab = self.model_config.vocab_size
         if any(not 0 <= t < vocab for t in ids):
             raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})", "prompt")
+        if any(not 0 <= t < vocab for t in params.logit_bias or ()):
+            raise InvalidRequestError(f"logit_bias token ids must be in [0, {vocab})", "logit_bias")
+        if params.prompt_logprobs is not None and self.parallel is not None:
+            raise InvalidRequestError("prompt logprobs (echo with logprobs) are not supported "
+                                      "with tensor or pipeline parallelism yet", "echo")
         generator = None if params.seed is None else torch.Generator().manual_seed(params.seed)
         return Sequence(request_id, ids, params, generator)
 
@@ -199,6 +204,14 @@ class LLMEngine:
         outputs = []
         eos = self.tokenizer.eos_token_ids
         for seq, token, lp in zip(seqs, tokens, logprobs, strict=True):
+            # The prompt's scores go out once, with the first output.
+            first = seq.num_generated_tokens == 0
+            prompt_lps = seq.prompt_logprobs if first and seq.prompt_logprobs else None
+            if seq.params.max_tokens == 0:  # scoring only: nothing is generated
+                self.scheduler.finish(seq, "length")
+                del self.requests[seq.request_id]
+                outputs.append(self._output(seq, [], "", None, True, prompt_lps))
+                continue
             seq.append_token(token)
             if seq.first_token_time is None:
                 seq.first_token_time = time.perf_counter()
@@ -208,17 +221,19 @@ class LLMEngine:
                 self.scheduler.finish(seq, reason)
                 del self.requests[seq.request_id]
             text = detok.flush(finished=reason is not None)
-            outputs.append(self._output(seq, [token], text, [lp] if lp else None, reason is not None))
+            outputs.append(self._output(seq, [token], text, [lp] if lp else None, reason is not None,
+                                        prompt_lps))
         return outputs
 
-    def _output(self, seq: Sequence, new_ids: list[int], text: str, logprobs, finished: bool):
+    def _output(self, seq: Sequence, new_ids: list[int], text: str, logprobs, finished: bool,
+                prompt_logprobs: list | None = None):
         return RequestOutput(
             request_id=seq.request_id, new_token_ids=new_ids, new_text=text,
             new_logprobs=logprobs, finished=finished,
             finish_reason=seq.finish_reason if finished else None,
             num_prompt_tokens=seq.num_prompt_tokens,
             num_generated_tokens=seq.num_generated_tokens,
-            num_cached_tokens=seq.num_cached_tokens,
+            num_cached_tokens=seq.num_cached_tokens, prompt_logprobs=prompt_logprobs,
         )
 
     def stats(self) -> EngineStats:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from frota.engine import prompt_logprobs
 from frota.engine.attention import AttentionMetadata, PrefillSpan
 from frota.engine.config import ModelConfig
 from frota.engine.quant.kv import allocate_kv_pool
@@ -35,7 +36,7 @@ class ModelRunner:
     def prepare(self, batch: ScheduledBatch):
         """Order decodes first, then prefill chunks; return model inputs and who samples."""
         bs = self.block_size
-        items = sorted(zip(batch.seqs, batch.num_new_tokens, strict=True), key=lambda x: x[1] != 1)
+        items = self.ordered(batch)
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -80,11 +81,19 @@ class ModelRunner:
             meta.decode_context_lens = torch.tensor(decode_lens, dtype=torch.int32, device=self.device)
         return self._tensor(input_ids), self._tensor(positions), meta, logits_rows, sampling_seqs
 
+    @staticmethod
+    def ordered(batch: ScheduledBatch) -> list[tuple[Sequence, int]]:
+        """(seq, new tokens) in the order of the model's input rows: decodes first."""
+        return sorted(zip(batch.seqs, batch.num_new_tokens, strict=True), key=lambda x: x[1] != 1)
+
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> tuple[torch.Tensor | None, list[Sequence]]:
         """Compute the batch; return (logits [S, vocab] float32, the S sequences they belong to)."""
         input_ids, positions, meta, logits_rows, seqs = self.prepare(batch)
         hidden = self.model(input_ids, positions, self.kv_caches, meta)
+        scored = prompt_logprobs.spans(self.ordered(batch))
+        if scored:  # only requests that asked for prompt logprobs (echo)
+            prompt_logprobs.record(scored, hidden, self.model.compute_logits)
         if not logits_rows:
             return None, []
         logits = self.model.compute_logits(hidden[self._tensor(logits_rows)])

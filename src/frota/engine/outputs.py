@@ -27,6 +27,9 @@ class RequestOutput:
     num_prompt_tokens: int
     num_generated_tokens: int
     num_cached_tokens: int
+    # With the first output of a request that asked for them: one entry per prompt token
+    # (the first, which has no context, is None).
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 @dataclass
@@ -41,6 +44,7 @@ class CompletionOutput:
     finish_reason: str | None
     logprobs: list[TokenLogprob] | None
     num_cached_tokens: int
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # params.prompt_logprobs
 
 
 @dataclass

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence as Seq
+
 import torch
 
+from frota.engine import logits_processing
 from frota.engine.outputs import TokenLogprob
 from frota.engine.sequence import Sequence
 
@@ -12,13 +15,20 @@ class Sampler:
     """Samples one token per row of logits. Each seeded request draws from its own generator,
     so its output does not depend on what else is in the batch."""
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, eos_token_ids: Seq[int] = ()) -> None:
         self.generator = torch.Generator().manual_seed(seed)
+        self.eos_token_ids = tuple(eos_token_ids)  # what min_tokens masks
 
     @torch.no_grad()
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]):
-        """logits: [S, V] float32. Returns (token ids, logprobs per row or None)."""
-        logits = logits.float()
+        """logits: [S, V] float32. Returns (token ids, logprobs per row or None).
+        Logprobs are the model's own (before logit_bias and penalties), as vLLM reports them."""
+        logits = raw_logits = logits.float()
+        processed = [i for i, s in enumerate(seqs) if logits_processing.needs_processing(s)]
+        if processed:
+            rows = torch.tensor(processed, device=logits.device)
+            logits = logits.index_put((rows,), logits_processing.process(
+                logits[rows], [seqs[i] for i in processed], self.eos_token_ids))
         tokens = logits.argmax(dim=-1)
         sampled_rows = [i for i, s in enumerate(seqs) if not s.params.is_greedy]
         if sampled_rows:
@@ -29,7 +39,7 @@ class Sampler:
         logprobs: list[TokenLogprob | None] = [None] * len(seqs)
         wanted = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
         if wanted:
-            lp = torch.log_softmax(logits[wanted], dim=-1)
+            lp = torch.log_softmax(raw_logits[wanted], dim=-1)
             for j, i in enumerate(wanted):
                 n = seqs[i].params.logprobs or 0
                 top = lp[j].topk(n) if n else None

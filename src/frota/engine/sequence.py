@@ -39,6 +39,8 @@ class Sequence:
         self.num_hashed_blocks = 0
         self.num_preemptions = 0
         self.finish_reason: str | None = None
+        # params.prompt_logprobs: entry i scores prompt token i (entry 0, with no context, is None)
+        self.prompt_logprobs: list = [None] if params.prompt_logprobs is not None else []
         self.keep_kv = False  # disaggregated prefill: blocks stay pinned at finish (kv_transfer)
         self.arrival_time = time.perf_counter()
         self.first_token_time: float | None = None
