@@ -35,6 +35,12 @@ class FakeSamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None
+    min_tokens: int = 0
 
 
 class FakeTokenizer:
@@ -73,6 +79,7 @@ class FakeOutput:
     num_prompt_tokens: int
     num_generated_tokens: int
     num_cached_tokens: int = 0
+    prompt_logprobs: list[FakeTokenLogprob | None] | None = None
 
 
 @dataclass
@@ -131,8 +138,10 @@ class FakeEngine:
             raise FakeInvalidRequestError("prompt token ids out of range", "prompt")
         if len(ids) >= self.max_model_len:
             raise FakeInvalidRequestError("prompt too long", "prompt")
-        if params.max_tokens < 1:
+        if params.max_tokens < (0 if params.prompt_logprobs is not None else 1):
             raise FakeInvalidRequestError("max_tokens must be at least 1", "max_tokens")
+        if any(not 0 <= t < self.tokenizer.vocab_size for t in params.logit_bias or ()):
+            raise FakeInvalidRequestError("logit_bias token ids out of range", "logit_bias")
         self.requests.append((request_id, ids, params))
         self.waiting.append(request_id)
         try:
@@ -155,6 +164,13 @@ class FakeEngine:
         last = ids[-1]
         text = ""
         generated: list[int] = []
+        # Prompt token i scores -i/10; the first has no score.
+        scored = None if params.prompt_logprobs is None else [None] + [
+            FakeTokenLogprob(t, -i / 10, {t: -i / 10} if params.prompt_logprobs else {})
+            for i, t in enumerate(ids[1:], start=1)]
+        if params.max_tokens == 0:
+            yield FakeOutput([], "", None, True, "length", len(ids), 0, prompt_logprobs=scored)
+            return
         while True:
             if self.step_s:
                 await asyncio.sleep(self.step_s)
@@ -192,6 +208,6 @@ class FakeEngine:
             blocks = math.ceil((len(ids) + len(generated)) / self.block_size)
             self.running[request_id] = blocks
             yield FakeOutput([token], piece, logprobs, reason is not None, reason, len(ids),
-                             len(generated))
+                             len(generated), prompt_logprobs=scored if len(generated) == 1 else None)
             if reason is not None:
                 return

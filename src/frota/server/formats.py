@@ -10,8 +10,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-# (token id, its logprob, [(top token id, logprob), ...]) for one generated token.
-TokenLogprob = tuple[int, float, list[tuple[int, float]]]
+# (token id, its logprob, [(top token id, logprob), ...]) for one token; an echoed prompt's
+# first token has neither (None, None).
+TokenLogprob = tuple[int, float | None, list[tuple[int, float]] | None]
 
 
 @dataclass
@@ -84,7 +85,7 @@ class CompletionFormat(Format):
             token = self._token(token_id)
             tokens.append(token)
             token_logprobs.append(logprob)
-            tops.append({self._token(t): lp for t, lp in top})
+            tops.append(None if top is None else {self._token(t): lp for t, lp in top})
             offsets.append(offset)
             offset += len(token)
         return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops,

@@ -42,6 +42,7 @@ class Job:
     fmt: Format
     include_usage: bool = False
     kv_seq: Any = None  # decode role: an engine sequence with imported prompt KV (kv_routes)
+    echo_texts: list[str] | None = None  # completions `echo`: each prompt's text leads its choices
 
     @property
     def num_choices(self) -> int:
@@ -65,6 +66,20 @@ class _Progress:
     first_token_at: float | None = None
     status: str = "ok"
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+def prompt_logprobs(prompt: list[int], out: EngineOutput) -> list[TokenLogprob]:
+    """The engine's `prompt_logprobs` (None for the first token) as triples, one per token."""
+    scores = getattr(out, "prompt_logprobs", None) or []
+    result: list[TokenLogprob] = []
+    for i, token_id in enumerate(prompt):
+        entry = scores[i] if i < len(scores) else None
+        if entry is None:
+            result.append((int(token_id), None, None))
+            continue
+        top = sorted(entry.top_logprobs.items(), key=lambda p: -p[1])
+        result.append((int(token_id), float(entry.logprob), [(int(t), float(v)) for t, v in top]))
+    return result
 
 
 def token_logprobs(out: EngineOutput) -> list[TokenLogprob]:
@@ -150,13 +165,18 @@ class Generation:
         async for index, out in events:
             choice = progress.choices[index]
             entries = token_logprobs(out) if job.fmt.want_logprobs else []
+            text = out.new_text
+            if job.echo_texts is not None and progress.last_output[index] is None:
+                text = job.echo_texts[index // job.n] + text
+                if job.fmt.want_logprobs:
+                    entries = prompt_logprobs(job.prompt_of(index), out) + entries
             self._account(index, out, progress)
             prompt_tokens[index // job.n] = out.num_prompt_tokens
             choice.num_prompt_tokens = out.num_prompt_tokens
             choice.num_generated_tokens = out.num_generated_tokens
             finish = out.finish_reason if out.finished else None
             if start_stream is None:
-                choice.text += out.new_text
+                choice.text += text
                 choice.logprobs.extend(entries)
                 choice.finish_reason = finish or choice.finish_reason
                 continue
@@ -164,8 +184,8 @@ class Generation:
                 sink = await start_stream()
                 for opening in job.fmt.opening_chunks(job.num_choices):
                     sink.send(opening)
-            if out.new_text or finish or entries:
-                sink.send(job.fmt.chunk(index, out.new_text, entries, finish))
+            if text or finish or entries:
+                sink.send(job.fmt.chunk(index, text, entries, finish))
             if not all(progress.finished):
                 await sink.flush()
         completion_tokens = sum(c.num_generated_tokens for c in progress.choices)

@@ -47,7 +47,10 @@ def _check_length(bindings: EngineBindings, ids: list[int], max_tokens: int | No
 
 
 def _params(bindings: EngineBindings, req: SamplingFields, max_tokens: int, logprobs: int | None,
-            choice: int) -> Any:
+            choice: int, prompt_logprobs: int | None = None) -> Any:
+    if req.min_tokens and req.min_tokens > max_tokens:
+        raise errors.invalid(f"min_tokens ({req.min_tokens}) must not exceed max_tokens "
+                             f"({max_tokens}).", param="min_tokens")
     seed = None if req.seed is None else (req.seed + choice) % MAX_SEED
     top_k = req.top_k if req.top_k is not None and req.top_k > 0 else None
     try:
@@ -61,6 +64,12 @@ def _params(bindings: EngineBindings, req: SamplingFields, max_tokens: int, logp
             stop_token_ids=list(req.stop_token_ids or []),
             ignore_eos=req.ignore_eos,
             logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+            presence_penalty=req.presence_penalty or 0.0,
+            frequency_penalty=req.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+            logit_bias=req.token_biases(),
+            min_tokens=req.min_tokens or 0,
         )
     except (ValueError, TypeError, bindings.invalid_request_error) as exc:
         raise errors.invalid(f"Invalid sampling parameters: {exc}",
@@ -88,13 +97,23 @@ async def completion_job(bindings: EngineBindings, req: CompletionRequest,
             raise errors.invalid("Token ids in the prompt must not be negative.", param=param)
         prompts.append(prompt)
     max_tokens = [_check_length(bindings, ids, req.max_tokens, "prompt") for ids in prompts]
-    params = [_params(bindings, req, max_tokens[p], req.logprobs, p * req.n + i)
+    # echo: the prompt's own logprobs come from prefill (max_tokens 0 needs them to run at all).
+    prompt_logprobs = None
+    if req.echo and (req.logprobs is not None or req.max_tokens == 0):
+        prompt_logprobs = req.logprobs or 0
+    params = [_params(bindings, req, max_tokens[p], req.logprobs, p * req.n + i, prompt_logprobs)
               for p in range(len(prompts)) for i in range(req.n)]
+    echo_texts = None
+    if req.echo:
+        decode = bindings.engine.tokenizer.decode
+        echo_texts = [p if isinstance(p, str) else decode(ids)
+                      for p, ids in zip(req.prompts(), prompts, strict=True)]
     request_id = f"cmpl-{uuid.uuid4().hex}"
     fmt = CompletionFormat(request_id, served, int(time.time()),
                            bindings.engine.tokenizer.decode, req.logprobs is not None)
     return Job(request_id, prompts, params, req.n, fmt,
-               include_usage=bool(req.stream_options and req.stream_options.include_usage))
+               include_usage=bool(req.stream_options and req.stream_options.include_usage),
+               echo_texts=echo_texts)
 
 
 async def chat_job(bindings: EngineBindings, req: ChatCompletionRequest, served: str) -> Job:

@@ -7,7 +7,6 @@ client never silently gets something other than what it asked for.
 
 from __future__ import annotations
 
-import math
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -25,6 +24,7 @@ MAX_SEED = 2**63 - 1
 MAX_N = 128
 MAX_STOP = 16
 MAX_LOGPROBS = 20
+MAX_LOGIT_BIAS = 1024
 
 
 
@@ -52,10 +52,28 @@ class SamplingFields(BaseModel):
     max_tokens: StrictInt | None = Field(None, ge=1, le=2**31 - 1)
     ignore_eos: StrictBool = False  # extension
     stop_token_ids: list[StrictInt] | None = Field(None, max_length=MAX_STOP)  # extension
-    presence_penalty: StrictFloat | None = Field(None, allow_inf_nan=False)
-    frequency_penalty: StrictFloat | None = Field(None, allow_inf_nan=False)
-    logit_bias: dict[str, Any] | None = None
+    presence_penalty: StrictFloat | None = Field(None, ge=-2.0, le=2.0, allow_inf_nan=False)
+    frequency_penalty: StrictFloat | None = Field(None, ge=-2.0, le=2.0, allow_inf_nan=False)
+    repetition_penalty: StrictFloat | None = Field(None, gt=0.0, le=100.0,
+                                                   allow_inf_nan=False)  # extension
+    # Token id (as a string, the JSON object key) -> bias; ids beyond the vocabulary are
+    # refused by the engine.
+    logit_bias: dict[str, StrictFloat] | None = Field(None, max_length=MAX_LOGIT_BIAS)
+    min_tokens: StrictInt | None = Field(None, ge=0, le=2**31 - 1)  # extension
     best_of: StrictInt | None = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_biases(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (v or {}).items():
+            if not key.isdigit():
+                raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
+            if not -100 <= bias <= 100:
+                raise ValueError(f"logit_bias values must be in [-100, 100], got {bias}")
+        return v
+
+    def token_biases(self) -> dict[int, float] | None:
+        return {int(k): float(b) for k, b in self.logit_bias.items()} if self.logit_bias else None
 
     @field_validator("stop")
     @classmethod
@@ -69,12 +87,6 @@ class SamplingFields(BaseModel):
 
     def unsupported(self) -> tuple[str, str] | None:
         """(param, message) for a set field the engine cannot honour, else None."""
-        for name in ("presence_penalty", "frequency_penalty"):
-            value = getattr(self, name)
-            if value is not None and not math.isclose(value, 0.0):
-                return name, f"`{name}` is not supported by this server; omit it or set 0."
-        if self.logit_bias:
-            return "logit_bias", "`logit_bias` is not supported by this server; omit it."
         if self.best_of is not None and self.best_of != self.n:
             return "best_of", "`best_of` is not supported by this server; use `n`."
         return None
@@ -89,7 +101,8 @@ class CompletionRequest(SamplingFields):
         | list[str]
         | list[list[StrictInt]]
     )
-    max_tokens: StrictInt | None = Field(16, ge=1, le=2**31 - 1)
+    # 0 only with `echo` (scoring the prompt: lm-evaluation-harness loglikelihoods).
+    max_tokens: StrictInt | None = Field(16, ge=0, le=2**31 - 1)
     logprobs: StrictInt | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: StrictBool = False
     suffix: str | None = None
@@ -114,8 +127,8 @@ class CompletionRequest(SamplingFields):
         return list(p)  # type: ignore[arg-type]
 
     def unsupported(self) -> tuple[str, str] | None:
-        if self.echo:
-            return "echo", "`echo` is not supported by this server."
+        if self.max_tokens == 0 and not self.echo:
+            return "max_tokens", "`max_tokens` must be at least 1 (0 is allowed with `echo`)."
         if self.suffix:
             return "suffix", "`suffix` is not supported by this server."
         return super().unsupported()
