@@ -3,6 +3,7 @@ prefix caching. See docs/internals.md for the contract."""
 
 from frota.engine.config import EngineArgs, ModelConfig
 from frota.engine.errors import InvalidRequestError, ModelNotFoundError, UnsupportedModelError
+from frota.engine.grammar import Constraint
 from frota.engine.outputs import CompletionOutput, EngineStats, RequestOutput, TokenLogprob
 from frota.engine.sampling_params import SamplingParams
 
@@ -10,6 +11,7 @@ __all__ = [
     "LLM",
     "AsyncEngine",
     "CompletionOutput",
+    "Constraint",
     "EngineArgs",
     "EngineStats",
     "InvalidRequestError",

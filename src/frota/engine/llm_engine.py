@@ -6,6 +6,7 @@ scheduler. `step()` is schedule -> run the model -> sample -> postprocess.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 
@@ -16,6 +17,7 @@ from frota.engine.block_manager import BlockManager
 from frota.engine.config import EngineArgs, ModelConfig
 from frota.engine.detokenizer import IncrementalDetokenizer
 from frota.engine.errors import InvalidRequestError
+from frota.engine.grammar import Grammars
 from frota.engine.kernels.linear import pack_linears
 from frota.engine.loader import load_model, progress
 from frota.engine.model_runner import ModelRunner
@@ -169,7 +171,15 @@ class LLMEngine:
             raise InvalidRequestError("prompt logprobs (echo with logprobs) are not supported "
                                       "with tensor or pipeline parallelism yet", "echo")
         generator = None if params.seed is None else torch.Generator().manual_seed(params.seed)
-        return Sequence(request_id, ids, params, generator)
+        seq = Sequence(request_id, ids, params, generator)
+        if params.constraint is not None:  # compiled now, so a bad grammar is a 400, never later
+            seq.matcher = self.grammars.matcher(params.constraint)
+        return seq
+
+    @functools.cached_property
+    def grammars(self) -> Grammars:
+        """Built on the first constrained request (its vocabulary scan takes ~0.1 s)."""
+        return Grammars(self.tokenizer)
 
     def add_sequence(self, seq: Sequence) -> None:
         self.requests[seq.request_id] = (seq, IncrementalDetokenizer(self.tokenizer, seq.params.stop))
@@ -217,6 +227,8 @@ class LLMEngine:
                 seq.first_token_time = time.perf_counter()
             detok = self.requests[seq.request_id][1]
             reason = "stop" if detok.add(token) else self.scheduler.check_stop_tokens(seq, eos)
+            if reason is None and seq.matcher is not None and seq.matcher.is_terminated:
+                reason = "stop"
             if reason is not None:
                 self.scheduler.finish(seq, reason)
                 del self.requests[seq.request_id]

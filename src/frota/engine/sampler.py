@@ -6,7 +6,7 @@ from collections.abc import Sequence as Seq
 
 import torch
 
-from frota.engine import logits_processing
+from frota.engine import grammar, logits_processing
 from frota.engine.outputs import TokenLogprob
 from frota.engine.sequence import Sequence
 
@@ -29,6 +29,9 @@ class Sampler:
             rows = torch.tensor(processed, device=logits.device)
             logits = logits.index_put((rows,), logits_processing.process(
                 logits[rows], [seqs[i] for i in processed], self.eos_token_ids))
+        if any(s.matcher is not None for s in seqs):  # last, so no bias can unmask a token
+            logits = logits.clone() if logits is raw_logits else logits
+            grammar.mask_constrained(logits, seqs)
         tokens = logits.argmax(dim=-1)
         sampled_rows = [i for i, s in enumerate(seqs) if not s.params.is_greedy]
         if sampled_rows:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from frota.engine.errors import InvalidRequestError
+from frota.engine.grammar import Constraint
 
 
 @dataclass
@@ -26,6 +27,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # HF/vLLM: over prompt and generated tokens
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit
     min_tokens: int = 0  # EOS and stop_token_ids are masked until this many tokens
+    constraint: Constraint | None = None  # the output must match it (frota.engine.grammar)
 
     def validate(self) -> None:
         """Raise InvalidRequestError naming the first bad field."""

@@ -41,6 +41,7 @@ class Sequence:
         self.finish_reason: str | None = None
         # params.prompt_logprobs: entry i scores prompt token i (entry 0, with no context, is None)
         self.prompt_logprobs: list = [None] if params.prompt_logprobs is not None else []
+        self.matcher = None  # frota.engine.grammar.Matcher when params.constraint is set
         self.keep_kv = False  # disaggregated prefill: blocks stay pinned at finish (kv_transfer)
         self.arrival_time = time.perf_counter()
         self.first_token_time: float | None = None
@@ -70,3 +71,5 @@ class Sequence:
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
+        if self.matcher is not None:  # only appends advance it, so recompute never does
+            self.matcher.accept(token_id)

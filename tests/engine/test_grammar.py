@@ -1,0 +1,149 @@
+"""Grammar-constrained decoding in the engine (synthetic model, byte tokenizer): masks, finishing
+by grammar, neighbours left bit-identical, n > 1, preemption, compile errors at admission."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import pytest
+import torch
+
+from frota.engine import Constraint, EngineArgs, SamplingParams
+from frota.engine.errors import InvalidRequestError
+from frota.engine.grammar import Grammars
+from frota.engine.llm_engine import LLMEngine
+from frota.engine.loader import load_model
+from frota.engine.tokenizer import ByteTokenizer
+
+pytest.importorskip("xgrammar")
+REGEX = Constraint("regex", "[a-e]{3,8}(-[0-9]{2})?")
+SCHEMA = {"type": "object", "properties": {
+    "kind": {"enum": ["cat", "dog"]}, "ok": {"type": "boolean"},
+    "n": {"type": "integer", "minimum": 0, "maximum": 99},
+    "tags": {"type": "array", "items": {"const": "x"}, "minItems": 1, "maxItems": 3}},
+    "required": ["kind", "ok", "n", "tags"], "additionalProperties": False}
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    spec = "synthetic:dense-tiny,layers=2,seed=5"
+    return spec, load_model(spec, torch.float32, torch.device("cpu"), verbose=False)
+
+
+def make_engine(loaded, **kwargs) -> LLMEngine:
+    spec, triple = loaded
+    return LLMEngine(EngineArgs(model=spec, verbose=False, **kwargs), loaded=triple)
+
+
+def run(engine: LLMEngine, requests: dict[str, tuple[list[int], SamplingParams]]):
+    for rid, (ids, params) in requests.items():
+        engine.add_request(rid, ids, params)
+    texts = dict.fromkeys(requests, "")
+    tokens: dict[str, list[int]] = {rid: [] for rid in requests}
+    reasons: dict[str, str | None] = {}
+    while engine.has_unfinished:
+        for out in engine.step():
+            texts[out.request_id] += out.new_text
+            tokens[out.request_id] += out.new_token_ids
+            if out.finished:
+                reasons[out.request_id] = out.finish_reason
+    return texts, tokens, reasons
+
+
+PROMPT = list(range(60, 90))
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(max_tokens=40, temperature=0, constraint=REGEX),
+    SamplingParams(max_tokens=40, temperature=1.0, seed=7, constraint=REGEX),
+    SamplingParams(max_tokens=40, temperature=0.8, top_k=20, top_p=0.9, seed=3, constraint=REGEX),
+], ids=["greedy", "sampled", "top-k-top-p"])
+def test_constrained_output_matches_and_finishes_by_grammar(loaded, params) -> None:
+    engine = make_engine(loaded, num_kv_blocks=64, block_size=4)
+    texts, _, reasons = run(engine, {"r": (PROMPT, params)})
+    assert re.fullmatch(REGEX.value, texts["r"]), texts["r"]
+    assert reasons["r"] == "stop"
+
+
+def test_json_schema_output_validates(loaded) -> None:
+    engine = make_engine(loaded, num_kv_blocks=64, block_size=4)
+    c = Constraint.json_schema(SCHEMA)
+    texts, _, reasons = run(engine, {
+        f"r{i}": (PROMPT[i:], SamplingParams(max_tokens=120, temperature=1.0, seed=i, constraint=c))
+        for i in range(4)})
+    for rid, text in texts.items():
+        jsonschema.validate(json.loads(text), SCHEMA)
+        assert reasons[rid] == "stop"
+
+
+@pytest.mark.parametrize("neighbour", [
+    SamplingParams(max_tokens=16, temperature=0, ignore_eos=True),
+    SamplingParams(max_tokens=16, temperature=1.0, seed=11, ignore_eos=True),
+], ids=["greedy", "seeded"])
+def test_free_rows_are_bit_identical_beside_constrained_rows(loaded, neighbour) -> None:
+    alone = run(make_engine(loaded, num_kv_blocks=64, block_size=4),
+                {"free": (PROMPT, neighbour)})[1]["free"]
+    mixed = run(make_engine(loaded, num_kv_blocks=64, block_size=4), {
+        "c1": (PROMPT, SamplingParams(max_tokens=30, temperature=0, constraint=REGEX)),
+        "free": (PROMPT, neighbour),
+        "c2": (PROMPT[3:], SamplingParams(max_tokens=30, temperature=1.0, seed=2,
+                                          constraint=Constraint.json_schema(SCHEMA))),
+    })[1]["free"]
+    assert mixed == alone
+
+
+def test_each_child_of_a_seeded_request_has_its_own_matcher(loaded) -> None:
+    engine = make_engine(loaded, num_kv_blocks=64, block_size=4)
+    texts, _, _ = run(engine, {f"r-{i}": (PROMPT, SamplingParams(
+        max_tokens=40, temperature=1.5, seed=100 + i, constraint=REGEX)) for i in range(4)})
+    assert all(re.fullmatch(REGEX.value, t) for t in texts.values()), texts
+    assert len(set(texts.values())) > 1  # independent draws, each valid on its own
+
+
+def test_preempted_constrained_sequence_gives_the_same_output(loaded) -> None:
+    c = Constraint.json_schema(SCHEMA)
+    greedy = SamplingParams(max_tokens=70, temperature=0, constraint=c)
+    roomy = run(make_engine(loaded, num_kv_blocks=128, block_size=4), {"c": (PROMPT, greedy)})
+    engine = make_engine(loaded, num_kv_blocks=26, block_size=4, max_num_batched_tokens=16)
+    tight = run(engine, {
+        "c": (PROMPT, greedy),
+        "b": (list(range(100, 130)), SamplingParams(max_tokens=40, temperature=0,
+                                                     ignore_eos=True)),
+    })
+    assert engine.scheduler.num_preemptions > 0
+    assert tight[1]["c"] == roomy[1]["c"]
+    jsonschema.validate(json.loads(tight[0]["c"]), SCHEMA)
+
+
+def test_a_grammar_that_does_not_compile_is_refused_before_queueing(loaded) -> None:
+    engine = make_engine(loaded, num_kv_blocks=16)
+    with pytest.raises(InvalidRequestError) as exc:
+        engine.add_request("r", PROMPT, SamplingParams(constraint=Constraint("regex", "((")))
+    assert exc.value.param == "response_format"
+    assert "parenthesis" in exc.value.message
+    with pytest.raises(InvalidRequestError) as exc:
+        engine.add_request("t", PROMPT, SamplingParams(
+            constraint=Constraint.json_schema({"type": "frobnicate"})))
+    assert "frobnicate" in exc.value.message
+    assert not engine.has_unfinished and not engine.requests
+
+
+def test_compiled_grammars_are_cached_by_kind_and_text() -> None:
+    grammars = Grammars(ByteTokenizer(300))
+    a = grammars.compile(Constraint.json_schema({"type": "integer"}))
+    assert grammars.compile(Constraint.json_schema({"type": "integer"})) is a
+    assert grammars.compile(Constraint("regex", "[0-9]+")) is not a
+    grammars.cache_size = 1
+    grammars.compile(Constraint("regex", "x"))
+    assert len(grammars._cache) == 1
+
+
+def test_logit_columns_past_the_tokenizer_vocabulary_are_masked() -> None:
+    grammars = Grammars(ByteTokenizer(258))
+    matcher = grammars.matcher(Constraint("regex", "ab"))
+    logits = torch.zeros(3, 300)
+    grammars.mask_logits(logits, [1], [matcher])
+    assert torch.equal(logits[0], torch.zeros(300)) and torch.equal(logits[2], torch.zeros(300))
+    assert (logits[1] > float("-inf")).nonzero().flatten().tolist() == [ord("a")]
