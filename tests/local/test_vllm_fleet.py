@@ -7,6 +7,7 @@ installs vLLM's CPU build and CI sets FROTA_VLLM); skips, saying so, elsewhere.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import urllib.request
@@ -15,6 +16,7 @@ from collections.abc import Iterator
 import pytest
 import yaml
 from openai import APIConnectionError, APIStatusError
+from pydantic import BaseModel, Field
 
 from frota.local.up import find_vllm
 
@@ -115,6 +117,32 @@ def test_vllm_workers_give_frotas_greedy_text(vllm_fleet, frota_greedy):
                  min(len(text), len(frota_greedy)))
     print(f"vLLM and Frota agree on {agree} of {len(frota_greedy)} characters: {text!r}")
     assert agree >= 16, (text, frota_greedy)
+
+
+class City(BaseModel):
+    name: str = Field(max_length=40)
+    country: str = Field(max_length=40)
+
+
+def test_structured_outputs_and_tool_calls_pass_through_the_router_to_vllm(vllm_fleet):
+    # The router forwards the fields untouched; vLLM constrains the output itself.
+    _, port = vllm_fleet
+    parsed = client(port).chat.completions.parse(
+        model="smollm2", max_tokens=64, temperature=1.0, response_format=City,
+        messages=[{"role": "user", "content": "Name a city and its country, as JSON."}])
+    assert isinstance(parsed.choices[0].message.parsed, City), parsed
+    weather = {"type": "function", "function": {
+        "name": "get_weather", "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40}},
+                       "required": ["city"], "additionalProperties": False}}}
+    reply = client(port).chat.completions.create(
+        model="smollm2", max_tokens=64, temperature=0, tools=[weather], tool_choice="required",
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}])
+    (call,) = reply.choices[0].message.tool_calls
+    assert call.function.name == "get_weather" and reply.choices[0].finish_reason == "tool_calls"
+    # Not asserted: vLLM 0.32's CPU build gave `"Paris"` as the arguments here, not an
+    # object of the tool's parameters (docs/runtimes.md says so).
+    json.loads(call.function.arguments)
 
 
 def test_prefix_aware_routing_keeps_a_shared_prefix_on_one_worker(vllm_fleet):

@@ -189,3 +189,11 @@ def test_vllm_plan_reserves_vllms_own_overhead_on_cpu():
         plan(manifest("3Gi"))                                    # Frota's engine would fit here
     budget = plan(manifest("5Gi")).groups[0].budget
     assert budget.runtime_overhead_bytes == vllm.CPU_RUNTIME_OVERHEAD_BYTES
+
+
+def test_tool_calls_are_parsed_hermes_style_unless_runtime_args_name_another_parser():
+    args = rank0(spec()).args
+    assert "--enable-auto-tool-choice" in args and flag(args, "--tool-call-parser") == "hermes"
+    custom = rank0(spec(runtime={"engine": "vllm", "args": ["--tool-call-parser", "llama3_json"]})).args
+    # argparse keeps the last value: runtime.args come after the default.
+    assert [a for i, a in enumerate(custom) if custom[i - 1] == "--tool-call-parser"][-1] == "llama3_json"

@@ -16,6 +16,7 @@ Mapped (each a unit test in tests/operator/test_runtime_vllm.py):
 | engine.quantization.weights fp8              | `--quantization fp8`                                |
 | engine.quantization.kvCache fp8              | `--kv-cache-dtype fp8`                              |
 | ranks over several pods                      | `--nnodes`, `--node-rank`, `--master-addr/-port`, `--headless` off rank 0 |
+| (tools)                                      | `--enable-auto-tool-choice --tool-call-parser hermes` |
 | runtime.args                                 | appended last                                       |
 
 `engine.scheduler.maxQueue` has no vLLM flag: the router's admission answers 429 in
@@ -33,6 +34,10 @@ from frota.operator.runtimes import Launch, resolve_dtype
 
 #: vLLM's OpenAI server, as its images name it.
 SERVER = ("vllm", "serve")
+#: Frota's tool-call format is Hermes-style (`<tool_call>{json}</tool_call>`, see
+#: docs/structured-outputs.md); vLLM parses the same with its `hermes` parser. A model
+#: with its own format names another parser in runtime.args, which come last and win.
+TOOL_CALL_ARGS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
 #: In a pod template every rank shares one command; ranks after 0 run headless (no API server).
 HEADLESS_UNLESS_RANK_0 = 'if [ "$FROTA_RANK" != 0 ]; then set -- "$@" --headless; fi; exec "$0" "$@"'
 RANK_FROM_ENV = "$(FROTA_RANK)"  # expanded by the kubelet from the container's env
@@ -59,6 +64,7 @@ def serve_args(spec: InferenceServiceSpec, parallelism: Parallelism, resources: 
         "--enable-prefix-caching" if engine.kvCache.prefixCaching else "--no-enable-prefix-caching",
         "--tensor-parallel-size", str(parallelism.tensor),
         "--pipeline-parallel-size", str(parallelism.pipeline),
+        *TOOL_CALL_ARGS,
     ]
     if engine.maxModelLen is not None:
         args += ["--max-model-len", str(engine.maxModelLen)]
