@@ -57,7 +57,12 @@ USER = [{"role": "user", "content": "hi"}]
      "max_completion_tokens"),
     (CHAT, {"model": MODEL, "messages": USER, "logprobs": 2}, "logprobs"),
     (CHAT, {"model": MODEL, "messages": USER, "top_logprobs": 3}, "top_logprobs"),
-    (CHAT, {"model": MODEL, "messages": USER, "tools": [{"type": "function"}]}, "tools"),
+    (CHAT, {"model": MODEL, "messages": USER, "tools": [{"type": "function"}]},
+     "tools[0].function"),
+    (CHAT, {"model": MODEL, "messages": USER, "tool_choice": "required"}, "tool_choice"),
+    # The fake engine has no grammars: constrained decoding is refused, naming the field.
+    (CHAT, {"model": MODEL, "messages": USER, "response_format": {"type": "json_object"}},
+     "response_format"),
 ])
 async def test_invalid_field_is_400_naming_it(client: TestClient, path: str, body: dict,
                                               param: str) -> None:

@@ -157,10 +157,16 @@ def run(args: argparse.Namespace) -> int:
 
     def build() -> EngineBindings:
         # Importing torch takes seconds: keep it off the event loop too.
-        from frota.engine import AsyncEngine, EngineArgs, InvalidRequestError, SamplingParams
+        from frota.engine import (
+            AsyncEngine,
+            Constraint,
+            EngineArgs,
+            InvalidRequestError,
+            SamplingParams,
+        )
 
         engine = AsyncEngine(EngineArgs(**engine_kwargs(args)))
-        return EngineBindings(engine, SamplingParams, InvalidRequestError)
+        return EngineBindings(engine, SamplingParams, InvalidRequestError, constraint=Constraint)
 
     async def load() -> EngineBindings:
         bindings = await _in_daemon_thread(build)

@@ -69,3 +69,6 @@ class EngineBindings:
     sampling_params: Callable[..., Any]
     invalid_request_error: type[BaseException]
     model_name: str = ""
+    # (kind, text) -> the engine's grammar constraint (frota.engine.Constraint); None: the
+    # engine has no constrained decoding, and response_format / forced tool calls are refused.
+    constraint: Callable[[str, str], Any] | None = None

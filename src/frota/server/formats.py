@@ -63,6 +63,11 @@ class Format:
               finish_reason: str | None) -> dict[str, Any]:
         raise NotImplementedError
 
+    def chunks(self, index: int, text: str, logprobs: list[TokenLogprob],
+               finish_reason: str | None) -> list[dict[str, Any]]:
+        """The stream chunks for one engine output (one, unless a format holds text back)."""
+        return [self.chunk(index, text, logprobs, finish_reason)]
+
     def body(self, choices: list[Choice], usage_: dict[str, int]) -> dict[str, Any]:
         raise NotImplementedError
 

@@ -185,7 +185,8 @@ class Generation:
                 for opening in job.fmt.opening_chunks(job.num_choices):
                     sink.send(opening)
             if text or finish or entries:
-                sink.send(job.fmt.chunk(index, text, entries, finish))
+                for chunk in job.fmt.chunks(index, text, entries, finish):
+                    sink.send(chunk)
             if not all(progress.finished):
                 await sink.flush()
         completion_tokens = sum(c.num_generated_tokens for c in progress.choices)

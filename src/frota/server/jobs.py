@@ -7,7 +7,7 @@ import time
 import uuid
 from typing import Any
 
-from frota.server import errors
+from frota.server import errors, structured, tools
 from frota.server.engine_api import EngineBindings
 from frota.server.formats import ChatFormat, CompletionFormat
 from frota.server.generation import Job
@@ -47,7 +47,7 @@ def _check_length(bindings: EngineBindings, ids: list[int], max_tokens: int | No
 
 
 def _params(bindings: EngineBindings, req: SamplingFields, max_tokens: int, logprobs: int | None,
-            choice: int, prompt_logprobs: int | None = None) -> Any:
+            choice: int, prompt_logprobs: int | None = None, constraint: Any = None) -> Any:
     if req.min_tokens and req.min_tokens > max_tokens:
         raise errors.invalid(f"min_tokens ({req.min_tokens}) must not exceed max_tokens "
                              f"({max_tokens}).", param="min_tokens")
@@ -70,6 +70,7 @@ def _params(bindings: EngineBindings, req: SamplingFields, max_tokens: int, logp
             repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
             logit_bias=req.token_biases(),
             min_tokens=req.min_tokens or 0,
+            **({} if constraint is None else {"constraint": constraint}),
         )
     except (ValueError, TypeError, bindings.invalid_request_error) as exc:
         raise errors.invalid(f"Invalid sampling parameters: {exc}",
@@ -116,11 +117,24 @@ async def completion_job(bindings: EngineBindings, req: CompletionRequest,
                echo_texts=echo_texts)
 
 
+def _constraint(bindings: EngineBindings, spec: tuple[str, str] | None, param: str) -> Any:
+    """The engine's constraint for (kind, text); 400 when the engine has no grammars."""
+    if spec is None:
+        return None
+    if bindings.constraint is None:
+        raise errors.invalid(f"This engine does not support constrained decoding (`{param}`).",
+                             param=param, code="unsupported_parameter")
+    return bindings.constraint(*spec)
+
+
 async def chat_job(bindings: EngineBindings, req: ChatCompletionRequest, served: str) -> Job:
     _check_supported(req, served)
-    # "developer" is the newer name for "system"; chat templates know only the latter.
-    messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-                for m in req.messages]
+    tool_plan = tools.plan(req)
+    forced_call = tool_plan.constraint()  # `required` / a named tool win over response_format
+    constraint = _constraint(
+        bindings, forced_call or structured.response_format_constraint(req.response_format),
+        "tools" if forced_call else "response_format")
+    messages = tools.render_messages(req.messages, tool_plan)
     try:
         text = bindings.engine.tokenizer.apply_chat_template(messages)
     except Exception as exc:  # jinja templates raise on sequences they do not accept
@@ -130,9 +144,12 @@ async def chat_job(bindings: EngineBindings, req: ChatCompletionRequest, served:
     max_tokens = _check_length(bindings, ids, req.requested_max_tokens(), "messages")
     top = req.top_logprobs or 0
     logprobs = top if req.logprobs else None
-    params = [_params(bindings, req, max_tokens, logprobs, i) for i in range(req.n)]
+    params = [_params(bindings, req, max_tokens, logprobs, i, constraint=constraint)
+              for i in range(req.n)]
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    fmt = ChatFormat(request_id, served, int(time.time()), bindings.engine.tokenizer.decode,
-                     req.logprobs)
+    fmt_args = (request_id, served, int(time.time()), bindings.engine.tokenizer.decode,
+                req.logprobs)
+    fmt = (tools.ToolChatFormat(*fmt_args, tools=tool_plan.tools) if tool_plan.active
+           else ChatFormat(*fmt_args))
     return Job(request_id, [ids], params, req.n, fmt,
                include_usage=bool(req.stream_options and req.stream_options.include_usage))

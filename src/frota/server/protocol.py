@@ -142,13 +142,61 @@ class TextPart(BaseModel):
     text: str
 
 
+class FunctionDef(BaseModel):
+    """A tool's function: its name and the JSON schema of its arguments."""
+
+    model_config = ConfigDict(extra="ignore")
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: StrictBool | None = None
+
+
+class Tool(BaseModel):
+    """One entry of `tools`."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class FunctionName(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    """`tool_choice: {"type": "function", "function": {"name": ...}}`."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["function"]
+    function: FunctionName
+
+
+class ToolCallFunction(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str
+    arguments: str  # JSON text, as the API returns it
+
+
+class ToolCall(BaseModel):
+    """A tool call in an assistant message of the history."""
+
+    model_config = ConfigDict(extra="ignore")
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(BaseModel):
     """One chat message; content may be a string or a list of text parts."""
 
     model_config = ConfigDict(extra="ignore")
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # assistant
+    tool_call_id: str | None = None  # tool
 
     def text(self) -> str:
         if self.content is None:
@@ -165,14 +213,12 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: StrictInt | None = Field(None, ge=1, le=2**31 - 1)
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    tools: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
+    tools: list[Tool] | None = Field(None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: StrictBool | None = None
+    response_format: dict[str, Any] | None = None  # checked by frota.server.structured
 
     def unsupported(self) -> tuple[str, str] | None:
-        if self.tools:
-            return "tools", "`tools` is not supported by this server."
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            return "response_format", "only `response_format` type `text` is supported."
         if self.top_logprobs and not self.logprobs:
             return "top_logprobs", "`top_logprobs` requires `logprobs: true`."
         return super().unsupported()
