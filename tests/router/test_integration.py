@@ -264,6 +264,48 @@ def test_streaming_through_the_router_is_intact(workers, router_factory):
     assert via_router == direct and via_router[1] in ("stop", "length") and via_router[0]
 
 
+def test_structured_outputs_and_tool_calls_are_intact_through_the_router(workers, router_factory):
+    """The router forwards response_format and tools untouched: the same constrained
+    output as from a worker directly, a streamed tool call the client assembles, and the
+    worker's 400 for a schema keyword it cannot enforce."""
+    import json
+
+    import jsonschema
+    import openai
+    from pydantic import BaseModel, Field
+
+    class City(BaseModel):
+        name: str = Field(max_length=30)
+        country: str = Field(max_length=30)
+
+    router = router_factory("round-robin")
+    ask = {"model": "smollm2", "max_tokens": 64, "temperature": 0,
+           "messages": [{"role": "user", "content": "Name a city and its country."}]}
+    direct = openai.OpenAI(base_url=workers[0].url + "/v1", api_key="none", max_retries=0)
+    via = client(router).chat.completions.parse(response_format=City, **ask)
+    assert isinstance(via.choices[0].message.parsed, City), via
+    assert via.choices[0].message.content == direct.chat.completions.parse(
+        response_format=City, **ask).choices[0].message.content
+    weather = {"type": "function", "function": {
+        "name": "get_weather", "description": "Current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}},
+                       "required": ["city"], "additionalProperties": False}}}
+    with client(router).chat.completions.stream(
+            model="smollm2", messages=[{"role": "user", "content": "Weather in Rome?"}],
+            tools=[weather], tool_choice="required", temperature=0, max_tokens=64) as stream:
+        final = stream.get_final_completion()
+    assert final.choices[0].finish_reason == "tool_calls"
+    (call,) = final.choices[0].message.tool_calls
+    assert call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), weather["function"]["parameters"])
+    with pytest.raises(openai.BadRequestError) as refused:
+        client(router).chat.completions.create(response_format={
+            "type": "json_schema", "json_schema": {"name": "n", "schema": {
+                "type": "integer", "multipleOf": 3}}}, **ask)
+    assert refused.value.body["param"] == "response_format", refused.value.body
+    assert "multipleOf" in refused.value.body["message"], refused.value.body
+
+
 def test_overload_at_5x_gets_quick_429s_and_bounded_memory(workers, router_factory):
     import psutil
 

@@ -73,12 +73,24 @@ def _encoded_vocab(tokenizer: Any, vocab_size: int) -> tuple[list[str] | list[by
     return vocab, "BYTE_LEVEL"
 
 
+def _control_tokens(vocab: list[str] | list[bytes], vocab_type: str) -> list[int]:
+    """Tokens that hold a raw control character (U+0000-U+001F). JSON forbids them
+    unescaped in strings, but xgrammar's JSON grammar excludes only CR and LF there, so a
+    model could write a BEL into a "valid" string that no strict JSON parser accepts.
+    Compact JSON never needs them (a newline in a string is written `\\n`). A byte-level
+    vocabulary spells byte b < 0x20 as chr(256 + b)."""
+    if vocab_type == "RAW":
+        return [i for i, t in enumerate(vocab) if any(b < 0x20 for b in t)]  # type: ignore[union-attr]
+    return [i for i, t in enumerate(vocab) if any(256 <= ord(ch) < 288 for ch in t)]  # type: ignore[arg-type]
+
+
 class Matcher:
     """One sequence's position in its grammar."""
 
-    def __init__(self, matcher: Any, grammars: Grammars) -> None:
+    def __init__(self, matcher: Any, grammars: Grammars, json_text: bool = False) -> None:
         self._matcher = matcher
         self.grammars = grammars  # whose vocabulary the bitmask covers
+        self.json_text = json_text  # the whole output is JSON: no raw control characters
         self.is_failed = False
 
     def accept(self, token_id: int) -> None:
@@ -98,11 +110,13 @@ class Grammars:
     """The compiler for one tokenizer, and an LRU cache of compiled grammars."""
 
     def __init__(self, tokenizer: Any, cache_size: int = 256, max_threads: int = 2) -> None:
+        import torch
         import xgrammar as xgr
 
         self._xgr = xgr
         vocab, vocab_type = _encoded_vocab(tokenizer, tokenizer.vocab_size)
         self.vocab_size = tokenizer.vocab_size  # the model's logits may have more columns
+        self.control_ids = torch.tensor(_control_tokens(vocab, vocab_type), dtype=torch.long)
         self.info = xgr.TokenizerInfo(vocab, getattr(xgr.VocabType, vocab_type),
                                       vocab_size=self.vocab_size,
                                       stop_token_ids=list(tokenizer.eos_token_ids))
@@ -148,7 +162,8 @@ class Grammars:
         raise InvalidRequestError(f"unknown constraint kind {c.kind!r}; one of {KINDS}", c.param)
 
     def matcher(self, constraint: Constraint) -> Matcher:
-        return Matcher(self._xgr.GrammarMatcher(self.compile(constraint)), self)
+        return Matcher(self._xgr.GrammarMatcher(self.compile(constraint)), self,
+                       json_text=constraint.kind in ("json_object", "json_schema"))
 
     def mask_logits(self, logits: torch.Tensor, rows: list[int], matchers: list[Matcher]) -> None:
         """Set every token a row's matcher disallows to -inf, in place; the columns past the
@@ -163,6 +178,10 @@ class Grammars:
         sub = logits[index, : self.vocab_size].contiguous()
         xgr.apply_token_bitmask_inplace(sub, bitmask.to(logits.device))
         logits[index, : self.vocab_size] = sub
+        json_rows = [r for r, m in zip(rows, matchers, strict=True) if m.json_text]
+        if json_rows and len(self.control_ids):
+            ids = self.control_ids.to(logits.device)
+            logits[torch.tensor(json_rows, device=logits.device).unsqueeze(1), ids] = float("-inf")
         if logits.shape[1] > self.vocab_size:
             logits[index, self.vocab_size :] = float("-inf")
 
