@@ -12,12 +12,12 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 
-from frota.engine import Constraint, EngineArgs, SamplingParams
+from frota.engine import Constraint, SamplingParams
 from frota.engine.errors import InvalidRequestError
 from frota.engine.grammar import Grammars
 from frota.engine.llm_engine import LLMEngine
-from frota.engine.loader import load_model
 from frota.engine.tokenizer import ByteTokenizer
+from tests.engine.synthetic import load_synthetic, make_engine
 from tests.json_schemas import OBJECT_SCHEMAS
 
 pytest.importorskip("xgrammar")
@@ -31,13 +31,7 @@ SCHEMA = {"type": "object", "properties": {
 
 @pytest.fixture(scope="module")
 def loaded():
-    spec = "synthetic:dense-tiny,layers=2,seed=5"
-    return spec, load_model(spec, torch.float32, torch.device("cpu"), verbose=False)
-
-
-def make_engine(loaded, **kwargs) -> LLMEngine:
-    spec, triple = loaded
-    return LLMEngine(EngineArgs(model=spec, verbose=False, **kwargs), loaded=triple)
+    return load_synthetic("synthetic:dense-tiny,layers=2,seed=5")
 
 
 def run(engine: LLMEngine, requests: dict[str, tuple[list[int], SamplingParams]]):

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from frota.engine import EngineArgs, SamplingParams
+from frota.engine import SamplingParams
 from frota.engine.errors import InvalidRequestError
 from frota.engine.llm_engine import LLMEngine
-from frota.engine.loader import load_model
+from tests.engine.synthetic import load_synthetic, make_engine
 
 from .reference import reference_logits
 
@@ -17,13 +17,7 @@ PROMPT = list(range(40, 77))
 
 @pytest.fixture(scope="module")
 def loaded():
-    spec = "synthetic:dense-tiny,layers=2,seed=3"
-    return spec, load_model(spec, torch.float32, torch.device("cpu"), verbose=False)
-
-
-def make_engine(loaded, **kwargs) -> LLMEngine:
-    spec, triple = loaded
-    return LLMEngine(EngineArgs(model=spec, verbose=False, **kwargs), loaded=triple)
+    return load_synthetic("synthetic:dense-tiny,layers=2,seed=3")
 
 
 def expected(loaded, ids: list[int]) -> torch.Tensor:

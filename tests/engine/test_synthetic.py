@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from frota.engine import EngineArgs, SamplingParams
+from frota.engine import SamplingParams
 from frota.engine.llm_engine import LLMEngine
-from frota.engine.loader import load_model
 from frota.engine.scheduler import ScheduledBatch
 from frota.engine.sequence import Sequence
+from tests.engine.synthetic import load_synthetic, make_engine
 
 from .reference import reference_greedy, reference_logits
 
@@ -24,13 +24,7 @@ PROMPTS = [
 
 @pytest.fixture(scope="module", params=["moe-tiny", "dense-tiny"])
 def loaded(request):
-    spec = f"synthetic:{request.param},layers=2,seed=3"
-    return spec, load_model(spec, torch.float32, torch.device("cpu"), verbose=False)
-
-
-def make_engine(loaded, **kwargs) -> LLMEngine:
-    spec, triple = loaded
-    return LLMEngine(EngineArgs(model=spec, verbose=False, **kwargs), loaded=triple)
+    return load_synthetic(f"synthetic:{request.param},layers=2,seed=3")
 
 
 def test_a_preloaded_model_keeps_its_device_when_a_gpu_is_visible(loaded, monkeypatch):

@@ -12,6 +12,7 @@ import pytest
 
 from frota.operator.kv_report import kv_cache_tokens, read
 from frota.server.metrics import ServerMetrics
+from tests.loopback import serving
 
 VLLM_SCRAPE = Path(__file__).parents[1] / "fixtures" / "vllm-0.32.0-cpu.metrics"
 
@@ -89,14 +90,9 @@ async def workers() -> AsyncIterator[tuple[str, aiohttp.ClientSession]]:
 
     app = aiohttp.web.Application()
     app.router.add_get("/{name}", page)
-    runner = aiohttp.web.AppRunner(app)
-    await runner.setup()
-    site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
-        yield f"http://127.0.0.1:{port}", session
-    await runner.cleanup()
+    async with serving(app) as base, aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=5)) as session:
+        yield base, session
 
 
 async def test_read_reports_the_smallest_replica_that_answered(

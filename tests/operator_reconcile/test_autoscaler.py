@@ -10,6 +10,7 @@ import aiohttp.web
 import pytest
 
 from frota.operator.autoscaler import read_all
+from tests.loopback import serving
 
 
 @pytest.fixture
@@ -31,13 +32,8 @@ async def workers() -> AsyncIterator[tuple[str, dict[str, int]]]:
 
     app = aiohttp.web.Application()
     app.router.add_get("/{n}/metrics", metrics)
-    runner = aiohttp.web.AppRunner(app)
-    await runner.setup()
-    site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    yield f"http://127.0.0.1:{port}", seen
-    await runner.cleanup()
+    async with serving(app) as base:
+        yield base, seen
 
 
 async def test_a_roles_workers_are_scraped_at_once_and_failures_dropped(workers) -> None:

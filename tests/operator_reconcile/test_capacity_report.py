@@ -25,6 +25,7 @@ from frota.operator.observe import Observed
 from frota.operator.reconcile import Children, reconcile, replacing
 from frota.operator.state import OperatorState
 from frota.operator.status import compute_status
+from tests.loopback import serving
 from tests.operator.test_kv_report import frota_worker_metrics
 from tests.operator_reconcile.conftest import Cluster, FakeApiserver, Operator, sample, wait_for
 from tests.operator_reconcile.test_handlers import converge
@@ -136,11 +137,8 @@ async def worker() -> AsyncIterator[tuple[str, dict[str, bytes]]]:
 
     app = aiohttp.web.Application()
     app.router.add_get("/metrics", metrics)
-    runner = aiohttp.web.AppRunner(app)
-    await runner.setup()
-    await aiohttp.web.TCPSite(runner, "127.0.0.1", 0).start()
-    yield f"http://127.0.0.1:{runner.addresses[0][1]}/metrics", pages
-    await runner.cleanup()
+    async with serving(app) as base:
+        yield f"{base}/metrics", pages
 
 
 async def test_refresh_keeps_news_drops_it_when_nothing_serves_and_survives_failed_scrapes(

@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterator
 
+import openai
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from frota.server.app import ServerOptions, create_app
 from frota.server.engine_api import EngineBindings
 from tests.server.fake_engine import FakeEngine, FakeInvalidRequestError, FakeSamplingParams
-from tests.server.harness import WorkerProcess, engine_available
+from tests.server.harness import WorkerProcess, engine_available, load_tokenizer
 
 MODEL = "fake-model"
 
@@ -75,3 +76,14 @@ def synthetic_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worke
                      "--num-kv-blocks", "256", "--max-num-seqs", "8")
     yield worker
     assert worker.stop() == 0, worker.log()[-3000:]
+
+
+@pytest.fixture(scope="module")
+def oai(smollm2_worker: WorkerProcess) -> openai.OpenAI:
+    """The official client on the real SmolLM2 worker (no client-side retries)."""
+    return openai.OpenAI(base_url=f"{smollm2_worker.url}/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm2_worker: WorkerProcess):  # type: ignore[no-untyped-def]
+    return load_tokenizer("smollm2")

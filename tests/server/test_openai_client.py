@@ -10,21 +10,11 @@ import httpx
 import openai
 import pytest
 
-from tests.server.harness import WorkerProcess, load_tokenizer
+from tests.server.harness import WorkerProcess
 
 pytestmark = pytest.mark.slow
 PROMPT = "The capital of France is"
 MESSAGES = [{"role": "user", "content": "Name three colours."}]
-
-
-@pytest.fixture(scope="module")
-def oai(smollm2_worker: WorkerProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{smollm2_worker.url}/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(smollm2_worker: WorkerProcess):  # type: ignore[no-untyped-def]
-    return load_tokenizer("smollm2")
 
 
 def metric(url: str, name: str) -> float:

@@ -6,21 +6,9 @@ from __future__ import annotations
 import openai
 import pytest
 
-from tests.server.harness import WorkerProcess, load_tokenizer
-
 pytestmark = pytest.mark.slow
 PROMPT = "The capital of France is"
 REPEATS = "Repeat after me: the cat sat on the mat, the cat sat on the mat, the cat sat on the"
-
-
-@pytest.fixture(scope="module")
-def oai(smollm2_worker: WorkerProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{smollm2_worker.url}/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(smollm2_worker: WorkerProcess):  # type: ignore[no-untyped-def]
-    return load_tokenizer("smollm2")
 
 
 def greedy(oai: openai.OpenAI, prompt: str | list[int], max_tokens: int = 16, **extra):  # type: ignore[no-untyped-def]

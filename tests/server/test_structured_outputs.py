@@ -38,11 +38,6 @@ PARAMS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 
 
 @pytest.fixture(scope="module")
-def oai(smollm2_worker: WorkerProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{smollm2_worker.url}/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture(scope="module")
 def aoai(smollm2_worker: WorkerProcess) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=f"{smollm2_worker.url}/v1", api_key="unused",
                               max_retries=0)
