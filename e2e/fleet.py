@@ -160,6 +160,28 @@ def chat(client: openai.OpenAI, prompt: str, max_tokens: int = 12) -> str:
     return reply.choices[0].message.content or ""
 
 
+def check_chat_stream_and_completion(client: openai.OpenAI, prompt: str) -> str:
+    """The OpenAI surface every serving fleet must answer, through its router: the model
+    list, a greedy chat answer naming Paris, the same tokens streamed, a completion.
+    Returns the chat answer."""
+    assert [m.id for m in client.models.list().data] == ["smollm2"]
+    messages = [{"role": "user", "content": prompt}]
+    reply = client.chat.completions.create(model="smollm2", messages=messages,
+                                           max_tokens=12, temperature=0)
+    answer = reply.choices[0].message.content or ""
+    assert "paris" in answer.lower(), answer
+    assert reply.usage is not None and reply.usage.completion_tokens > 0
+    stream = client.chat.completions.create(model="smollm2", messages=messages,
+                                            max_tokens=12, temperature=0, stream=True)
+    pieces = [c.choices[0].delta.content or "" for c in stream if c.choices]
+    assert len([p for p in pieces if p]) > 1, pieces
+    assert "".join(pieces) == answer  # greedy: the same tokens, streamed
+    completion = client.completions.create(
+        model="smollm2", prompt="The capital of France is", max_tokens=4, temperature=0)
+    assert "paris" in completion.choices[0].text.lower(), completion.choices[0].text
+    return answer
+
+
 def metrics(cluster: Cluster, ns: str, pod: str, port: int, prefix: str) -> dict[str, float]:
     """A pod's Prometheus samples whose names start with ``prefix`` (name{labels} -> value)."""
     with cluster.reach(ns, pod, port) as (host, reached):
