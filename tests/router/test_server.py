@@ -527,7 +527,8 @@ async def test_a_slow_reader_pauses_the_stream_source_and_resumes_it(serve, conn
     assert response.body.startswith(b"STARTx")
 
 
-async def test_close_lets_a_request_in_flight_finish_within_grace(serve, connect):
+async def test_close_lets_a_request_in_flight_finish_and_says_the_connection_closes(
+        serve, connect):
     started = asyncio.Event()
 
     async def handler(request: Request) -> web.Response:
@@ -537,20 +538,78 @@ async def test_close_lets_a_request_in_flight_finish_within_grace(serve, connect
         return text(200, b"done " + request.path.encode())
 
     server, port = await serve(handler)
-    idle_reader, idle_writer = await connect(port)
-    idle_writer.write(GET)
-    assert (await read_response(idle_reader)).status == 200  # now idle, kept alive
     reader, writer = await connect(port)
     writer.write(b"GET /slow HTTP/1.1\r\nHost: t\r\n\r\n")
     await asyncio.wait_for(started.wait(), TIMEOUT)
     closing = asyncio.create_task(server.close(grace=5.0))
-    await assert_closed(idle_reader)  # idle connections go at once
     response = await read_response(reader)
     assert response.status == 200 and response.body == b"done /slow"
-    await asyncio.wait_for(closing, TIMEOUT)
+    # Said in the head, so the client sends nothing more on a connection about to close.
+    assert response.headers["connection"] == "close"
     await assert_closed(reader)
+    await asyncio.wait_for(closing, TIMEOUT)
     with pytest.raises(OSError):
         await connect(port)
+
+
+async def test_close_answers_a_request_sent_on_a_kept_alive_connection_during_idle_grace(
+        serve, connect):
+    server, port = await serve(echo)
+    reader, writer = await connect(port)
+    writer.write(GET)
+    assert "connection" not in (await read_response(reader)).headers  # promised keep-alive
+    closing = asyncio.create_task(server.close(grace=5.0, idle_grace=1.0))
+    await asyncio.sleep(0.2)  # the client has not seen the drain, and sends its next request
+    writer.write(GET)
+    response = await read_response(reader)
+    assert response.status == 200 and response.headers["connection"] == "close"
+    await assert_closed(reader)
+    await asyncio.wait_for(closing, TIMEOUT)
+
+
+async def test_close_closes_a_connection_idle_for_idle_grace(serve, connect):
+    server, port = await serve(echo)
+    reader, writer = await connect(port)
+    writer.write(GET)
+    assert (await read_response(reader)).status == 200
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    closing = asyncio.create_task(server.close(grace=5.0, idle_grace=0.3))
+    await assert_closed(reader)
+    assert 0.25 <= loop.time() - began < 2.0
+    await asyncio.wait_for(closing, TIMEOUT)
+
+
+async def test_a_stream_begun_before_close_leaves_its_connection_open_for_the_next_request(
+        serve, connect):
+    """Its head promised keep-alive before the drain began: the connection then gets the
+    idle grace like any other, and the next request is answered with a close."""
+    begun, finish = asyncio.Event(), asyncio.Event()
+
+    async def handler(request: Request) -> web.StreamResponse:
+        if request.path != "/stream":
+            return text(200, b"after")
+        stream = await open_stream(request, 200, [], b"first ")
+        begun.set()
+        await finish.wait()
+        stream.write(b"last")
+        await stream.end()
+        return stream.response
+
+    server, port = await serve(handler)
+    reader, writer = await connect(port)
+    writer.write(b"GET /stream HTTP/1.1\r\nHost: t\r\n\r\n")
+    await asyncio.wait_for(begun.wait(), TIMEOUT)
+    closing = asyncio.create_task(server.close(grace=5.0, idle_grace=1.0))
+    await asyncio.sleep(0.1)
+    finish.set()
+    response = await read_response(reader)
+    assert response.body == b"first last" and "connection" not in response.headers
+    writer.write(GET)
+    after = await read_response(reader)
+    assert after.body == b"after" and after.headers["connection"] == "close"
+    await assert_closed(reader)
+    await asyncio.wait_for(closing, TIMEOUT)
 
 
 async def test_close_lets_an_answer_finish_reaching_a_slow_client(serve, connect):

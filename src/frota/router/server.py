@@ -16,6 +16,11 @@ router's contract on the wire:
 - A handler that raises answers 500 and the connection stays usable.
 - A request's body must arrive within `keepalive_timeout` too, else the connection
   is closed and nothing is served.
+- `close` drains: every answer from then on says `Connection: close`, and a
+  connection whose last answer did not is kept open until it has been idle for
+  `idle_grace`, so a client that sent its next request before it could see the
+  close is answered, not cut off (aiohttp's own shutdown closes after an answer that
+  promised keep-alive, which breaks the client's next request).
 - Handlers get a `Request` with the body read and return an aiohttp response.
 - A relayed stream is a `ResponseStream`: aiohttp writes its head (with the first
   chunk) and its end; in between, `write` frames each chunk and hands it to the
@@ -29,7 +34,6 @@ router's contract on the wire:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
@@ -50,6 +54,9 @@ MAX_HEADER_BYTES = 64 * 1024
 MAX_FIELD_BYTES = 16 * 1024
 MAX_HEADERS = 100
 KEEPALIVE_TIMEOUT = 75.0
+# While draining: how long a kept-alive connection may sit idle before it is closed.
+DRAIN_IDLE_GRACE = 1.0
+DRAIN_POLL_SECONDS = 0.05
 
 # (status, message, OpenAI error code) for input the server refuses on its own.
 Refusal = tuple[int, str, str]
@@ -182,6 +189,14 @@ class _Connection(RequestHandler):
         self.flow = None
         super().connection_lost(exc)
 
+    @property
+    def busy(self) -> bool:
+        """A request is being read, answered or queued, or an answer is still being
+        flushed."""
+        transport = self.raw_transport
+        return bool(self._request_in_progress or self._messages or (
+            transport is not None and transport.get_write_buffer_size()))
+
     def pause_writing(self) -> None:
         super().pause_writing()
         if self.flow is not None:
@@ -220,6 +235,19 @@ class _WebServer(web.Server):
     def __call__(self) -> RequestHandler:
         return _Connection(self.owner, self, loop=self._loop, **self._kwargs)
 
+    def _make_request(self, message: Any, payload: Any, protocol: RequestHandler,
+                      writer: Any, task: asyncio.Task[None]) -> web.BaseRequest:
+        return _RawRequest(message, payload, protocol, writer, task, self._loop)
+
+
+class _RawRequest(web.BaseRequest):
+    """aiohttp's request; while the server drains, its answer asks the client to close."""
+
+    @property
+    def keep_alive(self) -> bool:  # read once, when the answer's head is written
+        owner: HttpServer = self.protocol.owner  # type: ignore[union-attr]
+        return not owner.draining and not self._message.should_close
+
 
 class HttpServer:
     """Listens and serves `handler` (see the module docstring for what it refuses)."""
@@ -232,6 +260,7 @@ class HttpServer:
         self.max_header_bytes = max_header_bytes
         self.keepalive_timeout = keepalive_timeout
         self.connections: set[_Connection] = set()
+        self.draining = False
         self._tasks: set[asyncio.Task[Any]] = set()  # handlers running
         self._web: _WebServer | None = None
         self._server: asyncio.AbstractServer | None = None
@@ -249,22 +278,25 @@ class HttpServer:
                                                 reuse_address=True)
         return self._server.sockets[0].getsockname()[1]
 
-    async def close(self, grace: float = 5.0) -> None:
-        """Stop accepting; give requests in flight `grace` seconds, then cut them off."""
+    async def close(self, grace: float = 5.0, idle_grace: float = DRAIN_IDLE_GRACE) -> None:
+        """Stop accepting and drain: requests in flight get `grace` seconds, and every
+        answer from now on says `Connection: close`. A connection is closed once it has
+        been idle for `idle_grace`; what is left at `grace` is cut off."""
         if self._server is None or self._web is None:
             return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
+        self.draining = True
         self._server.close()
-        self._web.pre_shutdown()  # no new requests; idle connections close
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(grace):
-                await self._web.shutdown(grace)
-        # Answers written but not yet flushed to slow clients get the rest of the grace.
-        while loop.time() < deadline and any(
-                c.raw_transport is not None and c.raw_transport.get_write_buffer_size()
-                for c in self.connections):
-            await asyncio.sleep(0.05)
+        idle_since: dict[_Connection, float] = {}
+        while self.connections and loop.time() < deadline:
+            now = loop.time()
+            for conn in list(self.connections):
+                if conn.busy:
+                    idle_since.pop(conn, None)
+                elif now - idle_since.setdefault(conn, now) >= idle_grace:
+                    conn.force_close()
+            await asyncio.sleep(DRAIN_POLL_SECONDS)
         for conn in list(self.connections):
             if conn.raw_transport is not None:
                 conn.raw_transport.abort()
