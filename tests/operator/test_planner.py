@@ -186,3 +186,12 @@ def test_smollm2_shape_matches_the_published_config():
     s = SMOLLM2_135M
     assert (s.num_layers, s.hidden_size, s.num_heads, s.num_kv_heads, s.head_dim) == (30, 576, 9, 3, 64)
     assert (s.intermediate_size, s.vocab_size, s.max_position_embeddings) == (1536, 49152, 8192)
+
+
+def test_a_cpu_worker_decides_dtype_auto_on_its_node_and_is_planned_at_float32():
+    auto = plan(Spec().build()).groups[0]
+    pinned = plan(Spec().set("spec.engine.dtype", "float32").build()).groups[0]
+    assert auto.leader.env["FROTA_DTYPE"] == "auto"
+    assert pinned.leader.env["FROTA_DTYPE"] == "float32"
+    # Budgeted as float32, so a worker that picks bfloat16 has room to spare, never too little.
+    assert auto.budget.weight_bytes_per_rank == pinned.budget.weight_bytes_per_rank

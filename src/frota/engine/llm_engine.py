@@ -18,6 +18,7 @@ from frota.engine.config import EngineArgs, ModelConfig
 from frota.engine.detokenizer import IncrementalDetokenizer
 from frota.engine.errors import InvalidRequestError
 from frota.engine.grammar import Grammars
+from frota.engine.kernels import isa
 from frota.engine.kernels.linear import pack_linears
 from frota.engine.loader import load_model, progress
 from frota.engine.model_runner import ModelRunner
@@ -45,12 +46,33 @@ def _device_of(model: torch.nn.Module) -> torch.device:
     return tensor.device if tensor is not None else torch.device("cpu")
 
 
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+def resolve_dtype(dtype: str, device: torch.device,
+                  cpu_flags: frozenset[str] | None = None) -> torch.dtype:
+    """`auto`: bfloat16 on an accelerator and on a CPU with native bfloat16 (AMX or
+    AVX-512 BF16; `cpu_flags`, default this CPU's), float32 on other CPUs."""
     if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        if device.type != "cpu":
+            return torch.bfloat16
+        flags = isa.host_cpu_flags() if cpu_flags is None else cpu_flags
+        return torch.bfloat16 if isa.native_bf16(flags) else torch.float32
     if dtype == "float16" and device.type == "cpu":
         raise ValueError("float16 is not supported on CPU; use bfloat16 or float32")
     return _DTYPES[dtype]
+
+
+def describe_compute(asked: str, dtype: torch.dtype, device: torch.device) -> str:
+    """The dtype chosen, why, and what computes it: one start-up line."""
+    name = str(dtype).removeprefix("torch.")
+    if asked == "auto" and device.type == "cpu":
+        native = sorted(isa.NATIVE_BF16_FLAGS & (isa.host_cpu_flags() or frozenset()))
+        why = (f"auto: this CPU has native bfloat16 ({', '.join(native)})" if native
+               else "auto: this CPU has no native bfloat16")
+        name = f"{name} ({why})"
+    elif asked == "auto":
+        name = f"{name} (auto: {device.type})"
+    if device.type != "cpu":
+        return name
+    return f"{name}; {kernels.describe()}"
 
 
 def _available_memory(device: torch.device) -> int:
@@ -122,6 +144,7 @@ class LLMEngine:
         self.requests: dict[str, tuple[Sequence, IncrementalDetokenizer]] = {}
         progress(args.verbose, f"KV cache: {num_blocks} blocks of {args.block_size} tokens; "
                                f"max_model_len {max_model_len}; device {self.device}")
+        progress(args.verbose, f"compute: {describe_compute(args.dtype, self.dtype, self.device)}")
 
     def _load(self, args: EngineArgs) -> tuple:
         """(model, config, tokenizer); a quantized model is loaded in float32 and quantized

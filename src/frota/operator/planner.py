@@ -20,7 +20,7 @@ from frota.operator.model_shapes import (
     locate,
 )
 from frota.operator.quantity import format_bytes, parse_quantity
-from frota.operator.runtimes import Launch, resolve_dtype, vllm
+from frota.operator.runtimes import Launch, resolve_dtype, vllm, worker_dtype
 from frota.operator.topology import (
     Addressing,
     KubernetesAddressing,
@@ -218,7 +218,7 @@ def _group(
         "FROTA_TENSOR_PARALLEL_SIZE": str(p.tensor),
         "FROTA_PIPELINE_PARALLEL_SIZE": str(p.pipeline),
         "FROTA_EXPERT_PARALLEL_SIZE": str(p.expert),
-        "FROTA_DTYPE": resolve_dtype(spec, rs.resources),
+        "FROTA_DTYPE": worker_dtype(spec, rs.resources),
         "FROTA_DEVICE": "cuda" if rs.resources.accelerator else "cpu",
     }
     if budget is not None and budget.kv_cache_bytes_per_rank:

@@ -51,3 +51,14 @@ def for_tensor(t: torch.Tensor) -> ModuleType | None:
 def is_built() -> bool:
     """Whether `cpu_kernels()` will load a prebuilt or cached build rather than compile."""
     return build.is_built("attention")
+
+
+def describe() -> str:
+    """Which attention kernels run, for the engine's start-up line."""
+    module = cpu_kernels()
+    if module is None:
+        return "PyTorch attention (no C++ kernels)"
+    from frota.engine.kernels import isa
+
+    level = next((lv.name for lv in isa.LEVELS if module.__name__.endswith("_" + lv.slug)), None)
+    return f"C++ kernels prebuilt for {level}" if level else "C++ kernels built for this CPU"

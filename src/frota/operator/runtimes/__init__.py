@@ -17,10 +17,20 @@ FROTA_COMMAND = ("frota",)
 
 
 def resolve_dtype(spec: InferenceServiceSpec, resources: Resources) -> str:
-    """`auto` is bfloat16 on an accelerator and float32 on CPU, whichever runtime serves."""
+    """The dtype planned for: `auto` is bfloat16 on an accelerator and float32 on CPU (the
+    larger, so a CPU worker that picks bfloat16 fits its budget with room to spare)."""
     if spec.engine.dtype != "auto":
         return spec.engine.dtype
     return "bfloat16" if resources.accelerator is not None else "float32"
+
+
+def worker_dtype(spec: InferenceServiceSpec, resources: Resources) -> str:
+    """The dtype a Frota worker is told: `auto` stays `auto` on CPU, where the worker picks
+    bfloat16 if its node's CPU computes it natively (the operator cannot see the node's
+    CPU); elsewhere what `resolve_dtype` plans for."""
+    if spec.engine.dtype == "auto" and resources.accelerator is None:
+        return "auto"
+    return resolve_dtype(spec, resources)
 
 
 @dataclass(frozen=True)

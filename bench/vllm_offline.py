@@ -1,0 +1,76 @@
+"""vLLM's offline engine on a request file: the peer `engine_throughput.py --peer vllm-cpu` runs.
+
+Runs in vLLM's own environment (`scripts/vllm-env.sh`), never imports Frota:
+
+    ~/.cache/frota-vllm/0.32.0/bin/python bench/vllm_offline.py REQUESTS.json
+
+REQUESTS.json: {"model": HF directory, "dtype", "max_num_seqs", "max_num_batched_tokens",
+"requests": [[prompt token ids, output tokens], ...], "warmup": [...]}. All requests are
+submitted at once, greedy with `ignore_eos`, as the Frota run gets them. Prints one JSON
+line: tokens, seconds, tok_per_s, and TTFT/ITL percentiles from vLLM's per-request
+metrics when it records them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(len(values) - 1, round(q / 100 * (len(values) - 1)))]
+
+
+def main() -> int:
+    with open(sys.argv[1]) as f:
+        spec = json.load(f)
+    # On a small machine vLLM would otherwise reserve a core and bind its threads to the rest.
+    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{os.cpu_count() - 1}")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    started = time.perf_counter()
+    llm = LLM(model=spec["model"], dtype=spec["dtype"], max_num_seqs=spec["max_num_seqs"],
+              max_num_batched_tokens=spec["max_num_batched_tokens"], max_model_len=2048,
+              seed=0, disable_log_stats=False)
+    ready_s = time.perf_counter() - started
+
+    def run(requests: list) -> tuple[list, float]:
+        prompts = [TokensPrompt(prompt_token_ids=ids) for ids, _ in requests]
+        params = [SamplingParams(max_tokens=n, min_tokens=n, temperature=0, ignore_eos=True)
+                  for _, n in requests]
+        t0 = time.perf_counter()
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        return outputs, time.perf_counter() - t0
+
+    run(spec["warmup"])
+    outputs, seconds = run(spec["requests"])
+    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    ttft, itl = [], []
+    for o in outputs:
+        metrics = getattr(o, "metrics", None)
+        first = getattr(metrics, "first_token_latency", None)
+        if first is not None:
+            ttft.append(first)
+        last, first_ts = (getattr(metrics, k, None) for k in ("last_token_ts", "first_token_ts"))
+        n = len(o.outputs[0].token_ids)
+        if last is not None and first_ts is not None and n > 1:
+            itl.append((last - first_ts) / (n - 1))
+    print(json.dumps({
+        "tokens": tokens, "seconds": seconds, "tok_per_s": tokens / seconds, "ready_s": ready_s,
+        "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
+        "itl_mean_p50_s": percentile(itl, 50),
+        "greedy_ids": [list(o.outputs[0].token_ids[:16]) for o in outputs],
+    }), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
