@@ -5,10 +5,12 @@ Runs in vLLM's own environment (`scripts/vllm-env.sh`), never imports Frota:
     ~/.cache/frota-vllm/0.32.0/bin/python bench/vllm_offline.py REQUESTS.json
 
 REQUESTS.json: {"model": HF directory, "dtype", "max_num_seqs", "max_num_batched_tokens",
-"requests": [[prompt token ids, output tokens], ...], "warmup": [...]}. All requests are
-submitted at once, greedy with `ignore_eos`, as the Frota run gets them. Prints one JSON
-line: tokens, seconds, tok_per_s, and TTFT/ITL percentiles from vLLM's per-request
-metrics when it records them.
+"requests": [[prompt token ids, output tokens], ...], "warmup": [...]}. It loads the model,
+runs the warm-up, prints `READY`, then runs the requests once for every line read from
+stdin, so the caller can alternate its own runs with vLLM's while both stay loaded. All
+requests are submitted at once, greedy with `ignore_eos`, as the Frota run gets them.
+Each run prints one line, `RESULT ` and JSON: tokens, seconds, tok_per_s, and TTFT/ITL
+percentiles from vLLM's per-request metrics when it records them.
 """
 
 from __future__ import annotations
@@ -24,6 +26,26 @@ def percentile(values: list[float], q: float) -> float | None:
         return None
     values = sorted(values)
     return values[min(len(values) - 1, round(q / 100 * (len(values) - 1)))]
+
+
+def summary(outputs: list, seconds: float, ready_s: float) -> dict:
+    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    ttft, itl = [], []
+    for o in outputs:
+        metrics = getattr(o, "metrics", None)
+        first = getattr(metrics, "first_token_latency", None)
+        if first is not None:
+            ttft.append(first)
+        last, first_ts = (getattr(metrics, k, None) for k in ("last_token_ts", "first_token_ts"))
+        n = len(o.outputs[0].token_ids)
+        if last is not None and first_ts is not None and n > 1:
+            itl.append((last - first_ts) / (n - 1))
+    return {
+        "tokens": tokens, "seconds": seconds, "tok_per_s": tokens / seconds, "ready_s": ready_s,
+        "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
+        "itl_mean_p50_s": percentile(itl, 50),
+        "greedy_ids": [list(o.outputs[0].token_ids[:16]) for o in outputs],
+    }
 
 
 def main() -> int:
@@ -51,24 +73,10 @@ def main() -> int:
         return outputs, time.perf_counter() - t0
 
     run(spec["warmup"])
-    outputs, seconds = run(spec["requests"])
-    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-    ttft, itl = [], []
-    for o in outputs:
-        metrics = getattr(o, "metrics", None)
-        first = getattr(metrics, "first_token_latency", None)
-        if first is not None:
-            ttft.append(first)
-        last, first_ts = (getattr(metrics, k, None) for k in ("last_token_ts", "first_token_ts"))
-        n = len(o.outputs[0].token_ids)
-        if last is not None and first_ts is not None and n > 1:
-            itl.append((last - first_ts) / (n - 1))
-    print(json.dumps({
-        "tokens": tokens, "seconds": seconds, "tok_per_s": tokens / seconds, "ready_s": ready_s,
-        "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
-        "itl_mean_p50_s": percentile(itl, 50),
-        "greedy_ids": [list(o.outputs[0].token_ids[:16]) for o in outputs],
-    }), flush=True)
+    print("READY", flush=True)
+    for _ in sys.stdin:
+        outputs, seconds = run(spec["requests"])
+        print("RESULT " + json.dumps(summary(outputs, seconds, ready_s)), flush=True)
     return 0
 
 

@@ -63,6 +63,15 @@ def test_kernel_equals_reference(lens, heads, kv_heads, dtype, tol):
 
 
 @needs_kernel
+@pytest.mark.parametrize("dim", [128, 80, 40, 8])  # unrolled (64 above, 128) and generic sizes
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_kernel_equals_reference_at_other_head_sizes(dim, dtype, tol):
+    q, k, v, meta, ref = _pool(LENGTHS[-1], 8, 2, dim, dtype, seed=dim)
+    out = decode_attention(q, k, v, meta, dim**-0.5)
+    torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
+
+
+@needs_kernel
 def test_kernel_rejects_mismatched_inputs():
     q, k, v, meta, _ = _pool([20], 9, 3, 64, torch.float32)
     kernels = cpu_kernels()

@@ -4,11 +4,13 @@
 // at::parallel_for. Scores live in a per-task float buffer (two passes: scores, then a
 // softmax-weighted sum of V), which for decode-sized contexts stays in L2.
 //
-// The loops are written for the compiler's vectorizer (-O3 -ffast-math): a row is widened to
-// float32 once (bfloat16 by a shift of its bits), then used by every query head of its group,
-// and each inner loop runs over head_dim with no other dependence. Written with a per-element
-// c10::BFloat16 conversion inside the dot product instead, the same kernel reached 3.3 GB/s
-// of KV; this way it reads at memory speed (bench numbers in docs/benchmarks.md).
+// The loops are written for the compiler's vectorizer (-O3 -ffast-math): a K or V block is
+// widened to float32 once (bfloat16 by a shift of its bits) and then used by every query head
+// of its group; with head_dim fixed at compile time (64, 128) a head's running output stays
+// in vector registers while the rows stream past. Where the build has AVX-512 BF16, bfloat16
+// scores come straight off the cache rows through vdpbf16ps (exact products, float32 sums).
+// Converting each element inside the dot product instead, the kernel read 3.3 GB/s of KV;
+// this way float32 reads near the memory's bandwidth (docs/engine.md#cpu-kernels).
 //
 // Shapes: q [B, H, D]; k_cache, v_cache [num_blocks, KVH, block_size, D];
 // block_tables [B, max_blocks] int32 (rows padded past each sequence's last block);
@@ -23,7 +25,14 @@
 #include <type_traits>
 #include <vector>
 
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
+
 namespace {
+
+// 16 floats, for the accumulators the compiler keeps in registers (AVX-512: one, AVX2: two).
+typedef float f32x16 __attribute__((vector_size(64)));
 
 constexpr int64_t kMaxHeadDim = 512;
 
@@ -60,6 +69,28 @@ void attend(const T* q_group, const T* k_cache, const T* v_cache, const int32_t*
   alignas(64) float acc[kMaxHeadDim];
   queries.resize(group * dim);
   for (int64_t i = 0; i < group * dim; ++i) queries[i] = static_cast<float>(q_group[i]) * scale;
+#if defined(__AVX512BF16__)
+  // Pass 1 on bfloat16 rows with AVX-512 BF16: dot products straight off the cache rows
+  // (vdpbf16ps multiplies pairs of bfloat16 exactly and sums in float32).
+  if constexpr (std::is_same_v<T, c10::BFloat16> && DIM > 0 && DIM % 32 == 0) {
+    constexpr int L = DIM / 32;
+    for (int64_t g = 0; g < group; ++g) {
+      __m512bh qv[L];
+      for (int j = 0; j < L; ++j) qv[j] = (__m512bh)_mm512_loadu_si512(q_group + g * DIM + 32 * j);
+      float* sg = scores.data() + g * context;
+      for (int64_t blk = 0; blk < num_blocks; ++blk) {
+        const T* kb = k_cache + table[blk] * block_stride + head_offset;
+        const int64_t rows = std::min(block_size, context - blk * block_size);
+        for (int64_t r = 0; r < rows; ++r) {
+          __m512 acc = _mm512_setzero_ps();
+          for (int j = 0; j < L; ++j)
+            acc = _mm512_dpbf16_ps(acc, qv[j], (__m512bh)_mm512_loadu_si512(kb + r * DIM + 32 * j));
+          sg[blk * block_size + r] = _mm512_reduce_add_ps(acc) * scale;
+        }
+      }
+    }
+  } else
+#endif
   // Pass 1: each K block widened once, then scored against every query head of the group.
   for (int64_t blk = 0; blk < num_blocks; ++blk) {
     const int64_t rows = std::min(block_size, context - blk * block_size);
@@ -94,13 +125,30 @@ void attend(const T* q_group, const T* k_cache, const T* v_cache, const int32_t*
     for (int64_t g = 0; g < group; ++g) {
       const float* pg = scores.data() + g * context + blk * block_size;
       float* og = outs.data() + g * dim;
-      for (int64_t d = 0; d < dim; ++d) acc[d] = og[d];
-      for (int64_t r = 0; r < rows; ++r) {
-        const float p = pg[r];
-        const float* vr = v + r * dim;
-        for (int64_t d = 0; d < dim; ++d) acc[d] += p * vr[d];
+      if constexpr (DIM > 0 && DIM % 16 == 0) {
+        // The head's output row in DIM / 16 vector registers while the block's rows stream past.
+        constexpr int L = DIM / 16;
+        f32x16 accv[L];
+        for (int j = 0; j < L; ++j) std::memcpy(&accv[j], og + 16 * j, sizeof(f32x16));
+        for (int64_t r = 0; r < rows; ++r) {
+          const float p = pg[r];
+          const float* vr = v + r * dim;
+          for (int j = 0; j < L; ++j) {
+            f32x16 x;
+            std::memcpy(&x, vr + 16 * j, sizeof(f32x16));
+            accv[j] += p * x;
+          }
+        }
+        for (int j = 0; j < L; ++j) std::memcpy(og + 16 * j, &accv[j], sizeof(f32x16));
+      } else {
+        for (int64_t d = 0; d < dim; ++d) acc[d] = og[d];
+        for (int64_t r = 0; r < rows; ++r) {
+          const float p = pg[r];
+          const float* vr = v + r * dim;
+          for (int64_t d = 0; d < dim; ++d) acc[d] += p * vr[d];
+        }
+        for (int64_t d = 0; d < dim; ++d) og[d] = acc[d];
       }
-      for (int64_t d = 0; d < dim; ++d) og[d] = acc[d];
     }
   }
   for (int64_t i = 0; i < group * dim; ++i) out_group[i] = static_cast<T>(outs[i]);
