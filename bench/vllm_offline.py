@@ -5,9 +5,11 @@ Runs in vLLM's own environment (`scripts/vllm-env.sh`), never imports Frota:
     ~/.cache/frota-vllm/0.32.0/bin/python bench/vllm_offline.py REQUESTS.json
 
 REQUESTS.json: {"model": HF directory, "dtype", "max_num_seqs", "max_num_batched_tokens",
-"requests": [[prompt token ids, output tokens], ...], "warmup": [...]}. It loads the model,
-runs the warm-up, prints `READY`, then runs the requests once for every line read from
-stdin, so the caller can alternate its own runs with vLLM's while both stay loaded. All
+"rounds": [[[prompt token ids, output tokens], ...], ...], "warmup": [...]}. It loads the
+model, runs the warm-up, prints `READY`, then for each line read from stdin (a round's
+index) runs that round's requests, so the caller can alternate its own runs with vLLM's
+while both stay loaded. Each round has its own prompts: a repeated one would be served
+from the prefix cache. All
 requests are submitted at once, greedy with `ignore_eos`, as the Frota run gets them.
 Each run prints one line, `RESULT ` and JSON: tokens, seconds, tok_per_s, and TTFT/ITL
 percentiles from vLLM's per-request metrics when it records them.
@@ -74,8 +76,8 @@ def main() -> int:
 
     run(spec["warmup"])
     print("READY", flush=True)
-    for _ in sys.stdin:
-        outputs, seconds = run(spec["requests"])
+    for line in sys.stdin:
+        outputs, seconds = run(spec["rounds"][int(line)])
         print("RESULT " + json.dumps(summary(outputs, seconds, ready_s)), flush=True)
     return 0
 
