@@ -61,14 +61,12 @@ template <typename T, int DIM>
 void attend(const T* q_group, const T* k_cache, const T* v_cache, const int32_t* table,
             int64_t context, T* out_group, int64_t group, int64_t block_size, int64_t dim_arg,
             int64_t block_stride, int64_t head_offset, float scale, std::vector<float>& scores,
-            std::vector<float>& block, std::vector<float>& queries) {
+            std::vector<float>& block, std::vector<float>& queries, std::vector<float>& outs) {
   const int64_t dim = DIM > 0 ? DIM : dim_arg;
   const int64_t num_blocks = (context + block_size - 1) / block_size;
   scores.resize(group * context);
   block.resize(block_size * dim);
   alignas(64) float acc[kMaxHeadDim];
-  queries.resize(group * dim);
-  for (int64_t i = 0; i < group * dim; ++i) queries[i] = static_cast<float>(q_group[i]) * scale;
 #if defined(__AVX512BF16__)
   // Pass 1 on bfloat16 rows with AVX-512 BF16: dot products straight off the cache rows
   // (vdpbf16ps multiplies pairs of bfloat16 exactly and sums in float32).
@@ -91,18 +89,21 @@ void attend(const T* q_group, const T* k_cache, const T* v_cache, const int32_t*
     }
   } else
 #endif
-  // Pass 1: each K block widened once, then scored against every query head of the group.
-  for (int64_t blk = 0; blk < num_blocks; ++blk) {
-    const int64_t rows = std::min(block_size, context - blk * block_size);
-    const float* k = widen(k_cache + table[blk] * block_stride + head_offset, block.data(), rows * dim);
-    for (int64_t g = 0; g < group; ++g) {
-      const float* query = queries.data() + g * dim;
-      float* sg = scores.data() + g * context + blk * block_size;
-      for (int64_t r = 0; r < rows; ++r) {
-        const float* kr = k + r * dim;
-        float s = 0.f;
-        for (int64_t d = 0; d < dim; ++d) s += query[d] * kr[d];
-        sg[r] = s;
+  {  // Pass 1: each K block widened once, then scored against every query head of the group.
+    queries.resize(group * dim);
+    for (int64_t i = 0; i < group * dim; ++i) queries[i] = static_cast<float>(q_group[i]) * scale;
+    for (int64_t blk = 0; blk < num_blocks; ++blk) {
+      const int64_t rows = std::min(block_size, context - blk * block_size);
+      const float* k = widen(k_cache + table[blk] * block_stride + head_offset, block.data(), rows * dim);
+      for (int64_t g = 0; g < group; ++g) {
+        const float* query = queries.data() + g * dim;
+        float* sg = scores.data() + g * context + blk * block_size;
+        for (int64_t r = 0; r < rows; ++r) {
+          const float* kr = k + r * dim;
+          float s = 0.f;
+          for (int64_t d = 0; d < dim; ++d) s += query[d] * kr[d];
+          sg[r] = s;
+        }
       }
     }
   }
@@ -118,7 +119,7 @@ void attend(const T* q_group, const T* k_cache, const T* v_cache, const int32_t*
     for (int64_t t = 0; t < context; ++t) sg[t] *= inv;
   }
   // Pass 2: each V block widened once, then summed into every query head's output.
-  std::vector<float> outs(group * dim, 0.f);
+  outs.assign(group * dim, 0.f);
   for (int64_t blk = 0; blk < num_blocks; ++blk) {
     const int64_t rows = std::min(block_size, context - blk * block_size);
     const float* v = widen(v_cache + table[blk] * block_stride + head_offset, block.data(), rows * dim);
@@ -162,7 +163,7 @@ void decode_attention(const T* q, const T* k_cache, const T* v_cache, const int3
   const int64_t group = heads / kv_heads;
   const int64_t block_stride = kv_heads * block_size * dim;
   at::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores, block, queries;
+    std::vector<float> scores, block, queries, outs;  // reused by every task of the thread
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / kv_heads, kv_head = task % kv_heads;
       const int64_t context = context_lens[b];
@@ -173,7 +174,8 @@ void decode_attention(const T* q, const T* k_cache, const T* v_cache, const int3
       }
       attend<T, DIM>(q + (b * heads + kv_head * group) * dim, k_cache, v_cache,
                      tables + b * max_blocks, context, out_group, group, block_size, dim,
-                     block_stride, kv_head * block_size * dim, scale, scores, block, queries);
+                     block_stride, kv_head * block_size * dim, scale, scores, block, queries,
+                     outs);
     }
   });
 }
