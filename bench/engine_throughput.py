@@ -195,7 +195,7 @@ class VllmPeer:
         self._read("READY")
 
     def _read(self, marker: str) -> str:
-        for line in self.proc.stdout:  # vLLM logs to stdout too
+        for line in self.proc.stdout:
             if line.startswith(marker):
                 return line[len(marker):].strip()
         self._log.seek(0)

@@ -11,8 +11,9 @@ index) runs that round's requests, so the caller can alternate its own runs with
 while both stay loaded. Each round has its own prompts: a repeated one would be served
 from the prefix cache. All
 requests are submitted at once, greedy with `ignore_eos`, as the Frota run gets them.
-Each run prints one line, `RESULT ` and JSON: tokens, seconds, tok_per_s, and TTFT/ITL
-percentiles from vLLM's per-request metrics when it records them.
+Each run prints one line to stdout (vLLM's own logs go to stderr), `RESULT ` and JSON:
+tokens, seconds, tok_per_s, and TTFT/ITL percentiles from vLLM's per-request metrics
+when it records them.
 """
 
 from __future__ import annotations
@@ -53,6 +54,10 @@ def summary(outputs: list, seconds: float, ready_s: float) -> dict:
 def main() -> int:
     with open(sys.argv[1]) as f:
         spec = json.load(f)
+    # The protocol keeps stdout; vLLM's logs (its engine processes' too) go to stderr, so
+    # they cannot fill the pipe while the caller is busy with its own run.
+    protocol = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
     # On a small machine vLLM would otherwise reserve a core and bind its threads to the rest.
     os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{os.cpu_count() - 1}")
@@ -75,10 +80,10 @@ def main() -> int:
         return outputs, time.perf_counter() - t0
 
     run(spec["warmup"])
-    print("READY", flush=True)
+    print("READY", file=protocol, flush=True)
     for line in sys.stdin:
         outputs, seconds = run(spec["rounds"][int(line)])
-        print("RESULT " + json.dumps(summary(outputs, seconds, ready_s)), flush=True)
+        print("RESULT " + json.dumps(summary(outputs, seconds, ready_s)), file=protocol, flush=True)
     return 0
 
 
