@@ -17,6 +17,8 @@ from pydantic import BaseModel
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+# Docs beside the code they describe, checked like DOCS but not linked from the README.
+OTHER_DOCS = [ROOT / "e2e" / "kind" / "README.md"]
 _SKIP_DIRS = {".git", ".venv", "__pycache__", "node_modules", ".pytest_cache", ".ruff_cache"}
 _TEXT_SUFFIXES = {".py", ".sh", ".cpp", ".yaml", ".yml", ".toml", ".lua", ".cfg"}
 
