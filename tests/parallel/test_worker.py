@@ -1,18 +1,25 @@
 """A real `frota worker` group: two processes serving the OpenAI API like one, exporting
 per-expert token counts, and exiting non-zero (so Kubernetes restarts the group) when a
-rank dies."""
+rank dies; without a planner, rank 0 starts its followers itself and stops them."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import signal
+import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from frota.engine.parallel import worker
 from tests.parallel.conftest import free_port, rank_env
 
 LAUNCH = "import sys; from frota.cli.main import main; sys.exit(main())"
@@ -110,3 +117,88 @@ def test_killing_one_rank_makes_the_group_exit_non_zero_within_60s(victim):
         assert time.monotonic() - t0 < 60
     finally:
         stop(procs)
+
+
+def test_a_local_follower_runs_this_ranks_own_command_on_its_own_port(monkeypatch):
+    monkeypatch.setattr(sys, "executable", "/venv/bin/python")
+    monkeypatch.setattr(sys, "orig_argv", ["python3", "-X", "dev", "-m", "frota.cli.main",
+                                           "worker", "--model", "m", "--port", "8000"])
+    assert worker.follower_argv(8001) == ["/venv/bin/python", "-X", "dev", "-m", "frota.cli.main",
+                                          "worker", "--model", "m", "--port", "8000",
+                                          "--port", "8001"]
+
+
+class _Runner:
+    def __init__(self) -> None:
+        self.num_stops = 0
+
+    def stop_followers(self) -> None:
+        self.num_stops += 1
+
+
+def _rank_zero(exit_code: int = 0, alive: bool = True, loaded: bool = True):
+    """The part of rank 0's server the group sees (worker.RankZero), without a server."""
+    runner = _Runner()
+    lifecycle = SimpleNamespace(stopped=asyncio.Event(), exit_code=exit_code)
+    lifecycle.fail = lambda: (setattr(lifecycle, "exit_code", 1), lifecycle.stopped.set())
+    engine = SimpleNamespace(engine=SimpleNamespace(runner=runner))
+    state = SimpleNamespace(lifecycle=lifecycle,
+                            bindings=SimpleNamespace(engine=engine) if loaded else None,
+                            engine_alive=lambda: alive)
+    return state, runner
+
+
+def test_the_watchdog_fails_rank0_once_its_engine_loop_died(monkeypatch):
+    monkeypatch.setattr(worker, "WATCH_INTERVAL_S", 0.01)
+    state, _ = _rank_zero(alive=False)
+    asyncio.run(asyncio.wait_for(worker.watch_group(state), 5))
+    assert state.lifecycle.exit_code == 1 and state.lifecycle.stopped.is_set()
+
+
+@pytest.mark.parametrize(("exit_code", "loaded", "num_stops"),
+                         [(0, True, 1), (1, True, 0), (0, False, 0)],
+                         ids=["drained", "failed", "never-loaded"])
+def test_followers_are_told_to_stop_only_after_a_graceful_drain(exit_code, loaded, num_stops):
+    state, runner = _rank_zero(exit_code=exit_code, loaded=loaded)
+    worker.stop_followers(state)
+    assert runner.num_stops == num_stops
+
+
+def _two_free_ports() -> int:
+    """A port whose successor is free too (a local follower listens on --port + 1)."""
+    for _ in range(50):
+        port = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise AssertionError("no two adjacent free ports")
+
+
+def test_without_a_planner_rank0_spawns_its_follower_and_a_drain_stops_it(tmp_path: Path):
+    model, port = "synthetic:dense-tiny", _two_free_ports()
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("FROTA_") and k not in ("RANK", "WORLD_SIZE")}
+    env.update(OMP_NUM_THREADS="1", FROTA_COLLECTIVE_TIMEOUT="60")
+    log_path = tmp_path / "group.log"
+    argv = [sys.executable, "-m", "frota.cli.main", "worker", "--model", model, "--dtype",
+            "float32", "--port", str(port), "--host", "127.0.0.1", "--num-kv-blocks", "128",
+            "--tensor-parallel-size", "2"]
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            wait_ready([proc], [port, port + 1])
+            assert complete(port, model)["choices"][0]["text"]
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) == 0
+        finally:
+            stop([proc])
+    assert get(port + 1, "/health")[0] == 0  # the follower is gone with rank 0
+    records = [json.loads(line) for line in log_path.read_text().splitlines()
+               if line.startswith("{")]
+    said = [r["msg"] for r in records]
+    # The follower ran `frota worker` itself: its lines are the worker's JSON logs.
+    assert f"follower rank 1: probes on http://127.0.0.1:{port + 1}" in said
+    assert "rank 0 said stop" in said

@@ -10,7 +10,11 @@ rank 0's steps until it says stop. A dead rank 0 makes their next collective
 fail within the timeout; they exit non-zero too.
 
 Without FROTA_WORLD_SIZE in the environment (no planner), rank 0 spawns its own
-local followers on 127.0.0.1, ports `--port + rank`.
+local followers on 127.0.0.1, ports `--port + rank`: each runs the command rank 0 was
+started with, as the planner's ranks do (one pod template), so this module names no
+entry point of its own and no part above the engine.
+
+Rank 0's server is seen through `RankZero`, the little of it the group needs.
 """
 
 from __future__ import annotations
@@ -24,7 +28,10 @@ import socket
 import subprocess
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from frota.engine.async_engine import AsyncEngine
 
 log = logging.getLogger("frota.server")
 
@@ -45,6 +52,39 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+class GroupLifecycle(Protocol):
+    """Rank 0's phase as the group reads and ends it (`frota.server.lifecycle.Lifecycle`)."""
+
+    @property
+    def stopped(self) -> asyncio.Event: ...  # set once the server is shutting down
+    @property
+    def exit_code(self) -> int: ...
+    def fail(self) -> None: ...  # not ready, stop, exit 1
+
+
+class ServedEngine(Protocol):
+    """The engine rank 0 serves (`frota.server.engine_api.EngineBindings`)."""
+
+    @property
+    def engine(self) -> AsyncEngine: ...
+
+
+class RankZero(Protocol):
+    """What the group needs of rank 0's server (`frota.server.app.WorkerState`)."""
+
+    @property
+    def lifecycle(self) -> GroupLifecycle: ...
+    @property
+    def bindings(self) -> ServedEngine | None: ...  # None until the engine has loaded
+    def engine_alive(self) -> bool: ...  # False once the engine's step loop has died
+
+
+def follower_argv(port: int) -> list[str]:
+    """A local follower's command: this rank's own, interpreter options included, with the
+    follower's `--port` last (argparse keeps the last)."""
+    return [sys.executable, *sys.orig_argv[1:], "--port", str(port)]
+
+
 def spawn_local_followers(args: argparse.Namespace) -> list[subprocess.Popen]:
     """No planner: make this process rank 0 of a local group and start ranks 1..N-1."""
     world = world_size(args)
@@ -53,14 +93,12 @@ def spawn_local_followers(args: argparse.Namespace) -> list[subprocess.Popen]:
     children = []
     for rank in range(1, world):
         env = {**os.environ, "FROTA_RANK": str(rank)}
-        argv = [sys.executable, "-c", "import sys; from frota.cli.main import main; sys.exit(main())",
-                *sys.argv[1:], "--port", str(args.port + rank)]
-        children.append(subprocess.Popen(argv, env=env))
+        children.append(subprocess.Popen(follower_argv(args.port + rank), env=env))
     log.info("spawned %d local follower ranks", len(children))
     return children
 
 
-async def watch_group(state: Any) -> None:
+async def watch_group(state: RankZero) -> None:
     """Rank 0: fail the worker (not ready, exit 1) once the engine loop has died."""
     while not state.lifecycle.stopped.is_set():
         if state.bindings is not None and not state.engine_alive():
@@ -71,7 +109,7 @@ async def watch_group(state: Any) -> None:
         await asyncio.sleep(WATCH_INTERVAL_S)
 
 
-def stop_followers(state: Any) -> None:
+def stop_followers(state: RankZero) -> None:
     """Rank 0, after a graceful drain: tell the followers to exit 0."""
     bindings = state.bindings
     if bindings is None or state.lifecycle.exit_code != 0:
