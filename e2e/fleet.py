@@ -28,6 +28,7 @@ OPERATOR_NS = "frota-system"
 OPERATOR_SA = f"system:serviceaccount:{OPERATOR_NS}:frota-operator"
 INSTANCE = "app.kubernetes.io/instance"
 ROLE = "frota.dev/role"
+REPLICA = "frota.dev/replica"  # a pod's replica group
 ROUTER_PORT = 8000
 OPERATOR_METRICS_PORT = 9090
 WORKER_PORT = 8000

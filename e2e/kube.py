@@ -128,6 +128,12 @@ class Cluster:
         if proc.returncode != 0:
             raise RuntimeError(f"loading {image} into {workers} failed: {proc.stderr.strip()}")
 
+    def events(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        """The events about one object, oldest first."""
+        out = json.loads(self.kubectl("get", "events", "-n", namespace, "--field-selector",
+                                      f"involvedObject.name={name}", "-o", "json"))
+        return sorted(out["items"], key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+
     def node_shell(self, node: str, script: str) -> str:
         """Run ``script`` with sh on a node (a kind node is a container named after it)."""
         proc = subprocess.run(["docker", "exec", node, "sh", "-c", script],
@@ -138,6 +144,11 @@ class Cluster:
 
     def kill_container(self, namespace: str, pod: str, container: str) -> None:
         """SIGKILL a container's main process from its node, as the OOM killer or a crash would."""
+        self.signal_container(namespace, pod, container, "KILL")
+
+    def signal_container(self, namespace: str, pod: str, container: str, signal: str) -> None:
+        """Send ``signal`` to a container's main process from its node (a process cannot
+        be stopped or killed from inside its own PID namespace, where it is init)."""
         node = self.get("pod", pod, namespace)["spec"]["nodeName"]
         cid = self.node_shell(node, (
             f"crictl ps -q --name '^{container}$' --label io.kubernetes.pod.name={pod} "
@@ -145,7 +156,7 @@ class Cluster:
         assert len(cid) == 1, f"expected one running {container} container in {pod}, got {cid}"
         pid = self.node_shell(node, f"crictl inspect --output go-template --template "
                                     f"'{{{{.info.pid}}}}' {cid[0]}").strip()
-        self.node_shell(node, f"kill -KILL {pid}")
+        self.node_shell(node, f"kill -{signal} {pid}")
 
 
 def wait_until(what: str, check: Callable[[], Any], timeout: float = 90, interval: float = 0.5) -> Any:

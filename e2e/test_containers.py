@@ -1,12 +1,14 @@
 """A fleet in real containers on kind: what the kubelet, kube-proxy and the image registry do to it.
 
 One InferenceService of two replicas serves the module; the tests run in file
-order (Service routing, kubectl, a killed container, graceful termination, an
-image roll-out, an image that cannot be pulled) and each leaves it Ready.
+order (Service routing, kubectl, a killed container, a hung one and its probes,
+graceful termination, an image roll-out, an image that cannot be pulled) and each
+leaves it Ready.
 """
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import threading
 import time
@@ -16,7 +18,7 @@ import openai
 import pytest
 
 from e2e import fleet
-from e2e.fleet import INSTANCE, ROLE, chat, router_client, wait_ready
+from e2e.fleet import INSTANCE, REPLICA, ROLE, chat, router_client, wait_ready
 from e2e.kube import Cluster, wait_until
 
 NAME = "box"
@@ -127,6 +129,59 @@ def test_a_killed_worker_container_is_restarted_and_the_router_routes_around_it(
     assert f"worker ejected: {url}" in log or f"worker removed: {url}" in log, log[-3000:]
 
 
+def test_a_hung_worker_fails_readiness_then_liveness_and_the_kubelet_restarts_it(
+    cluster: Cluster, ns: str, isvc: str
+) -> None:
+    """A worker that stops answering (SIGSTOP: alive, but frozen) is taken out of its
+    Service by the readiness probe while its container still runs, then restarted by the
+    liveness probe; the other replica serves throughout."""
+    victim = fleet.serving_pods(cluster, ns, isvc)[0]
+
+    def worker_status() -> dict:
+        pod = cluster.get("pod", victim, ns)
+        return next(c for c in pod["status"]["containerStatuses"] if c["name"] == "worker")
+
+    before = worker_status()
+    cluster.signal_container(ns, victim, "worker", "STOP")
+    try:
+        # Readiness first (every 5 s, 3 failures): unready, but the same container runs on.
+        def unready_but_running() -> bool:
+            status = worker_status()
+            return (not status["ready"] and status["containerID"] == before["containerID"]
+                    and "running" in status["state"])
+
+        wait_until("the readiness probe to take the frozen worker out", unready_but_running,
+                   timeout=60)
+        assert victim not in fleet.serving_pods(cluster, ns, isvc)
+        wait_until("the router to leave the frozen worker out", lambda: _total(
+            _router_metrics(cluster, ns, "frota_router_"), "frota_router_worker_healthy") == 1,
+            timeout=60)
+        with router_client(cluster, ns, isvc) as client:
+            for _ in range(3):
+                assert "paris" in chat(client, PROMPT).lower()
+
+        # Then liveness (every 10 s, 3 failures): the kubelet kills the container.
+        def killed_for_liveness() -> dict | None:
+            return next((e for e in cluster.events(ns, victim) if e["reason"] == "Killing"
+                         and "failed liveness probe" in e.get("message", "")), None)
+
+        killing = wait_until("the kubelet to kill the frozen worker for its liveness probe",
+                             killed_for_liveness, timeout=90)
+    finally:
+        # Let the process take the pending SIGTERM (or be gone already): no 60 s grace wait.
+        with contextlib.suppress(Exception):
+            cluster.signal_container(ns, victim, "worker", "CONT")
+    unhealthy = [e.get("message", "") for e in cluster.events(ns, victim)
+                 if e["reason"] == "Unhealthy"]
+    assert any(m.startswith("Readiness probe failed") for m in unhealthy), unhealthy
+    assert any(m.startswith("Liveness probe failed") for m in unhealthy), unhealthy
+    assert "will be restarted" in killing["message"], killing
+    wait_ready(cluster, ns, isvc)
+    wait_until("the router to take both workers again", lambda: _total(
+        _router_metrics(cluster, ns, "frota_router_"), "frota_router_worker_healthy") == 2,
+        timeout=90)
+
+
 def test_deleting_a_worker_pod_lets_its_streams_finish_and_loses_no_request(
     cluster: Cluster, ns: str, isvc: str
 ) -> None:
@@ -185,18 +240,30 @@ def test_a_new_image_tag_rolls_group_by_group_without_a_gap(
                 and fleet.condition(cluster, ns, isvc, "Ready").get("status") == "True"
                 and len(fleet.serving_pods(cluster, ns, isvc)) == 2)
 
-    served = 0
+    def starting_groups() -> set[str]:
+        """The worker groups (replica index) with a live pod of the new image not Ready yet."""
+        return {p["metadata"]["labels"][REPLICA]
+                for p in cluster.get("pods", namespace=ns, **{INSTANCE: isvc, ROLE: "worker"})
+                if not p["metadata"].get("deletionTimestamp") and not fleet.pod_is_ready(p)
+                and p["spec"]["containers"][0]["image"] == ROLLED_IMAGE}
+
+    served, samples = 0, []
     deadline = time.monotonic() + 2 * fleet.MODEL_TIMEOUT
     with cluster.route_to_cluster_ip(ns, isvc) as ip:
         client = _openai(f"http://{ip}:{ROUTER_SERVICE_PORT}/v1")
         try:
             while not rolled():
                 assert time.monotonic() < deadline, fleet.describe(cluster, ns, isvc)
+                samples.append(starting_groups())
                 assert "paris" in chat(client, PROMPT).lower()
                 served += 1
         finally:
             client.close()
     assert served > 2
+    # Group by group (maxSurge 1, maxUnavailable 0): one new group starts at a time, and
+    # more than one group went through it.
+    assert all(len(starting) <= 1 for starting in samples), samples
+    assert len(set().union(*samples)) >= 2, samples
 
 
 def test_an_image_that_cannot_be_pulled_is_named_in_status(

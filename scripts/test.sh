@@ -16,6 +16,9 @@ if [ "${FROTA_VLLM_TESTS:-1}" != 0 ] && [ -z "${FROTA_VLLM:-}" ]; then
   export FROTA_VLLM
 fi
 echo "== pytest (unit + integration)"
+start=$SECONDS
 .venv/bin/python -m pytest -q "$@"
+echo "== pytest took $((SECONDS - start)) s"
 echo "== e2e (the images on kind; FROTA_E2E=0 skips it)"
 bash scripts/e2e.sh
+echo "== scripts/test.sh took $SECONDS s"
