@@ -2,7 +2,7 @@
 
 API coordinates, label and annotation keys, the kinds of child the operator
 owns, condition types and reasons, event reasons, the metric names one part
-exports and another reads. The operator, the router,
+exports and another reads, the router's admission defaults. The operator, the router,
 `frota up` and the tests import these names instead of restating the strings.
 Plain Python: nothing here imports pydantic, kopf or torch.
 """
@@ -131,14 +131,34 @@ ROUTINE_NOT_READY = frozenset(
 
 
 class EventReason(StrEnum):
-    """Reasons of the events the operator posts besides condition transitions."""
+    """Reasons of the events the operator posts."""
 
+    # A condition's transition: its type and new status (`condition_event_reason`).
+    READY_TRUE = "ReadyTrue"
+    READY_FALSE = "ReadyFalse"
+    READY_UNKNOWN = "ReadyUnknown"
+    PROGRESSING_TRUE = "ProgressingTrue"
+    PROGRESSING_FALSE = "ProgressingFalse"
+    PROGRESSING_UNKNOWN = "ProgressingUnknown"
+    DEGRADED_TRUE = "DegradedTrue"
+    DEGRADED_FALSE = "DegradedFalse"
+    DEGRADED_UNKNOWN = "DegradedUnknown"
+    SPEC_VALID_TRUE = "SpecValidTrue"
+    SPEC_VALID_FALSE = "SpecValidFalse"
+    SPEC_VALID_UNKNOWN = "SpecValidUnknown"
+    # The operator's own actions.
     GROUPS_REMOVED = "GroupsRemoved"
     GROUP_UPDATING = "GroupUpdating"
     GROUP_RESTARTED = "GroupRestarted"
     RECONCILE_FAILED = "ReconcileFailed"
     SCALED_UP = "ScaledUp"
     SCALED_DOWN = "ScaledDown"
+
+
+def condition_event_reason(type_: str, status: str) -> EventReason:
+    """The reason of the event a condition's transition posts: `ReadyTrue` when Ready turns
+    True. `status` is a condition status: "True", "False" or "Unknown"."""
+    return EventReason(f"{ConditionType(type_)}{status}")
 
 
 class WorkerMetric:
@@ -162,10 +182,38 @@ class WorkerMetric:
 
 
 class RouterMetric:
-    """Metric families of the router's /metrics that the operator's autoscaler and `frota up`'s
-    status read (the router's own are all `frota_router_*`)."""
+    """Metric families of the router's /metrics (all `frota_router_*`); the operator's
+    autoscaler and `frota up`'s status read some. Samples add suffixes as WorkerMetric's do."""
 
-    QUEUE_DEPTH = "frota_router_queue_depth"
-    INFLIGHT_REQUESTS = "frota_router_inflight_requests"
+    REQUESTS = "frota_router_requests"  # by endpoint and HTTP status
+    ROUTING_DECISIONS = "frota_router_routing_decisions"
+    REJECTIONS = "frota_router_rejections"
+    RETRIES = "frota_router_retries"
+    STREAM_ERRORS = "frota_router_stream_errors"
+    EJECTIONS = "frota_router_ejections"
+    READMISSIONS = "frota_router_readmissions"
+    WORKER_HEALTHY = "frota_router_worker_healthy"
     WORKER_OUTSTANDING_REQUESTS = "frota_router_worker_outstanding_requests"
+    INFLIGHT_REQUESTS = "frota_router_inflight_requests"
+    QUEUE_DEPTH = "frota_router_queue_depth"
+    QUEUE_WAIT_SECONDS = "frota_router_queue_wait_seconds"
+    UPSTREAM_LATENCY_SECONDS = "frota_router_upstream_latency_seconds"
+    E2E_REQUEST_LATENCY_SECONDS = "frota_router_e2e_request_latency_seconds"
     TIME_TO_FIRST_TOKEN_SECONDS = "frota_router_time_to_first_token_seconds"
+    INTER_TOKEN_LATENCY_SECONDS = "frota_router_inter_token_latency_seconds"
+    # Disaggregated serving only (registered when the router has a prefill pool).
+    DISAGG_REQUESTS = "frota_router_disagg_requests"
+    DISAGG_FALLBACKS = "frota_router_disagg_fallbacks"
+    PREFILL_LATENCY_SECONDS = "frota_router_prefill_latency_seconds"
+    KV_HANDOFF_SECONDS = "frota_router_kv_handoff_seconds"
+
+
+class AdmissionDefault:
+    """The router's admission limits when nobody sets them: `frota router`'s flags (and so
+    `frota up`'s router), and a fleet's spec.router.admission, whose in-flight limit is
+    higher and counts per router replica."""
+
+    MAX_INFLIGHT = 256  # --max-inflight, over the whole fleet (0: no limit)
+    MAX_QUEUE = 1024  # --max-queue, and spec.router.admission.maxQueue
+    QUEUE_TIMEOUT_S = 30.0  # --queue-timeout
+    FLEET_MAX_INFLIGHT = 1024  # spec.router.admission.maxInflight, per router replica

@@ -12,6 +12,7 @@ import copy
 from typing import Any
 
 from frota.api.contract import (
+    API_VERSION,
     APP_NAME,
     CATEGORIES,
     GROUP,
@@ -83,7 +84,7 @@ def openapi_schema() -> dict[str, Any]:
     props = schema["properties"]
     # metadata belongs to the apiserver: a CRD may say nothing about it but its type.
     props["metadata"] = {"type": "object"}
-    props["apiVersion"] = {"type": "string", "description": "frota.dev/v1alpha1"}
+    props["apiVersion"] = {"type": "string", "description": API_VERSION}
     props["kind"] = {"type": "string", "description": KIND}
     schema["required"] = ["spec"]
     return schema

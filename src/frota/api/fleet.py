@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from frota.api.contract import AdmissionDefault
 from frota.api.engine import SecretKeyRef
 from frota.api.types import CelRule, FrotaModel, IntOrPercent, Quantity, nested_default
 
@@ -160,9 +161,9 @@ class Disaggregation(FrotaModel):
 class Admission(FrotaModel):
     """Router-side admission control."""
 
-    maxInflight: int = Field(default=1024, ge=1, le=1000000, description="Most requests in flight per router replica.")
+    maxInflight: int = Field(default=AdmissionDefault.FLEET_MAX_INFLIGHT, ge=1, le=1000000, description="Most requests in flight per router replica.")
     maxQueue: int = Field(
-        default=1024, ge=0, le=1000000,
+        default=AdmissionDefault.MAX_QUEUE, ge=0, le=1000000,
         description="Most requests waiting for a worker per router replica before it answers 429.",
     )
 

@@ -33,7 +33,7 @@ class ObjectMeta(FrotaModel):
 class InferenceService(FrotaModel):
     """A fleet serving one model behind one OpenAI-compatible endpoint."""
 
-    apiVersion: Literal["frota.dev/v1alpha1"] = Field(default=API_VERSION, description="frota.dev/v1alpha1")
+    apiVersion: Literal[API_VERSION] = Field(default=API_VERSION, description=API_VERSION)
     kind: Literal["InferenceService"] = Field(default=KIND, description="InferenceService")
     metadata: ObjectMeta = Field(description="Standard object metadata.")
     spec: InferenceServiceSpec = Field(description="Desired state.")

@@ -9,8 +9,6 @@ from pydantic import Field
 from frota.api.contract import ConditionType
 from frota.api.types import FrotaModel
 
-CONDITION_TYPES: tuple[str, ...] = ("Ready", "Progressing", "Degraded", "SpecValid")
-
 
 class Condition(FrotaModel):
     """One aspect of the InferenceService's state (metav1.Condition)."""

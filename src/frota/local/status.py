@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from frota.api.contract import RouterMetric, WorkerMetric
 from frota.local import state
 
 
@@ -80,11 +81,11 @@ async def _collect(fleets: list[state.FleetState],
             row = Row(p.name, p.role, p.pid, p.port,
                       is_ready=ready1 if p.url else None, num_restarts=p.num_restarts)
             if m1:
-                row.running = m1.get("vllm:num_requests_running",
-                                     m1.get("frota_router_inflight_requests"))
-                row.waiting = m1.get("vllm:num_requests_waiting",
-                                     m1.get("frota_router_queue_depth"))
-                row.kv_usage = m1.get("vllm:kv_cache_usage_perc")
+                row.running = m1.get(WorkerMetric.NUM_REQUESTS_RUNNING,
+                                     m1.get(RouterMetric.INFLIGHT_REQUESTS))
+                row.waiting = m1.get(WorkerMetric.NUM_REQUESTS_WAITING,
+                                     m1.get(RouterMetric.QUEUE_DEPTH))
+                row.kv_usage = m1.get(WorkerMetric.KV_CACHE_USAGE_PERC)
                 # A worker that has made no token yet exports no token series.
                 rate = tokens_per_second(m0, m1, dt)
                 row.tokens_per_s = 0.0 if rate is None and p.role != "router" else rate
@@ -123,8 +124,9 @@ def tokens_per_second(before: dict[str, float], after: dict[str, float],
         return sum(after[n] - before.get(n, 0.0) for n in names)
 
     rates = [d / seconds for d in (
-        delta("vllm:generation_tokens_total"),
-        delta("vllm:time_to_first_token_seconds_count", "vllm:inter_token_latency_seconds_count"),
+        delta(WorkerMetric.GENERATION_TOKENS + "_total"),
+        delta(WorkerMetric.TIME_TO_FIRST_TOKEN_SECONDS + "_count",
+              WorkerMetric.INTER_TOKEN_LATENCY_SECONDS + "_count"),
     ) if d is not None]
     return max(0.0, *rates) if rates else None
 

@@ -20,7 +20,14 @@ from typing import Any, Protocol
 import kopf
 
 from frota.api import InferenceServiceStatus
-from frota.api.contract import KIND, ROUTINE_NOT_READY, ConditionType, EventReason, Label
+from frota.api.contract import (
+    KIND,
+    ROUTINE_NOT_READY,
+    ConditionType,
+    EventReason,
+    Label,
+    condition_event_reason,
+)
 from frota.operator.desired import Desired, InvalidSpec, desired_state
 from frota.operator.observe import (
     GroupView,
@@ -324,7 +331,7 @@ def _group_objects(children: Children, role: str, index: int) -> list[Mapping[st
     return [
         o for o in children.objects
         if (lab := o["metadata"].get("labels") or {}).get(Label.ROLE) == role
-        and lab.get("frota.dev/replica") == str(index)
+        and lab.get(Label.REPLICA) == str(index)
     ]
 
 
@@ -415,7 +422,7 @@ async def _write_status(
         kopf.event(
             dict(body),
             type="Warning" if warn else "Normal",
-            reason=f"{cond.type}{cond.status}",
+            reason=condition_event_reason(cond.type, cond.status),
             message=f"{cond.reason}: {cond.message}",
         )
 

@@ -7,6 +7,7 @@ import heapq
 import itertools
 import time
 
+from frota.api.contract import AdmissionDefault
 from frota.router.metrics import RouterMetrics
 
 
@@ -28,8 +29,11 @@ class AdmissionController:
     arrivals cannot overtake the queue. `max_inflight=0` disables the limit.
     """
 
-    def __init__(self, metrics: RouterMetrics, *, max_inflight: int = 256, max_queue: int = 1024,
-                 queue_timeout: float = 30.0, retry_after: int = 1) -> None:
+    def __init__(self, metrics: RouterMetrics, *,
+                 max_inflight: int = AdmissionDefault.MAX_INFLIGHT,
+                 max_queue: int = AdmissionDefault.MAX_QUEUE,
+                 queue_timeout: float = AdmissionDefault.QUEUE_TIMEOUT_S,
+                 retry_after: int = 1) -> None:
         self.max_inflight = max_inflight
         self.max_queue = max_queue
         self.queue_timeout = queue_timeout

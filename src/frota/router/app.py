@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from frota.api.contract import AdmissionDefault
 from frota.router.admission import AdmissionController, Rejected
 from frota.router.discovery import Discovery
 from frota.router.errors import error_response, json_response
@@ -49,9 +50,9 @@ class RouterConfig:
     load_signal: LoadSignal = LoadSignal.OUTSTANDING
     prefix: PrefixAwareConfig = field(default_factory=PrefixAwareConfig)
     session_header: str = "x-session-id"
-    max_inflight: int = 256
-    max_queue: int = 1024
-    queue_timeout: float = 30.0
+    max_inflight: int = AdmissionDefault.MAX_INFLIGHT
+    max_queue: int = AdmissionDefault.MAX_QUEUE
+    queue_timeout: float = AdmissionDefault.QUEUE_TIMEOUT_S
     proxy: ProxyConfig = field(default_factory=ProxyConfig)
     probe_interval: float = 1.0
     probe_timeout: float = 2.0

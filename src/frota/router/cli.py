@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from frota.api.contract import Label
+from frota.api.contract import AdmissionDefault, Label
 from frota.router.policies import LoadSignal, PolicyName, PrefixAwareConfig
 
 if TYPE_CHECKING:
@@ -102,11 +102,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="session: header carrying the session key (else the body's `user`)")
 
     g = parser.add_argument_group("admission and retries")
-    g.add_argument("--max-inflight", type=int, default=_env("--max-inflight", 256),
+    g.add_argument("--max-inflight", type=int,
+                   default=_env("--max-inflight", AdmissionDefault.MAX_INFLIGHT),
                    help="requests in flight across all workers (0: unlimited)")
-    g.add_argument("--max-queue", type=int, default=_env("--max-queue", 1024),
+    g.add_argument("--max-queue", type=int,
+                   default=_env("--max-queue", AdmissionDefault.MAX_QUEUE),
                    help="requests waiting for admission; beyond it 429")
-    g.add_argument("--queue-timeout", type=float, default=_env("--queue-timeout", 30.0),
+    g.add_argument("--queue-timeout", type=float,
+                   default=_env("--queue-timeout", AdmissionDefault.QUEUE_TIMEOUT_S),
                    help="seconds a request may wait for admission before 429")
     g.add_argument("--max-retries", type=int, default=_env("--max-retries", 2),
                    help="retries on other workers for failures before the first byte")

@@ -32,6 +32,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import Counter, Histogram
 
+from frota.api.contract import RouterMetric
 from frota.router.discovery import Discovery
 from frota.router.health import Worker, WorkerPool
 from frota.router.proxy import (
@@ -96,21 +97,21 @@ def estimate_prompt_tokens(path: str, body: Any) -> int | None:
 
 
 class DisaggMetrics:
-    """`frota_router_disagg_*` metrics, on the router's registry."""
+    """The disaggregation metrics (names in RouterMetric), on the router's registry."""
 
     def __init__(self, registry: Any) -> None:
         self.requests = Counter(
-            "frota_router_disagg_requests", "Requests by how they were served: disaggregated, "
+            RouterMetric.DISAGG_REQUESTS, "Requests by how they were served: disaggregated, "
             "colocated_short, colocated_ineligible, colocated_fallback.", ["route"],
             registry=registry)
         self.fallbacks = Counter(
-            "frota_router_disagg_fallbacks", "Disaggregated attempts that ran colocated "
+            RouterMetric.DISAGG_FALLBACKS, "Disaggregated attempts that ran colocated "
             "instead, by reason.", ["reason"], registry=registry)
         self.prefill_latency = Histogram(
-            "frota_router_prefill_latency_seconds", "Prefill stage: request to KV handle.",
+            RouterMetric.PREFILL_LATENCY_SECONDS, "Prefill stage: request to KV handle.",
             buckets=PREFILL_BUCKETS, registry=registry)
         self.handoff_latency = Histogram(
-            "frota_router_kv_handoff_seconds", "Decode stage until its response headers "
+            RouterMetric.KV_HANDOFF_SECONDS, "Decode stage until its response headers "
             "(the KV transfer plus admission).", buckets=PREFILL_BUCKETS, registry=registry)
 
 

@@ -21,15 +21,17 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
+from frota.api.contract import WorkerMetric
 from frota.router.metrics import RouterMetrics
 
 log = logging.getLogger(__name__)
 
 SCRAPED_GAUGES = {
-    "vllm:num_requests_waiting": "num_waiting",
-    "vllm:num_requests_running": "num_running",
-    "vllm:kv_cache_usage_perc": "kv_usage",
+    WorkerMetric.NUM_REQUESTS_WAITING: "num_waiting",
+    WorkerMetric.NUM_REQUESTS_RUNNING: "num_running",
+    WorkerMetric.KV_CACHE_USAGE_PERC: "kv_usage",
 }
+_SCRAPED_NAMES = tuple(SCRAPED_GAUGES)
 
 
 @dataclass
@@ -60,7 +62,7 @@ def parse_vllm_load(text: str) -> WorkerLoad:
     """Sum the vLLM load gauges in a Prometheus text exposition (labels ignored)."""
     values: dict[str, float] = {}
     for line in text.splitlines():
-        if not line.startswith("vllm:"):
+        if not line.startswith(_SCRAPED_NAMES):
             continue
         name_end = min((i for i in (line.find("{"), line.find(" ")) if i >= 0), default=-1)
         if name_end < 0:

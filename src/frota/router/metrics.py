@@ -1,8 +1,10 @@
-"""The router's Prometheus metrics, all named `frota_router_*`, on a registry per app."""
+"""The router's Prometheus metrics (names: frota.api.contract.RouterMetric), a registry per app."""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from frota.api.contract import RouterMetric
 
 # Buckets tuned for an LLM proxy: sub-millisecond overhead up to minute-long generations.
 LATENCY_BUCKETS = (
@@ -19,55 +21,55 @@ class RouterMetrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.requests = Counter(
-            "frota_router_requests", "Requests answered, by endpoint and HTTP status.",
+            RouterMetric.REQUESTS, "Requests answered, by endpoint and HTTP status.",
             ["endpoint", "status"], registry=r)
         self.decisions = Counter(
-            "frota_router_routing_decisions",
+            RouterMetric.ROUTING_DECISIONS,
             "Routing decisions, by policy, decision kind and chosen worker.",
             ["policy", "decision", "worker"], registry=r)
         self.rejections = Counter(
-            "frota_router_rejections", "Requests refused by admission control (429), by reason.",
+            RouterMetric.REJECTIONS, "Requests refused by admission control (429), by reason.",
             ["reason"], registry=r)
         self.retries = Counter(
-            "frota_router_retries", "Upstream attempts retried on another replica, by reason.",
+            RouterMetric.RETRIES, "Upstream attempts retried on another replica, by reason.",
             ["reason"], registry=r)
         self.stream_errors = Counter(
-            "frota_router_stream_errors",
+            RouterMetric.STREAM_ERRORS,
             "Streams that failed after their first byte and were ended with an error event.",
             registry=r)
         self.ejections = Counter(
-            "frota_router_ejections", "Workers taken out of rotation, by worker.",
+            RouterMetric.EJECTIONS, "Workers taken out of rotation, by worker.",
             ["worker"], registry=r)
         self.readmissions = Counter(
-            "frota_router_readmissions", "Ejected workers put back into rotation, by worker.",
+            RouterMetric.READMISSIONS, "Ejected workers put back into rotation, by worker.",
             ["worker"], registry=r)
         self.worker_healthy = Gauge(
-            "frota_router_worker_healthy", "1 when the worker is in rotation, else 0.",
+            RouterMetric.WORKER_HEALTHY, "1 when the worker is in rotation, else 0.",
             ["worker"], registry=r)
         self.worker_outstanding = Gauge(
-            "frota_router_worker_outstanding_requests",
+            RouterMetric.WORKER_OUTSTANDING_REQUESTS,
             "Requests the router has in flight on each worker.", ["worker"], registry=r)
         self.inflight = Gauge(
-            "frota_router_inflight_requests", "Admitted requests in flight.", registry=r)
+            RouterMetric.INFLIGHT_REQUESTS, "Admitted requests in flight.", registry=r)
         self.queue_depth = Gauge(
-            "frota_router_queue_depth", "Requests waiting for admission.", registry=r)
+            RouterMetric.QUEUE_DEPTH, "Requests waiting for admission.", registry=r)
         self.queue_wait = Histogram(
-            "frota_router_queue_wait_seconds", "Time spent waiting for admission.",
+            RouterMetric.QUEUE_WAIT_SECONDS, "Time spent waiting for admission.",
             buckets=LATENCY_BUCKETS, registry=r)
         self.upstream_latency = Histogram(
-            "frota_router_upstream_latency_seconds",
+            RouterMetric.UPSTREAM_LATENCY_SECONDS,
             "Time from sending a request to a worker to its response headers.",
             ["worker"], buckets=LATENCY_BUCKETS, registry=r)
         self.request_latency = Histogram(
-            "frota_router_e2e_request_latency_seconds",
+            RouterMetric.E2E_REQUEST_LATENCY_SECONDS,
             "Time from receiving a request to sending its last byte.",
             ["endpoint"], buckets=LATENCY_BUCKETS, registry=r)
         self.ttft = Histogram(
-            "frota_router_time_to_first_token_seconds",
+            RouterMetric.TIME_TO_FIRST_TOKEN_SECONDS,
             "Time from receiving a streaming request to forwarding its first chunk.",
             buckets=LATENCY_BUCKETS, registry=r)
         self.itl = Histogram(
-            "frota_router_inter_token_latency_seconds",
+            RouterMetric.INTER_TOKEN_LATENCY_SECONDS,
             "Time between consecutive chunks of a stream, as forwarded by the router.",
             buckets=ITL_BUCKETS, registry=r)
 

@@ -116,7 +116,7 @@ def deployment(isvc: InferenceService, topology: Topology) -> dict[str, Any]:
         "metadata": metadata(isvc, router_name(isvc), pod_labels),
         "spec": {
             "replicas": router.replicas,
-            "selector": {"matchLabels": selector_labels(isvc, **{"frota.dev/role": "router"})},
+            "selector": {"matchLabels": selector_labels(isvc, **{Label.ROLE: "router"})},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
             "template": {
                 "metadata": {"labels": pod_labels},
@@ -160,7 +160,7 @@ def service(isvc: InferenceService) -> dict[str, Any]:
         "metadata": metadata(isvc, router_service_name(isvc), labels(isvc, "router")),
         "spec": {
             "type": isvc.spec.router.serviceType,
-            "selector": selector_labels(isvc, **{"frota.dev/role": "router"}),
+            "selector": selector_labels(isvc, **{Label.ROLE: "router"}),
             "ports": [{"name": "http", "port": SERVICE_PORT, "targetPort": "http", "protocol": "TCP"}],
         },
     }
