@@ -69,6 +69,30 @@ def test_silu_and_mul(dtype, tol):
     torch.testing.assert_close(cpu_kernels().silu_and_mul(gate_up), F.silu(gate) * up, atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("width", [49152, 1000, 7])  # vocab sizes: whole vectors, a tail, only a tail
+def test_argmax_rows_equals_torch_argmax_with_ties_and_masks(width):
+    torch.manual_seed(width)
+    logits = torch.randn(6, width)
+    logits[1] = float("-inf")  # a row a grammar masked entirely: torch answers 0
+    logits[2, width // 3] = logits[2, width // 2] = 1e9  # a tie: the first index wins
+    logits[3] = 0.0  # all equal
+    logits[4, : width - 1] = float("-inf")  # only the last token allowed
+    torch.testing.assert_close(cpu_kernels().argmax_rows(logits), logits.argmax(dim=-1), atol=0, rtol=0)
+
+
+def test_greedy_sampling_uses_the_kernel_and_answers_as_argmax(monkeypatch):
+    from frota.engine import sampler
+
+    logits = torch.randn(5, 300)
+    calls = []
+    real = cpu_kernels().argmax_rows
+    monkeypatch.setattr(sampler.kernels, "for_tensor", lambda t: type("Ops", (), {
+        "argmax_rows": staticmethod(lambda x: calls.append(x.shape) or real(x))}))
+    torch.testing.assert_close(sampler.greedy(logits), logits.argmax(dim=-1), atol=0, rtol=0)
+    assert calls == [logits.shape]
+    assert torch.equal(sampler.greedy(logits.t().contiguous().t()), logits.argmax(dim=-1))  # strided: torch's
+
+
 def test_bad_shapes_are_refused():
     ops = cpu_kernels()
     with pytest.raises(RuntimeError, match="contiguous"):
@@ -82,3 +106,5 @@ def test_bad_shapes_are_refused():
         ops.rope_and_cache(torch.randn(3, 20), torch.zeros(3, dtype=torch.long), torch.ones(8, 8),
                            torch.ones(8, 8), cache, cache.clone(), torch.zeros(3, dtype=torch.long),
                            torch.zeros(3, dtype=torch.long), 1, 1)
+    with pytest.raises(RuntimeError, match="float32"):
+        ops.argmax_rows(torch.randn(2, 8, dtype=torch.bfloat16))

@@ -6,9 +6,19 @@ from collections.abc import Sequence as Seq
 
 import torch
 
-from frota.engine import grammar, logits_processing
+from frota.engine import grammar, kernels, logits_processing
 from frota.engine.outputs import TokenLogprob
 from frota.engine.sequence import Sequence
+
+
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's most likely token (the first on ties). On the CPU a C++ kernel does it:
+    torch's argmax reads a [64, 49152] batch of logits at about 3 GB/s, a twentieth of a
+    decode step of a small model."""
+    ops = kernels.for_tensor(logits)
+    if ops is not None and logits.dtype == torch.float32 and logits.is_contiguous():
+        return ops.argmax_rows(logits)
+    return logits.argmax(dim=-1)
 
 
 class Sampler:
@@ -32,7 +42,7 @@ class Sampler:
         if any(s.matcher is not None for s in seqs):  # last, so no bias can unmask a token
             logits = logits.clone() if logits is raw_logits else logits
             grammar.mask_constrained(logits, seqs)
-        tokens = logits.argmax(dim=-1)
+        tokens = greedy(logits)
         sampled_rows = [i for i, s in enumerate(seqs) if not s.params.is_greedy]
         if sampled_rows:
             rows = torch.tensor(sampled_rows, device=logits.device)

@@ -9,6 +9,7 @@ void rope_and_cache(at::Tensor& qkv, const at::Tensor& positions, const at::Tens
                     at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& slot_blocks,
                     const at::Tensor& slot_offsets, int64_t heads, int64_t kv_heads);
 at::Tensor silu_and_mul(const at::Tensor& gate_up);
+at::Tensor argmax_rows(const at::Tensor& logits);
 
 // Each kernel releases the GIL while it runs, as torch's own ops do: in `frota worker` the
 // server's event loop shares the process with the engine's step thread.
@@ -21,4 +22,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope_and_cache", &rope_and_cache, release,
         "Rotary embedding of q and k in the fused qkv, in place, and k/v written to the paged caches");
   m.def("silu_and_mul", &silu_and_mul, release, "silu(gate) * up");
+  m.def("argmax_rows", &argmax_rows, release, "each row's first largest element's index (greedy sampling)");
 }

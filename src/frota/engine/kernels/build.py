@@ -55,10 +55,11 @@ class Extension:
 EXTENSIONS: dict[str, Extension] = {ext.kind: ext for ext in (
     Extension("attention", "frota_cpu_kernels", ("paged_attention.cpp", "layer_ops.cpp", "bindings.cpp"),
               (*BASE_CFLAGS, "-ffast-math", "-fopenmp"), ("-fopenmp",), "the PyTorch attention path"),
-    # The flags these have always had: -ffast-math would let the compiler reorder their float32
-    # sums (other last bits), and -fopenmp would make at::parallel_for use threads beside the
-    # engine's own, which nobody has measured yet.
-    Extension("quant", "frota_quant", ("quant_ops.cpp",), BASE_CFLAGS, (), "torch's ops"),
+    # No -ffast-math here: it would let the compiler reorder their float32 sums (other last
+    # bits). -fopenmp makes at::parallel_for split the weight rows over torch's own threads:
+    # a batch-1 decode reads the weights with every core, not one.
+    Extension("quant", "frota_quant", ("quant_ops.cpp",), (*BASE_CFLAGS, "-fopenmp"), ("-fopenmp",),
+              "torch's ops"),
 )}
 
 

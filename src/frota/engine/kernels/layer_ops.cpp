@@ -5,7 +5,10 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <limits>
 
 namespace {
 
@@ -85,6 +88,28 @@ void silu_and_mul_rows(const T* gate_up, T* out, int64_t rows, int64_t width) {
   });
 }
 
+typedef float f32x16 __attribute__((vector_size(64)));
+
+// The index of the first largest element of a float32 row: a vectorized max, then a scan for
+// its first occurrence (a row of logits stays in L2 between the two passes).
+int64_t argmax_row(const float* x, int64_t n) {
+  const float lowest = -std::numeric_limits<float>::infinity();
+  f32x16 top = {lowest, lowest, lowest, lowest, lowest, lowest, lowest, lowest,
+                lowest, lowest, lowest, lowest, lowest, lowest, lowest, lowest};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    f32x16 v;
+    std::memcpy(&v, x + i, sizeof(v));
+    top = v > top ? v : top;
+  }
+  float best = lowest;
+  for (int lane = 0; lane < 16; ++lane) best = std::max(best, top[lane]);
+  for (; i < n; ++i) best = std::max(best, x[i]);
+  for (i = 0; i < n; ++i)
+    if (x[i] == best) return i;
+  return 0;  // every element -inf (or NaN): the first, as torch.argmax answers for -inf
+}
+
 void check_rows(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.dim() == 2 && t.is_contiguous(), name, " must be a contiguous [tokens, width] tensor");
 }
@@ -159,6 +184,21 @@ at::Tensor silu_and_mul(const at::Tensor& gate_up) {
   auto out = at::empty({gate_up.size(0), width}, gate_up.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gate_up.scalar_type(), "silu_and_mul", [&] {
     silu_and_mul_rows<scalar_t>(gate_up.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), gate_up.size(0), width);
+  });
+  return out;
+}
+
+// The index of each row's largest element (the first one on ties), as torch.argmax(dim=-1):
+// greedy decoding's token choice over a [rows, vocab] float32 logits tensor, rows in parallel.
+at::Tensor argmax_rows(const at::Tensor& logits) {
+  check_rows(logits, "logits");
+  TORCH_CHECK(logits.scalar_type() == at::kFloat, "logits must be float32");
+  auto out = at::empty({logits.size(0)}, logits.options().dtype(at::kLong));
+  const float* x = logits.data_ptr<float>();
+  int64_t* o = out.data_ptr<int64_t>();
+  const int64_t width = logits.size(1);
+  at::parallel_for(0, logits.size(0), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) o[r] = argmax_row(x + r * width, width);
   });
   return out;
 }

@@ -13,8 +13,7 @@
 // rows share each dequantized weight register (tiles of 4 x 4). Each output element is a
 // float32 dot product of the activation row (converted to float32) with the dequantized
 // weight row, rounded once to the output dtype. Rows of the weight are split into tasks
-// with at::parallel_for, which runs them all on the calling thread: this extension is built
-// without -fopenmp (build.py).
+// with at::parallel_for, over torch's threads (the extension is built with -fopenmp).
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
