@@ -10,7 +10,8 @@
 // in vector registers while the rows stream past. Where the build has AVX-512 BF16, bfloat16
 // scores come straight off the cache rows through vdpbf16ps (exact products, float32 sums).
 // Converting each element inside the dot product instead, the kernel read 3.3 GB/s of KV;
-// this way float32 reads near the memory's bandwidth (docs/engine.md#cpu-kernels).
+// this way, with the next block prefetched while one is used, float32 reads near the
+// memory's bandwidth (docs/engine.md#cpu-kernels).
 //
 // Shapes: q [B, H, D]; k_cache, v_cache [num_blocks, KVH, block_size, D];
 // block_tables [B, max_blocks] int32 (rows padded past each sequence's last block);
@@ -35,6 +36,14 @@ namespace {
 typedef float f32x16 __attribute__((vector_size(64)));
 
 constexpr int64_t kMaxHeadDim = 512;
+
+// Ask for the next block's rows while this one is used: blocks sit anywhere in the pool, so
+// the hardware prefetcher cannot see the next one coming.
+template <typename T>
+inline void prefetch_rows(const T* p, int64_t n) {
+  const char* c = reinterpret_cast<const char*>(p);
+  for (int64_t off = 0; off < n * static_cast<int64_t>(sizeof(T)); off += 64) __builtin_prefetch(c + off);
+}
 
 // `n` elements as float32: `src` itself for float, else widened into `buf` (bfloat16 by a
 // shift of its bits).
@@ -72,6 +81,7 @@ void attend(const T* q_group, const T* k_cache, const T* v_cache, const int32_t*
   // (vdpbf16ps multiplies pairs of bfloat16 exactly and sums in float32).
   if constexpr (std::is_same_v<T, c10::BFloat16> && DIM > 0 && DIM % 32 == 0) {
     constexpr int L = DIM / 32;
+    prefetch_rows(k_cache + table[0] * block_stride + head_offset, block_size * DIM);
     for (int64_t g = 0; g < group; ++g) {
       __m512bh qv[L];
       for (int j = 0; j < L; ++j) qv[j] = (__m512bh)_mm512_loadu_si512(q_group + g * DIM + 32 * j);
@@ -79,6 +89,8 @@ void attend(const T* q_group, const T* k_cache, const T* v_cache, const int32_t*
       for (int64_t blk = 0; blk < num_blocks; ++blk) {
         const T* kb = k_cache + table[blk] * block_stride + head_offset;
         const int64_t rows = std::min(block_size, context - blk * block_size);
+        if (g == 0 && blk + 1 < num_blocks)  // the group's other heads find it in cache
+          prefetch_rows(k_cache + table[blk + 1] * block_stride + head_offset, block_size * DIM);
         for (int64_t r = 0; r < rows; ++r) {
           __m512 acc = _mm512_setzero_ps();
           for (int j = 0; j < L; ++j)
@@ -94,6 +106,7 @@ void attend(const T* q_group, const T* k_cache, const T* v_cache, const int32_t*
     for (int64_t i = 0; i < group * dim; ++i) queries[i] = static_cast<float>(q_group[i]) * scale;
     for (int64_t blk = 0; blk < num_blocks; ++blk) {
       const int64_t rows = std::min(block_size, context - blk * block_size);
+      if (blk + 1 < num_blocks) prefetch_rows(k_cache + table[blk + 1] * block_stride + head_offset, block_size * dim);
       const float* k = widen(k_cache + table[blk] * block_stride + head_offset, block.data(), rows * dim);
       for (int64_t g = 0; g < group; ++g) {
         const float* query = queries.data() + g * dim;
@@ -120,8 +133,10 @@ void attend(const T* q_group, const T* k_cache, const T* v_cache, const int32_t*
   }
   // Pass 2: each V block widened once, then summed into every query head's output.
   outs.assign(group * dim, 0.f);
+  if (num_blocks > 0) prefetch_rows(v_cache + table[0] * block_stride + head_offset, block_size * dim);
   for (int64_t blk = 0; blk < num_blocks; ++blk) {
     const int64_t rows = std::min(block_size, context - blk * block_size);
+    if (blk + 1 < num_blocks) prefetch_rows(v_cache + table[blk + 1] * block_stride + head_offset, block_size * dim);
     const float* v = widen(v_cache + table[blk] * block_stride + head_offset, block.data(), rows * dim);
     for (int64_t g = 0; g < group; ++g) {
       const float* pg = scores.data() + g * context + blk * block_size;
