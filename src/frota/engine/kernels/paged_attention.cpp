@@ -76,21 +76,27 @@ void attend(const T* q_group, const T* k_cache, const T* v_cache, const int32_t*
   scores.resize(group * context);
   block.resize(block_size * dim);
   alignas(64) float acc[kMaxHeadDim];
+  // Block `blk` of this sequence and KV head in `cache`; prefetching past the last is a no-op.
+  const auto block_of = [&](const T* cache, int64_t blk) {
+    return cache + table[blk] * block_stride + head_offset;
+  };
+  const auto prefetch_block = [&](const T* cache, int64_t blk) {
+    if (blk < num_blocks) prefetch_rows(block_of(cache, blk), block_size * dim);
+  };
 #if defined(__AVX512BF16__)
   // Pass 1 on bfloat16 rows with AVX-512 BF16: dot products straight off the cache rows
   // (vdpbf16ps multiplies pairs of bfloat16 exactly and sums in float32).
   if constexpr (std::is_same_v<T, c10::BFloat16> && DIM > 0 && DIM % 32 == 0) {
     constexpr int L = DIM / 32;
-    prefetch_rows(k_cache + table[0] * block_stride + head_offset, block_size * DIM);
+    prefetch_block(k_cache, 0);
     for (int64_t g = 0; g < group; ++g) {
       __m512bh qv[L];
       for (int j = 0; j < L; ++j) qv[j] = (__m512bh)_mm512_loadu_si512(q_group + g * DIM + 32 * j);
       float* sg = scores.data() + g * context;
       for (int64_t blk = 0; blk < num_blocks; ++blk) {
-        const T* kb = k_cache + table[blk] * block_stride + head_offset;
+        const T* kb = block_of(k_cache, blk);
         const int64_t rows = std::min(block_size, context - blk * block_size);
-        if (g == 0 && blk + 1 < num_blocks)  // the group's other heads find it in cache
-          prefetch_rows(k_cache + table[blk + 1] * block_stride + head_offset, block_size * DIM);
+        if (g == 0) prefetch_block(k_cache, blk + 1);  // the group's other heads find it in cache
         for (int64_t r = 0; r < rows; ++r) {
           __m512 acc = _mm512_setzero_ps();
           for (int j = 0; j < L; ++j)
@@ -106,8 +112,8 @@ void attend(const T* q_group, const T* k_cache, const T* v_cache, const int32_t*
     for (int64_t i = 0; i < group * dim; ++i) queries[i] = static_cast<float>(q_group[i]) * scale;
     for (int64_t blk = 0; blk < num_blocks; ++blk) {
       const int64_t rows = std::min(block_size, context - blk * block_size);
-      if (blk + 1 < num_blocks) prefetch_rows(k_cache + table[blk + 1] * block_stride + head_offset, block_size * dim);
-      const float* k = widen(k_cache + table[blk] * block_stride + head_offset, block.data(), rows * dim);
+      prefetch_block(k_cache, blk + 1);
+      const float* k = widen(block_of(k_cache, blk), block.data(), rows * dim);
       for (int64_t g = 0; g < group; ++g) {
         const float* query = queries.data() + g * dim;
         float* sg = scores.data() + g * context + blk * block_size;
@@ -133,11 +139,11 @@ void attend(const T* q_group, const T* k_cache, const T* v_cache, const int32_t*
   }
   // Pass 2: each V block widened once, then summed into every query head's output.
   outs.assign(group * dim, 0.f);
-  if (num_blocks > 0) prefetch_rows(v_cache + table[0] * block_stride + head_offset, block_size * dim);
+  prefetch_block(v_cache, 0);
   for (int64_t blk = 0; blk < num_blocks; ++blk) {
     const int64_t rows = std::min(block_size, context - blk * block_size);
-    if (blk + 1 < num_blocks) prefetch_rows(v_cache + table[blk + 1] * block_stride + head_offset, block_size * dim);
-    const float* v = widen(v_cache + table[blk] * block_stride + head_offset, block.data(), rows * dim);
+    prefetch_block(v_cache, blk + 1);
+    const float* v = widen(block_of(v_cache, blk), block.data(), rows * dim);
     for (int64_t g = 0; g < group; ++g) {
       const float* pg = scores.data() + g * context + blk * block_size;
       float* og = outs.data() + g * dim;
