@@ -148,8 +148,6 @@ def main() -> int:
     result["int4_greedy_common_prefix"] = [
         common_prefix(a["greedy_ids"], b["greedy_ids"])
         for a, b in zip(runs["frota_int4"], runs["llama_cpp"], strict=True)]
-    if os.environ.get("FROTA_BENCH_DEBUG"):
-        print(json.dumps({n: [r["greedy_ids"] for r in rs] for n, rs in runs.items()}), file=sys.stderr)
     print(json.dumps(result), flush=True)
     return 0
 
