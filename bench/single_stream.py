@@ -2,8 +2,9 @@
 
     python bench/single_stream.py [--rounds 3] [--prompt-len 256] [--tokens 128]
 
-Frota runs the GGUF's own Q4_1 blocks through its int4 kernels (bfloat16 activations),
-and in bfloat16 for reference; llama.cpp (`llama-cpp-python`, built from source with this
+Frota runs the GGUF's own Q4_1 blocks through its int4 kernels (bfloat16 activations), with
+its fused decode stack and, to show what that buys, through the Python layers; and in
+bfloat16 for reference; llama.cpp (`llama-cpp-python`, built from source with this
 machine's compiler in its own environment, `scripts/llama-env.sh`, or `$FROTA_LLAMA_CPP`'s
 python) runs the same file, through `bench/llama_cpp_decode.py`. Both use every core.
 Each round has its own prompt, cut from the benchmark text; the engines alternate round
@@ -74,7 +75,10 @@ def main() -> int:
     threads = torch.get_num_threads()
     engines = {name: LLMEngine(EngineArgs(model=args.model, dtype="bfloat16", quantization=quant,
                                           max_num_seqs=1, max_model_len=2048, verbose=False))
-               for name, quant in (("frota_int4", "int4"), ("frota_bf16", "none"))}
+               for name, quant in (("frota_int4", "int4"), ("frota_int4_python_layers", "int4"),
+                                   ("frota_bf16", "none"))}
+    # The same int4 weights through the Python layers, not the fused decode stack: what it buys.
+    engines["frota_int4_python_layers"].runner.model.fused_decode = False
     tokenizer = engines["frota_int4"].tokenizer
     prompts = [p for p, _ in make_requests(tokenizer, args.rounds + 1,
                                            (args.prompt_len, args.prompt_len), (1, 1), seed=7,
@@ -143,6 +147,8 @@ def main() -> int:
         result[f"{name}_prefill_tok_per_s"] = median(name, "prefill_tok_per_s")
     result["int4_decode_vs_llama_cpp"] = round(
         result["frota_int4_decode_tok_per_s"] / result["llama_cpp_decode_tok_per_s"], 2)
+    result["fused_decode_stack_speedup"] = round(
+        result["frota_int4_decode_tok_per_s"] / result["frota_int4_python_layers_decode_tok_per_s"], 2)
     # Both run the file's Q4_1 weights, with different activation arithmetic (Frota bfloat16,
     # llama.cpp 8-bit blocks): how many greedy tokens each round starts with in common.
     result["int4_greedy_common_prefix"] = [

@@ -6,9 +6,12 @@ it can multiply, which copies the whole KV context once per layer per step.
 `paged_attention.cpp` reads the pool in place instead. `layer_ops.cpp` fuses
 the chains of small ops around the matmuls (RMSNorm with its residual add,
 RoPE with the KV cache write, SiLU-and-multiply): at decode batch sizes their
-dispatch overhead is most of a step's time outside the matmuls. These three
-files are one extension, `cpu_kernels()`. `quant_ops.cpp`, the int8/int4
-matmuls of quantized layers, is the other (`frota.engine.quant.cpu_kernels`).
+dispatch overhead is most of a step's time outside the matmuls.
+`decode_stack.cpp` runs a whole int4 Llama stack for a small decode step in one
+call (`frota.engine.model.decode_stack`). These files are one extension,
+`cpu_kernels()`. `quant_ops.cpp`, the int8/int4 matmuls of quantized layers, is
+the other (`frota.engine.quant.cpu_kernels`); `kernels.h` declares what one file
+calls in another.
 
 Both are compiled with the system C++ compiler the first time an engine needs
 them (a minute or two, once per machine and torch version; `python -m

@@ -31,6 +31,7 @@ QUANT_SWITCH_ENV = "FROTA_QUANT_KERNELS"  # "torch": the quant kernels alone off
 CACHE_ENV = "FROTA_KERNEL_CACHE"
 SOURCE_DIR = Path(__file__).parent
 BASE_CFLAGS = ("-O3", "-march=native")
+HEADERS = ("kernels.h",)
 
 
 @dataclass(frozen=True)
@@ -43,17 +44,25 @@ class Extension:
     cflags: tuple[str, ...]  # prebuilt.py replaces -march=native by an ISA level's flags
     ldflags: tuple[str, ...]
     fallback: str  # what runs without it, for the log
+    headers: tuple[str, ...] = HEADERS  # what the sources include: a change rebuilds them too
 
     @property
     def paths(self) -> tuple[Path, ...]:
+        """The files compiled."""
         return tuple(SOURCE_DIR / source for source in self.sources)
 
+    @property
+    def inputs(self) -> tuple[Path, ...]:
+        """Every file the build reads: the sources and the headers they include."""
+        return (*self.paths, *(SOURCE_DIR / header for header in self.headers))
+
     def source_digest(self) -> str:
-        return hashlib.sha256(b"".join(path.read_bytes() for path in self.paths)).hexdigest()[:16]
+        return hashlib.sha256(b"".join(path.read_bytes() for path in self.inputs)).hexdigest()[:16]
 
 
 EXTENSIONS: dict[str, Extension] = {ext.kind: ext for ext in (
-    Extension("attention", "frota_cpu_kernels", ("paged_attention.cpp", "layer_ops.cpp", "bindings.cpp"),
+    Extension("attention", "frota_cpu_kernels", ("paged_attention.cpp", "layer_ops.cpp", "decode_stack.cpp",
+                                                "bindings.cpp"),
               (*BASE_CFLAGS, "-ffast-math", "-fopenmp"), ("-fopenmp",), "the PyTorch attention path"),
     # No -ffast-math here: it would let the compiler reorder their float32 sums (other last
     # bits). -fopenmp makes at::parallel_for split the weight rows over torch's own threads:
@@ -95,7 +104,7 @@ def build_directory(ext: Extension) -> Path:
     import torch
 
     key = hashlib.sha256()
-    for path in ext.paths:
+    for path in ext.inputs:
         key.update(path.read_bytes())
     key.update(" ".join((*ext.cflags, *ext.ldflags, torch.__version__, platform.machine(),
                          cpu_flags())).encode())

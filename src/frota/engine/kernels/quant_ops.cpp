@@ -21,6 +21,8 @@
 #include <c10/util/Half.h>
 #include <vector>
 #include <cstring>
+
+#include "kernels.h"
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
@@ -529,4 +531,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
   mod.def("int8_dequant", &int8_dequant, release());
   mod.def("int4_mm", &int4_mm, release());
   mod.def("int4_dequant", &int4_dequant, release());
+  // int4_mm for C++ callers in the other extension (decode_stack.cpp, cpu_kernels.h).
+  using Int4MatmulFn = at::Tensor (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                      const at::Tensor&, int64_t);
+  mod.attr("int4_mm_capsule") = py::capsule(reinterpret_cast<void*>(static_cast<Int4MatmulFn>(&int4_mm)),
+                                            "frota_quant.int4_mm");
 }

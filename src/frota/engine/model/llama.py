@@ -16,6 +16,7 @@ from torch import nn
 from frota.engine import kernels
 from frota.engine.attention import AttentionMetadata, paged_attention, paged_kernels
 from frota.engine.config import ModelConfig
+from frota.engine.model import decode_stack
 from frota.engine.model.layers import RMSNorm, RotaryEmbedding, make_linear
 from frota.engine.model.moe import MixtureOfExperts
 
@@ -103,12 +104,27 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = make_linear(cfg.hidden_size, cfg.vocab_size)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+        self.fused_decode = True  # run decode-only steps through decode_stack where it applies
+        self._decode_stack: tuple[list, object | None] | None = None  # (the KV caches, the stack)
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(positions, x, kv_cache, meta)
+        stack = self._stack_for(kv_caches, x.dtype) if decode_stack.applies(x, meta) else None
+        if stack is not None:
+            x = stack.run(x, positions, meta.slot_blocks, meta.slot_offsets, meta.decode_block_tables,
+                          meta.decode_context_lens)
+        else:
+            for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+                x = layer(positions, x, kv_cache, meta)
         return self.norm(x)
+
+    def _stack_for(self, kv_caches, dtype: torch.dtype):
+        """The fused decode stack over these caches (built once), or None where it does not apply."""
+        if not self.fused_decode:
+            return None
+        if self._decode_stack is None or self._decode_stack[0] is not kv_caches:
+            self._decode_stack = (kv_caches, decode_stack.build(self, kv_caches, dtype))
+        return self._decode_stack[1]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

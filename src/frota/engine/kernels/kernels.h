@@ -1,0 +1,22 @@
+// The C++ entry points one source file calls in another: the attention extension's
+// (frota_cpu_kernels: bindings.cpp binds them, decode_stack.cpp runs them), and the int4
+// matmul the quant extension (quant_ops.cpp) hands to it.
+#pragma once
+
+#include <ATen/ATen.h>
+
+at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                  const at::Tensor& block_tables, const at::Tensor& context_lens, double scale);
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+at::Tensor add_rms_norm(at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps);
+void rope_and_cache(at::Tensor& qkv, const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin,
+                    at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& slot_blocks,
+                    const at::Tensor& slot_offsets, int64_t heads, int64_t kv_heads);
+at::Tensor silu_and_mul(const at::Tensor& gate_up);
+at::Tensor argmax_rows(const at::Tensor& logits);
+
+// The quant extension's int4_mm(x, qs, d, m, group), which that module exports as a pointer
+// in a capsule of this name: each extension keeps its own compiler flags.
+using Int4MatmulFn = at::Tensor (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                    const at::Tensor&, int64_t);
+constexpr const char* kInt4MatmulCapsule = "frota_quant.int4_mm";

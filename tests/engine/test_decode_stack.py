@@ -1,0 +1,90 @@
+"""The fused decode stack (kernels/decode_stack.cpp): bit for bit the Python layers, and only
+where it applies."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from frota.engine import EngineArgs, SamplingParams, kernels
+from frota.engine.llm_engine import LLMEngine
+from frota.engine.model import decode_stack
+from frota.engine.quant import cpu_kernels
+
+pytestmark = pytest.mark.skipif(kernels.cpu_kernels() is None or cpu_kernels.kernels() is None,
+                                reason="Frota's C++ kernels cannot be built here")
+
+SPEC = "synthetic:dense-tiny,layers=3,seed=5"
+PROMPTS = [list(range(7, 47)), [3, 9, 27, 81, 243], [300] * 11]
+PARAMS = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True, logprobs=3)
+
+
+class CountingStack:
+    """Wraps the C++ stack to count the steps it ran."""
+
+    def __init__(self, stack) -> None:  # type: ignore[no-untyped-def]
+        self.stack, self.runs = stack, 0
+
+    def run(self, *args):  # type: ignore[no-untyped-def]
+        self.runs += 1
+        return self.stack.run(*args)
+
+
+def engine(dtype: str, quantization: str = "int4", **kwargs) -> LLMEngine:  # type: ignore[no-untyped-def]
+    return LLMEngine(EngineArgs(model=SPEC, dtype=dtype, quantization=quantization, num_kv_blocks=64,
+                                block_size=4, enable_prefix_caching=False, verbose=False, **kwargs))
+
+
+def generate(e: LLMEngine, fused: bool) -> dict[str, list]:
+    e.runner.model.fused_decode = fused
+    outs: dict[str, list] = {}
+    for i, prompt in enumerate(PROMPTS):
+        e.add_request(f"{fused}-{i}", prompt, PARAMS)
+    while e.has_unfinished:
+        for out in e.step():
+            _, i = out.request_id.split("-")
+            outs.setdefault(i, []).append((out.new_token_ids, out.new_logprobs))
+    return outs
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fused_decode_gives_the_python_layers_output_bit_for_bit(dtype: str) -> None:
+    e = engine(dtype)
+    model, caches = e.runner.model, e.runner.kv_caches
+    stack = decode_stack.build(model, caches, model.embed_tokens.weight.dtype)
+    assert stack is not None and len(stack) == 3
+    counting = CountingStack(stack)
+    model._decode_stack = (caches, counting)
+    fused = generate(e, fused=True)
+    assert counting.runs >= PARAMS.max_tokens - 1  # every decode step of the batch went through it
+    python = generate(e, fused=False)
+    assert counting.runs < 2 * PARAMS.max_tokens
+    assert fused == python  # token ids and every logprob, exactly
+
+
+@pytest.mark.parametrize(("dtype", "quantization"), [("bfloat16", "none"), ("bfloat16", "int8")])
+def test_the_stack_declines_weights_it_has_no_kernel_for(dtype: str, quantization: str) -> None:
+    e = engine(dtype, quantization)
+    assert decode_stack.build(e.runner.model, e.runner.kv_caches, torch.bfloat16) is None
+
+
+def test_the_stack_declines_a_quantized_kv_pool_and_moe() -> None:
+    e = engine("bfloat16", kv_cache_dtype="int8")
+    assert decode_stack.build(e.runner.model, e.runner.kv_caches, torch.bfloat16) is None
+    moe = LLMEngine(EngineArgs(model="synthetic:moe-tiny,layers=2,seed=3", dtype="bfloat16",
+                               quantization="int4", num_kv_blocks=64, block_size=4, verbose=False))
+    assert decode_stack.build(moe.runner.model, moe.runner.kv_caches, torch.bfloat16) is None
+
+
+def test_only_small_decode_only_steps_take_the_stack() -> None:
+    from frota.engine.attention import AttentionMetadata, PrefillSpan
+
+    def meta(decodes: int, prefill: int = 0) -> AttentionMetadata:
+        slots = torch.zeros(decodes + prefill, dtype=torch.long)
+        spans = [PrefillSpan(decodes, prefill, prefill, None, None)] if prefill else []
+        return AttentionMetadata(slots, slots, num_decodes=decodes, prefills=spans)
+
+    x = torch.zeros(8, 16)
+    assert decode_stack.applies(x[:1], meta(1)) and decode_stack.applies(x, meta(8))
+    assert not decode_stack.applies(torch.zeros(9, 16), meta(9))  # past the int4 kernel's rows
+    assert not decode_stack.applies(x[:5], meta(1, 4))  # a step with a prefill chunk
