@@ -3,6 +3,8 @@ where it applies."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -16,18 +18,21 @@ pytestmark = pytest.mark.skipif(kernels.cpu_kernels() is None or cpu_kernels.ker
 
 SPEC = "synthetic:dense-tiny,layers=3,seed=5"
 PROMPTS = [list(range(7, 47)), [3, 9, 27, 81, 243], [300] * 11]
+# More sequences than the int4 kernel's rows: float weights take the stack at any batch.
+MANY_PROMPTS = [[5 + i, 60 + 2 * i, 7] * (1 + i % 4) for i in range(12)]
 PARAMS = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True, logprobs=3)
 
 
-class CountingStack:
-    """Wraps the C++ stack to count the steps it ran."""
+class CountingStack(decode_stack.DecodeStack):
+    """Counts the steps the stack ran."""
 
-    def __init__(self, stack) -> None:  # type: ignore[no-untyped-def]
-        self.stack, self.runs = stack, 0
+    def __init__(self, stack: decode_stack.DecodeStack) -> None:
+        super().__init__(stack.stack, stack.max_rows)
+        self.runs = 0
 
     def run(self, *args):  # type: ignore[no-untyped-def]
         self.runs += 1
-        return self.stack.run(*args)
+        return super().run(*args)
 
 
 def engine(dtype: str, quantization: str = "int4", **kwargs) -> LLMEngine:  # type: ignore[no-untyped-def]
@@ -35,10 +40,10 @@ def engine(dtype: str, quantization: str = "int4", **kwargs) -> LLMEngine:  # ty
                                 block_size=4, enable_prefix_caching=False, verbose=False, **kwargs))
 
 
-def generate(e: LLMEngine, fused: bool) -> dict[str, list]:
+def generate(e: LLMEngine, fused: bool, prompts: list[list[int]]) -> dict[str, list]:
     e.runner.model.fused_decode = fused
     outs: dict[str, list] = {}
-    for i, prompt in enumerate(PROMPTS):
+    for i, prompt in enumerate(prompts):
         e.add_request(f"{fused}-{i}", prompt, PARAMS)
     while e.has_unfinished:
         for out in e.step():
@@ -47,24 +52,27 @@ def generate(e: LLMEngine, fused: bool) -> dict[str, list]:
     return outs
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_fused_decode_gives_the_python_layers_output_bit_for_bit(dtype: str) -> None:
-    e = engine(dtype)
+@pytest.mark.parametrize(("dtype", "quantization", "prompts", "max_rows"), [
+    ("float32", "int4", PROMPTS, 8), ("bfloat16", "int4", PROMPTS, 8),
+    ("float32", "none", MANY_PROMPTS, math.inf), ("bfloat16", "none", MANY_PROMPTS, math.inf),
+])
+def test_fused_decode_gives_the_python_layers_output_bit_for_bit(
+        dtype: str, quantization: str, prompts: list[list[int]], max_rows: float) -> None:
+    e = engine(dtype, quantization)
     model, caches = e.runner.model, e.runner.kv_caches
     stack = decode_stack.build(model, caches, model.embed_tokens.weight.dtype)
-    assert stack is not None and len(stack) == 3
+    assert stack is not None and len(stack) == 3 and stack.max_rows == max_rows
     counting = CountingStack(stack)
     model._decode_stack = (caches, counting)
-    fused = generate(e, fused=True)
+    fused = generate(e, True, prompts)
     assert counting.runs >= PARAMS.max_tokens - 1  # every decode step of the batch went through it
-    python = generate(e, fused=False)
+    python = generate(e, False, prompts)
     assert counting.runs < 2 * PARAMS.max_tokens
     assert fused == python  # token ids and every logprob, exactly
 
 
-@pytest.mark.parametrize(("dtype", "quantization"), [("bfloat16", "none"), ("bfloat16", "int8")])
-def test_the_stack_declines_weights_it_has_no_kernel_for(dtype: str, quantization: str) -> None:
-    e = engine(dtype, quantization)
+def test_the_stack_declines_weights_it_has_no_kernel_for() -> None:
+    e = engine("bfloat16", "int8")
     assert decode_stack.build(e.runner.model, e.runner.kv_caches, torch.bfloat16) is None
 
 
@@ -76,7 +84,7 @@ def test_the_stack_declines_a_quantized_kv_pool_and_moe() -> None:
     assert decode_stack.build(moe.runner.model, moe.runner.kv_caches, torch.bfloat16) is None
 
 
-def test_only_small_decode_only_steps_take_the_stack() -> None:
+def test_only_decode_only_steps_the_kernels_take_go_through_the_stack() -> None:
     from frota.engine.attention import AttentionMetadata, PrefillSpan
 
     def meta(decodes: int, prefill: int = 0) -> AttentionMetadata:
@@ -84,7 +92,9 @@ def test_only_small_decode_only_steps_take_the_stack() -> None:
         spans = [PrefillSpan(decodes, prefill, prefill, None, None)] if prefill else []
         return AttentionMetadata(slots, slots, num_decodes=decodes, prefills=spans)
 
-    x = torch.zeros(8, 16)
-    assert decode_stack.applies(x[:1], meta(1)) and decode_stack.applies(x, meta(8))
-    assert not decode_stack.applies(torch.zeros(9, 16), meta(9))  # past the int4 kernel's rows
-    assert not decode_stack.applies(x[:5], meta(1, 4))  # a step with a prefill chunk
+    int4, dense = decode_stack.DecodeStack(None, 8), decode_stack.DecodeStack(None, math.inf)
+    x = torch.zeros(64, 16)
+    assert int4.applies(x[:1], meta(1)) and int4.applies(x[:8], meta(8))
+    assert not int4.applies(x[:9], meta(9))  # past the int4 kernel's rows
+    assert dense.applies(x, meta(64))
+    assert not dense.applies(x[:5], meta(1, 4))  # a step with a prefill chunk

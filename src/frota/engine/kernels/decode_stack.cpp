@@ -1,55 +1,89 @@
 // A Llama decoder stack for decode steps, run layer after layer in one C++ call.
 //
-// A decode step at batch 1 to 8 does little arithmetic per kernel: in Python each layer is
+// A decode step does little arithmetic per kernel at small batches: in Python each layer is
 // ten kernel calls wrapped in module calls, shape checks and views, and on a 2-core machine
 // that overhead was a quarter of a batch-1 int4 step. DecodeStack holds every layer's
 // weights and KV caches once (built by frota/engine/model/decode_stack.py) and runs the same
 // kernels in the same order as the Python layers do, so its output is bit for bit theirs:
 //
-//   h = rms_norm(x); qkv = int4_mm(h); rope_and_cache(qkv); o = paged_decode_attention(q)
-//   h = int4_mm(o); h = add_rms_norm(h, x) (x += h); x = x + int4_mm(silu_and_mul(int4_mm(h)))
+//   h = rms_norm(x); qkv = linear(h); rope_and_cache(qkv); o = paged_decode_attention(q)
+//   h = linear(o); h = add_rms_norm(h, x) (x += h); x = x + linear(silu_and_mul(linear(h)))
 //
-// It takes int4 projections in Frota's kernel layout only (quant_ops.cpp's int4_mm, passed
-// in as a function pointer from that extension: each keeps its own compiler flags).
+// Each projection is one of the layers' kinds, run by the op their forward runs:
+// - "int4": Frota's kernel layout (qs, d, m), through quant_ops.cpp's int4_mm, which that
+//   extension passes in as a function pointer (each extension keeps its compiler flags);
+// - "packed": a weight oneDNN packed once (PackedLinear), through mkldnn::_linear_pointwise;
+// - "dense": a plain weight, through at::linear.
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/extension.h>
 
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels.h"
 
 namespace {
 
-struct Int4Projection {
-  at::Tensor qs, d, m;
+struct Projection {
+  enum class Kind { kInt4, kPacked, kDense } kind;
+  at::Tensor weight, d, m;  // int4: weight is qs, with d and m; otherwise d and m are unused
   int64_t group;
 };
 
 struct DecoderLayer {
   at::Tensor input_norm, post_attention_norm, k_cache, v_cache;
-  Int4Projection qkv, o, gate_up, down;
+  Projection qkv, o, gate_up, down;
 };
+
+// (kind, weight, d, m, group), as decode_stack.py passes each projection.
+using ProjectionArgs = std::tuple<std::string, at::Tensor, at::Tensor, at::Tensor, int64_t>;
+
+Projection make_projection(const ProjectionArgs& args) {
+  const auto& [kind, weight, d, m, group] = args;
+  if (kind == "int4") return {Projection::Kind::kInt4, weight, d, m, group};
+  if (kind == "packed") return {Projection::Kind::kPacked, weight, {}, {}, 0};
+  TORCH_CHECK(kind == "dense", "unknown projection kind ", kind);
+  return {Projection::Kind::kDense, weight, {}, {}, 0};
+}
+
+// torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""), as PackedLinear calls it.
+at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed) {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
+  torch::jit::Stack stack{x, packed, c10::IValue(), c10::IValue(std::string("none")),
+                          c10::IValue(c10::List<std::optional<at::Scalar>>()), c10::IValue(std::string())};
+  op.callBoxed(&stack);
+  return stack[0].toTensor();
+}
 
 class DecodeStack {
  public:
-  // layers: per layer [input_norm, post_attention_norm, k_cache, v_cache, then qs, d, m of
-  // qkv, o, gate_up and down]; groups: per layer the four projections' group sizes.
-  DecodeStack(const py::capsule& int4_mm, const std::vector<std::vector<at::Tensor>>& layers,
-              const std::vector<std::vector<int64_t>>& groups, at::Tensor cos, at::Tensor sin,
+  // per layer: [input_norm, post_attention_norm, k_cache, v_cache] and the projections
+  // [qkv, o, gate_up, down].
+  // int4_mm: the quant extension's capsule, or None where no projection is int4.
+  DecodeStack(const py::object& int4_mm, const std::vector<std::vector<at::Tensor>>& layers,
+              const std::vector<std::vector<ProjectionArgs>>& projections, at::Tensor cos, at::Tensor sin,
               int64_t heads, int64_t kv_heads, int64_t head_dim, double eps, double scale)
-      : int4_mm_(reinterpret_cast<Int4MatmulFn>(int4_mm.get_pointer())), cos_(std::move(cos)),
-        sin_(std::move(sin)), heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), eps_(eps),
-        scale_(scale) {
-    TORCH_CHECK(std::string(int4_mm.name()) == kInt4MatmulCapsule, "not the int4 matmul capsule");
-    TORCH_CHECK(layers.size() == groups.size(), "one group-size list per layer");
+      : cos_(std::move(cos)), sin_(std::move(sin)), heads_(heads), kv_heads_(kv_heads),
+        head_dim_(head_dim), eps_(eps), scale_(scale) {
+    if (!int4_mm.is_none()) {
+      const auto capsule = int4_mm.cast<py::capsule>();
+      TORCH_CHECK(std::string(capsule.name()) == kInt4MatmulCapsule, "not the int4 matmul capsule");
+      int4_mm_ = reinterpret_cast<Int4MatmulFn>(capsule.get_pointer());
+    }
+    TORCH_CHECK(layers.size() == projections.size(), "one projection list per layer");
     for (size_t i = 0; i < layers.size(); ++i) {
       const auto& t = layers[i];
-      const auto& g = groups[i];
-      TORCH_CHECK(t.size() == 16 && g.size() == 4, "layer ", i, ": 16 tensors and 4 group sizes");
-      layers_.push_back({t[0], t[1], t[2], t[3], {t[4], t[5], t[6], g[0]}, {t[7], t[8], t[9], g[1]},
-                         {t[10], t[11], t[12], g[2]}, {t[13], t[14], t[15], g[3]}});
+      const auto& p = projections[i];
+      TORCH_CHECK(t.size() == 4 && p.size() == 4, "layer ", i, ": 4 tensors and 4 projections");
+      layers_.push_back({t[0], t[1], t[2], t[3], make_projection(p[0]), make_projection(p[1]),
+                         make_projection(p[2]), make_projection(p[3])});
+      for (const auto* proj : {&layers_.back().qkv, &layers_.back().o, &layers_.back().gate_up,
+                               &layers_.back().down})
+        TORCH_CHECK(proj->kind != Projection::Kind::kInt4 || int4_mm_ != nullptr,
+                    "an int4 projection needs the int4 matmul capsule");
     }
   }
 
@@ -60,15 +94,15 @@ class DecodeStack {
                  const at::Tensor& context_lens) const {
     const int64_t batch = x.size(0), q_width = heads_ * head_dim_;
     for (const auto& layer : layers_) {
-      auto qkv = mm(rms_norm(x, layer.input_norm, eps_), layer.qkv);
+      auto qkv = linear(rms_norm(x, layer.input_norm, eps_), layer.qkv);
       auto k_cache = layer.k_cache, v_cache = layer.v_cache;
       rope_and_cache(qkv, positions, cos_, sin_, k_cache, v_cache, slot_blocks, slot_offsets, heads_,
                      kv_heads_);
       const auto q = qkv.narrow(1, 0, q_width).view({batch, heads_, head_dim_});
       const auto o = paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale_);
-      auto h = mm(o.view({batch, q_width}), layer.o);
+      auto h = linear(o.view({batch, q_width}), layer.o);
       const auto normed = add_rms_norm(h, x, layer.post_attention_norm, eps_);
-      x = x + mm(silu_and_mul(mm(normed, layer.gate_up)), layer.down);
+      x = x + linear(silu_and_mul(linear(normed, layer.gate_up)), layer.down);
     }
     return x;
   }
@@ -76,11 +110,16 @@ class DecodeStack {
   size_t num_layers() const { return layers_.size(); }
 
  private:
-  at::Tensor mm(const at::Tensor& x, const Int4Projection& w) const {
-    return int4_mm_(x, w.qs, w.d, w.m, w.group);
+  at::Tensor linear(const at::Tensor& x, const Projection& p) const {
+    switch (p.kind) {
+      case Projection::Kind::kInt4: return int4_mm_(x, p.weight, p.d, p.m, p.group);
+      case Projection::Kind::kPacked: return packed_linear(x, p.weight);
+      case Projection::Kind::kDense: break;
+    }
+    return at::linear(x, p.weight);
   }
 
-  Int4MatmulFn int4_mm_;
+  Int4MatmulFn int4_mm_ = nullptr;
   std::vector<DecoderLayer> layers_;
   at::Tensor cos_, sin_;
   int64_t heads_, kv_heads_, head_dim_;
@@ -91,9 +130,9 @@ class DecodeStack {
 
 void bind_decode_stack(py::module& m) {
   py::class_<DecodeStack>(m, "DecodeStack")
-      .def(py::init<const py::capsule&, const std::vector<std::vector<at::Tensor>>&,
-                    const std::vector<std::vector<int64_t>>&, at::Tensor, at::Tensor, int64_t, int64_t,
-                    int64_t, double, double>())
+      .def(py::init<const py::object&, const std::vector<std::vector<at::Tensor>>&,
+                    const std::vector<std::vector<ProjectionArgs>>&, at::Tensor, at::Tensor, int64_t,
+                    int64_t, int64_t, double, double>())
       .def("run", &DecodeStack::run, py::call_guard<py::gil_scoped_release>(),
            "all layers of a decode step: embeddings in, the last layer's output out")
       .def("__len__", &DecodeStack::num_layers);

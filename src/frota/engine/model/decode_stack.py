@@ -6,19 +6,24 @@ around them (module calls, checks, views) cost a quarter of a batch-1 int4 step 
 C++, so its output is the Python layers' bit for bit.
 
 It applies where the Python layers would run exactly those kernels: a plain Llama stack on
-the CPU with the C++ kernels loaded, every projection int4 in Frota's kernel layout, no
-biases, the norms and KV caches in the activations' dtype, and steps that only decode, at
-most `GEMV_MAX_ROWS` sequences. Anything else (tensor parallel shards, MoE, bf16 or int8
-weights, a quantized KV pool, prefill) keeps the Python layers.
+the CPU with the C++ kernels loaded; every projection without a bias and either int4 in
+Frota's kernel layout, packed for oneDNN (`PackedLinear`) or a plain `nn.Linear`; the norms
+and KV caches in the activations' dtype; and steps that only decode (with int4
+projections, at most `GEMV_MAX_ROWS` sequences, the rows Frota's int4 kernel takes).
+Anything else (tensor parallel shards, MoE, int8 or fp8 weights, a quantized KV pool, a
+step with a prefill chunk) keeps the Python layers.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
 
 from frota.engine import kernels
+from frota.engine.kernels.linear import PackedLinear
 from frota.engine.quant import cpu_kernels
 from frota.engine.quant.linear import FROTA_DTYPES, GEMV_MAX_ROWS, Int4Linear
 
@@ -29,43 +34,71 @@ if TYPE_CHECKING:
 KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
 
 
-def applies(x: torch.Tensor, meta: AttentionMetadata) -> bool:
-    """Whether this step (embeddings `x`) is one the stack runs: decodes only, few of them."""
-    return meta.num_decodes == x.shape[0] <= GEMV_MAX_ROWS and x.device.type == "cpu"
+class DecodeStack:
+    """The C++ stack over a model's layers and KV caches, and the steps it takes."""
+
+    def __init__(self, stack: Any, max_rows: float) -> None:
+        self.stack = stack
+        self.max_rows = max_rows  # GEMV_MAX_ROWS with int4 projections, else no limit
+
+    def applies(self, x: torch.Tensor, meta: AttentionMetadata) -> bool:
+        """Whether the step with embeddings `x` is one it runs: only decodes, few enough."""
+        return meta.num_decodes == x.shape[0] <= self.max_rows
+
+    def run(self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """The last layer's output for the step (`x` is overwritten)."""
+        return self.stack.run(x, positions, meta.slot_blocks, meta.slot_offsets,
+                              meta.decode_block_tables, meta.decode_context_lens)
+
+    def __len__(self) -> int:
+        return len(self.stack)
 
 
-def build(model: LlamaForCausalLM, kv_caches: KVCaches, dtype: torch.dtype) -> Any | None:
-    """The C++ stack over `model`'s layers and `kv_caches`, or None where it does not apply."""
+def projection(linear: nn.Module) -> tuple[str, torch.Tensor, torch.Tensor, torch.Tensor, int] | None:
+    """(kind, weight, d, m, group) for decode_stack.cpp, or None for a layer it cannot run."""
+    none = torch.empty(0)
+    if type(linear) is Int4Linear and linear.qs is not None and linear.bias is None:
+        return "int4", linear.qs, linear.d, linear.m, linear.group_size
+    if type(linear) is PackedLinear and linear.bias is None:
+        return "packed", linear.packed, none, none, 0
+    if type(linear) is nn.Linear and linear.bias is None:
+        return "dense", linear.weight.detach(), none, none, 0
+    return None
+
+
+def build(model: LlamaForCausalLM, kv_caches: KVCaches, dtype: torch.dtype) -> DecodeStack | None:
+    """The stack over `model`'s layers and `kv_caches`, or None where it does not apply."""
     from frota.engine.model.layers import RMSNorm
     from frota.engine.model.llama import LlamaAttention, LlamaDecoderLayer, LlamaMLP
 
-    ops, quant = kernels.cpu_kernels(), cpu_kernels.kernels()
+    ops = kernels.cpu_kernels()
     rotary = model.layers[0].self_attn.rotary if len(model.layers) else None
-    if ops is None or quant is None or rotary is None or rotary.cos.dtype != torch.float32 \
-            or dtype not in FROTA_DTYPES:
+    if ops is None or rotary is None or rotary.cos.dtype != torch.float32 or dtype not in FROTA_DTYPES:
         return None
     tensors: list[list[torch.Tensor]] = []
-    groups: list[list[int]] = []
+    projections: list[list[tuple]] = []
     eps = {model.cfg.rms_norm_eps}
     for layer, (k_cache, v_cache) in zip(model.layers, kv_caches, strict=True):
         if type(layer) is not LlamaDecoderLayer or type(layer.self_attn) is not LlamaAttention \
                 or type(layer.mlp) is not LlamaMLP:
             return None
         attn, mlp = layer.self_attn, layer.mlp
-        projections = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-        if not all(type(p) is Int4Linear and p.qs is not None and p.bias is None for p in projections):
-            return None
+        projs = [projection(p) for p in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
         norms = (layer.input_layernorm, layer.post_attention_layernorm)
-        if not all(type(n) is RMSNorm and n.weight.dtype == dtype for n in norms):
+        if None in projs or not all(type(n) is RMSNorm and n.weight.dtype == dtype for n in norms):
             return None
-        if not all(type(c) is torch.Tensor and c.dtype == dtype and c.is_contiguous() for c in (k_cache, v_cache)):
+        caches = (k_cache, v_cache)
+        if not all(type(c) is torch.Tensor and c.dtype == dtype and c.is_contiguous() for c in caches):
             return None
         eps.update(n.eps for n in norms)
-        tensors.append([norms[0].weight.detach(), norms[1].weight.detach(), k_cache, v_cache,
-                        *(t for p in projections for t in (p.qs, p.d, p.m))])
-        groups.append([p.group_size for p in projections])
-    if len(eps) != 1 or not tensors:
+        tensors.append([norms[0].weight.detach(), norms[1].weight.detach(), k_cache, v_cache])
+        projections.append(projs)
+    int4 = any(p[0] == "int4" for layer_projs in projections for p in layer_projs)
+    quant = cpu_kernels.kernels() if int4 else None
+    if len(eps) != 1 or not tensors or (int4 and quant is None):
         return None
     first = model.layers[0].self_attn
-    return ops.DecodeStack(quant.int4_mm_capsule, tensors, groups, rotary.cos, rotary.sin,
-                           first.num_heads, first.num_kv_heads, first.head_dim, eps.pop(), first.scale)
+    stack = ops.DecodeStack(quant.int4_mm_capsule if quant else None, tensors, projections,
+                            rotary.cos, rotary.sin, first.num_heads, first.num_kv_heads,
+                            first.head_dim, eps.pop(), first.scale)
+    return DecodeStack(stack, GEMV_MAX_ROWS if int4 else math.inf)

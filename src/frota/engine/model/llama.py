@@ -105,20 +105,19 @@ class LlamaForCausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.fused_decode = True  # run decode-only steps through decode_stack where it applies
-        self._decode_stack: tuple[list, object | None] | None = None  # (the KV caches, the stack)
+        self._decode_stack: tuple[list, decode_stack.DecodeStack | None] | None = None  # (caches, stack)
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
-        stack = self._stack_for(kv_caches, x.dtype) if decode_stack.applies(x, meta) else None
-        if stack is not None:
-            x = stack.run(x, positions, meta.slot_blocks, meta.slot_offsets, meta.decode_block_tables,
-                          meta.decode_context_lens)
+        stack = self._stack_for(kv_caches, x.dtype) if meta.num_decodes == x.shape[0] else None
+        if stack is not None and stack.applies(x, meta):
+            x = stack.run(x, positions, meta)
         else:
             for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
                 x = layer(positions, x, kv_cache, meta)
         return self.norm(x)
 
-    def _stack_for(self, kv_caches, dtype: torch.dtype):
+    def _stack_for(self, kv_caches, dtype: torch.dtype) -> decode_stack.DecodeStack | None:
         """The fused decode stack over these caches (built once), or None where it does not apply."""
         if not self.fused_decode:
             return None
