@@ -15,6 +15,12 @@ if [ "${FROTA_VLLM_TESTS:-1}" != 0 ] && [ -z "${FROTA_VLLM:-}" ]; then
   FROTA_VLLM="$(bash scripts/vllm-env.sh)"
   export FROTA_VLLM
 fi
+if [ "${FROTA_E2E:-1}" != 0 ]; then
+  # Before pytest, so its tests on a real kube-apiserver run on a fresh machine too
+  # (without the binaries they skip); cached, and needed by the e2e stage anyway.
+  echo "== Kubernetes binaries (e2e/cluster/build.sh; cached)"
+  bash e2e/cluster/build.sh >/dev/null
+fi
 echo "== pytest (unit + integration)"
 start=$SECONDS
 .venv/bin/python -m pytest -q "$@"
