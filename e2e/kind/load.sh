@@ -6,7 +6,8 @@
 #   (--discard-unpacked-layers; kind keeps both), so the 6 GB worker image costs a
 #   node 6 GB, not 12, and an image sharing its layers (the vLLM image, a re-tag)
 #   costs only the layers it adds;
-# - an image the node already holds under another name is only tagged.
+# - an image the node already holds under another name is only tagged;
+# - the images a node lacks go in one stream, so layers they share cross once.
 #
 #   e2e/kind/load.sh NODES IMAGE...     # NODES: comma-separated kind node names
 set -euo pipefail
@@ -32,29 +33,44 @@ held_as() {  # held_as NODE REF: the image ID the node's CRI has under REF (empt
   docker exec "$1" crictl inspecti --output go-template --template '{{.status.id}}' "$2" 2>/dev/null || true
 }
 
-load() {  # load NODE IMAGE
-  local node=$1 image=$2 id ref other start=$SECONDS
-  id=$(docker image inspect --format '{{.Id}}' "$image")
-  ref=$(normalize "$image")
-  if [ "$(held_as "$node" "$ref")" = "$id" ]; then
-    log "$node already holds $image"
-    return
+avail() { df -h --output=avail / | tail -n 1 | tr -d ' '; }
+
+load_node() {  # load_node NODE IMAGE...: every image the node lacks, in one stream
+  local node=$1 image id ref other start=$SECONDS pending=()
+  shift
+  for image in "$@"; do
+    id=$(docker image inspect --format '{{.Id}}' "$image")
+    ref=$(normalize "$image")
+    if [ "$(held_as "$node" "$ref")" = "$id" ]; then
+      log "$node already holds $image"
+      continue
+    fi
+    other=$(docker exec "$node" crictl inspecti --output go-template \
+      --template '{{range .status.repoTags}}{{.}}{{"\n"}}{{end}}' "$id" 2>/dev/null | head -n 1 || true)
+    if [ -n "$other" ]; then
+      docker exec "$node" ctr --namespace=k8s.io images tag --force "$other" "$ref" >/dev/null
+      log "$node: tagged $other as $ref"
+      continue
+    fi
+    pending+=("$image")
+  done
+  [ ${#pending[@]} -gt 0 ] || return 0
+  # One `docker save` of them all: a layer two images share (the worker's and the vLLM
+  # image's runtime) is sent, and stored, once.
+  if ! docker save "${pending[@]}" | docker exec --privileged -i "$node" ctr --namespace=k8s.io images \
+      import --local --all-platforms --digests --snapshotter=overlayfs --discard-unpacked-layers - >/dev/null; then
+    echo "load: importing ${pending[*]} into $node failed, $(avail) left on this machine's disk. Docker stages" \
+      "the images' layers while it saves them and the node holds them packed and unpacked while it" \
+      "imports: this needs free disk of about three times their size (docs/operations.md#disk)." >&2
+    exit 1
   fi
-  other=$(docker exec "$node" crictl inspecti --output go-template \
-    --template '{{range .status.repoTags}}{{.}}{{"\n"}}{{end}}' "$id" 2>/dev/null | head -n 1 || true)
-  if [ -n "$other" ]; then
-    docker exec "$node" ctr --namespace=k8s.io images tag --force "$other" "$ref" >/dev/null
-    log "$node: tagged $other as $ref"
-    return
-  fi
-  docker save "$image" | docker exec --privileged -i "$node" ctr --namespace=k8s.io images \
-    import --local --all-platforms --digests --snapshotter=overlayfs --discard-unpacked-layers - >/dev/null
-  [ "$(held_as "$node" "$ref")" = "$id" ] || { echo "load: $node does not hold $image after import" >&2; exit 1; }
-  log "loaded $image into $node: $((SECONDS - start)) s ($(df -h --output=avail / | tail -n 1 | tr -d ' ') disk left here)"
+  for image in "${pending[@]}"; do
+    [ "$(held_as "$node" "$(normalize "$image")")" = "$(docker image inspect --format '{{.Id}}' "$image")" ] ||
+      { echo "load: $node does not hold $image after import" >&2; exit 1; }
+  done
+  log "loaded ${pending[*]} into $node: $((SECONDS - start)) s ($(avail) disk left here)"
 }
 
-for image in "$@"; do
-  for node in "${nodes[@]}"; do
-    load "$node" "$image"
-  done
+for node in "${nodes[@]}"; do
+  load_node "$node" "$@"
 done
