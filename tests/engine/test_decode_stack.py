@@ -3,8 +3,6 @@ where it applies."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
@@ -18,8 +16,6 @@ pytestmark = pytest.mark.skipif(kernels.cpu_kernels() is None or cpu_kernels.ker
 
 SPEC = "synthetic:dense-tiny,layers=3,seed=5"
 PROMPTS = [list(range(7, 47)), [3, 9, 27, 81, 243], [300] * 11]
-# More sequences than the int4 kernel's rows: float weights take the stack at any batch.
-MANY_PROMPTS = [[5 + i, 60 + 2 * i, 7] * (1 + i % 4) for i in range(12)]
 PARAMS = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True, logprobs=3)
 
 
@@ -52,21 +48,19 @@ def generate(e: LLMEngine, fused: bool, prompts: list[list[int]]) -> dict[str, l
     return outs
 
 
-@pytest.mark.parametrize(("dtype", "quantization", "prompts", "max_rows"), [
-    ("float32", "int4", PROMPTS, 8), ("bfloat16", "int4", PROMPTS, 8),
-    ("float32", "none", MANY_PROMPTS, math.inf), ("bfloat16", "none", MANY_PROMPTS, math.inf),
+@pytest.mark.parametrize(("dtype", "quantization"), [
+    ("float32", "int4"), ("bfloat16", "int4"), ("float32", "none"), ("bfloat16", "none"),
 ])
-def test_fused_decode_gives_the_python_layers_output_bit_for_bit(
-        dtype: str, quantization: str, prompts: list[list[int]], max_rows: float) -> None:
+def test_fused_decode_gives_the_python_layers_output_bit_for_bit(dtype: str, quantization: str) -> None:
     e = engine(dtype, quantization)
     model, caches = e.runner.model, e.runner.kv_caches
     stack = decode_stack.build(model, caches, model.embed_tokens.weight.dtype)
-    assert stack is not None and len(stack) == 3 and stack.max_rows == max_rows
+    assert stack is not None and len(stack) == 3 and stack.max_rows == 8
     counting = CountingStack(stack)
     model._decode_stack = (caches, counting)
-    fused = generate(e, True, prompts)
+    fused = generate(e, True, PROMPTS)
     assert counting.runs >= PARAMS.max_tokens - 1  # every decode step of the batch went through it
-    python = generate(e, False, prompts)
+    python = generate(e, False, PROMPTS)
     assert counting.runs < 2 * PARAMS.max_tokens
     assert fused == python  # token ids and every logprob, exactly
 
@@ -92,9 +86,8 @@ def test_only_decode_only_steps_the_kernels_take_go_through_the_stack() -> None:
         spans = [PrefillSpan(decodes, prefill, prefill, None, None)] if prefill else []
         return AttentionMetadata(slots, slots, num_decodes=decodes, prefills=spans)
 
-    int4, dense = decode_stack.DecodeStack(None, 8), decode_stack.DecodeStack(None, math.inf)
+    stack = decode_stack.DecodeStack(None)
     x = torch.zeros(64, 16)
-    assert int4.applies(x[:1], meta(1)) and int4.applies(x[:8], meta(8))
-    assert not int4.applies(x[:9], meta(9))  # past the int4 kernel's rows
-    assert dense.applies(x, meta(64))
-    assert not dense.applies(x[:5], meta(1, 4))  # a step with a prefill chunk
+    assert stack.applies(x[:1], meta(1)) and stack.applies(x[:8], meta(8))
+    assert not stack.applies(x[:9], meta(9)) and not stack.applies(x, meta(64))  # past 8 rows
+    assert not stack.applies(x[:5], meta(1, 4))  # a step with a prefill chunk

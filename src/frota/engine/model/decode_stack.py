@@ -8,15 +8,15 @@ C++, so its output is the Python layers' bit for bit.
 It applies where the Python layers would run exactly those kernels: a plain Llama stack on
 the CPU with the C++ kernels loaded; every projection without a bias and either int4 in
 Frota's kernel layout, packed for oneDNN (`PackedLinear`) or a plain `nn.Linear`; the norms
-and KV caches in the activations' dtype; and steps that only decode (with int4
-projections, at most `GEMV_MAX_ROWS` sequences, the rows Frota's int4 kernel takes).
+and KV caches in the activations' dtype; and steps that only decode, at most
+`GEMV_MAX_ROWS` sequences (the rows Frota's int4 kernel takes; with float weights, batch-64
+decode steps measured no faster through the stack in the offline benchmark).
 Anything else (tensor parallel shards, MoE, int8 or fp8 weights, a quantized KV pool, a
 step with a prefill chunk) keeps the Python layers.
 """
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -37,9 +37,9 @@ KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
 class DecodeStack:
     """The C++ stack over a model's layers and KV caches, and the steps it takes."""
 
-    def __init__(self, stack: Any, max_rows: float) -> None:
+    def __init__(self, stack: Any, max_rows: int = GEMV_MAX_ROWS) -> None:
         self.stack = stack
-        self.max_rows = max_rows  # GEMV_MAX_ROWS with int4 projections, else no limit
+        self.max_rows = max_rows
 
     def applies(self, x: torch.Tensor, meta: AttentionMetadata) -> bool:
         """Whether the step with embeddings `x` is one it runs: only decodes, few enough."""
@@ -101,4 +101,4 @@ def build(model: LlamaForCausalLM, kv_caches: KVCaches, dtype: torch.dtype) -> D
     stack = ops.DecodeStack(quant.int4_mm_capsule if quant else None, tensors, projections,
                             rotary.cos, rotary.sin, first.num_heads, first.num_kv_heads,
                             first.head_dim, eps.pop(), first.scale)
-    return DecodeStack(stack, GEMV_MAX_ROWS if int4 else math.inf)
+    return DecodeStack(stack)
