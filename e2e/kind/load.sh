@@ -36,7 +36,7 @@ held_as() {  # held_as NODE REF: the image ID the node's CRI has under REF (empt
 avail() { df -h --output=avail / | tail -n 1 | tr -d ' '; }
 
 load_node() {  # load_node NODE IMAGE...: every image the node lacks, in one stream
-  local node=$1 image id ref other start=$SECONDS pending=()
+  local node=$1 image id ref other start=$SECONDS i pending=() refs=() ids=()
   shift
   for image in "$@"; do
     id=$(docker image inspect --format '{{.Id}}' "$image")
@@ -52,7 +52,7 @@ load_node() {  # load_node NODE IMAGE...: every image the node lacks, in one str
       log "$node: tagged $other as $ref"
       continue
     fi
-    pending+=("$image")
+    pending+=("$image") refs+=("$ref") ids+=("$id")
   done
   [ ${#pending[@]} -gt 0 ] || return 0
   # One `docker save` of them all: a layer two images share (the worker's and the vLLM
@@ -64,9 +64,9 @@ load_node() {  # load_node NODE IMAGE...: every image the node lacks, in one str
       "imports: this needs free disk of about three times their size (docs/operations.md#disk)." >&2
     exit 1
   fi
-  for image in "${pending[@]}"; do
-    [ "$(held_as "$node" "$(normalize "$image")")" = "$(docker image inspect --format '{{.Id}}' "$image")" ] ||
-      { echo "load: $node does not hold $image after import" >&2; exit 1; }
+  for i in "${!pending[@]}"; do
+    [ "$(held_as "$node" "${refs[i]}")" = "${ids[i]}" ] ||
+      { echo "load: $node does not hold ${pending[i]} after import" >&2; exit 1; }
   done
   log "loaded ${pending[*]} into $node: $((SECONDS - start)) s ($(avail) disk left here)"
 }

@@ -23,7 +23,7 @@ class CountingStack(decode_stack.DecodeStack):
     """Counts the steps the stack ran."""
 
     def __init__(self, stack: decode_stack.DecodeStack) -> None:
-        super().__init__(stack.stack, stack.max_rows)
+        super().__init__(stack.stack)
         self.runs = 0
 
     def run(self, *args):  # type: ignore[no-untyped-def]

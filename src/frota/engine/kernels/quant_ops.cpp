@@ -531,9 +531,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
   mod.def("int8_dequant", &int8_dequant, release());
   mod.def("int4_mm", &int4_mm, release());
   mod.def("int4_dequant", &int4_dequant, release());
-  // int4_mm for C++ callers in the other extension (decode_stack.cpp, cpu_kernels.h).
-  using Int4MatmulFn = at::Tensor (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                      const at::Tensor&, int64_t);
-  mod.attr("int4_mm_capsule") = py::capsule(reinterpret_cast<void*>(static_cast<Int4MatmulFn>(&int4_mm)),
-                                            "frota_quant.int4_mm");
+  // int4_mm for C++ callers in the attention extension (decode_stack.cpp; kernels.h).
+  mod.attr("int4_mm_capsule") =
+      py::capsule(reinterpret_cast<void*>(static_cast<Int4MatmulFn>(&int4_mm)), kInt4MatmulCapsule);
 }

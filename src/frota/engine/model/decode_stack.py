@@ -37,9 +37,10 @@ KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
 class DecodeStack:
     """The C++ stack over a model's layers and KV caches, and the steps it takes."""
 
-    def __init__(self, stack: Any, max_rows: int = GEMV_MAX_ROWS) -> None:
+    max_rows = GEMV_MAX_ROWS  # the most sequences a step it runs may decode
+
+    def __init__(self, stack: Any) -> None:
         self.stack = stack
-        self.max_rows = max_rows
 
     def applies(self, x: torch.Tensor, meta: AttentionMetadata) -> bool:
         """Whether the step with embeddings `x` is one it runs: only decodes, few enough."""

@@ -109,7 +109,7 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
-        stack = self._stack_for(kv_caches, x.dtype) if meta.num_decodes == x.shape[0] else None
+        stack = self._stack_for(kv_caches, x.dtype)
         if stack is not None and stack.applies(x, meta):
             x = stack.run(x, positions, meta)
         else:
