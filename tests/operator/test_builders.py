@@ -160,6 +160,20 @@ def test_router_discovers_rank_zero_endpoints_through_its_own_role():
     assert binding["subjects"][0]["name"] == deploy["spec"]["template"]["spec"]["serviceAccountName"]
 
 
+def test_the_router_drains_as_long_as_a_worker_within_its_pod_termination_grace():
+    objs = children(Spec())
+    router_pod = one(objs, "Deployment", "tiny-router")["spec"]["template"]["spec"]
+    container = router_pod["containers"][0]
+    args = container["args"]
+    drain = float(args[args.index("--drain-timeout") + 1])
+    pre_stop = container["lifecycle"]["preStop"]["sleep"]["seconds"]
+    worker_pod = next(o for o in objs if o["kind"] == "StatefulSet")["spec"]["template"]["spec"]
+    worker_drain = float(env_of(worker_pod["containers"][0])["FROTA_SHUTDOWN_GRACE_PERIOD"])
+    assert drain >= worker_drain - pre_stop > 0
+    assert pre_stop + drain < router_pod["terminationGracePeriodSeconds"]
+    assert worker_drain < worker_pod["terminationGracePeriodSeconds"]
+
+
 def test_router_reads_the_api_key_from_a_mounted_secret_file():
     deploy = one(children(Spec().set("spec.router.apiKeySecret", {"name": "keys", "key": "k1"})), "Deployment")
     pod = deploy["spec"]["template"]["spec"]

@@ -1,6 +1,9 @@
 """The router's HTTP surface: auth, admission (429), errors, health and metrics."""
 
 import asyncio
+import contextlib
+
+import aiohttp
 
 from frota.router.app import RouterConfig, read_api_keys
 
@@ -109,3 +112,39 @@ async def test_health_ready_and_worker_listing(start_worker, start_router):
     async with router.session.get(router.url + "/router/workers") as r:
         listing = await r.json()
     assert listing["workers"][0]["url"] == worker.url and listing["workers"][0]["healthy"]
+
+
+async def test_stop_lets_a_stream_in_flight_run_for_the_drain_timeout(
+        start_worker, start_router):
+    """A generation outlives the HTTP server's own short grace: the router's drain waits
+    for it as long as `drain_timeout` says, and cuts off (and says so) only after that."""
+    gate = asyncio.Event()
+    worker = await start_worker(gate=gate, gate_at_chunk=2, num_tokens=4)
+    router = await start_router([worker], RouterConfig(probe_interval=0.05, drain_timeout=30))
+    async with router.session.post(router.url + "/v1/completions", json=BODY) as r:
+        assert r.status == 200
+        await r.content.readuntil(b"\n\n")
+        stopping = asyncio.create_task(router.app.stop())
+        await asyncio.sleep(0.5)
+        assert not stopping.done()  # still draining: the stream is open
+        gate.set()
+        body = await r.read()
+    assert b"t3" in body and body.endswith(b"data: [DONE]\n\n")
+    await asyncio.wait_for(stopping, 5)
+
+
+async def test_stop_cuts_off_what_is_left_at_the_drain_timeout(
+        start_worker, start_router, caplog):
+    gate = asyncio.Event()  # never set: the stream would run forever
+    worker = await start_worker(gate=gate, gate_at_chunk=1)
+    router = await start_router([worker], RouterConfig(probe_interval=0.05, drain_timeout=0.3))
+    async with router.session.post(router.url + "/v1/completions", json=BODY) as r:
+        await r.content.readuntil(b"\n\n")
+        started = asyncio.get_running_loop().time()
+        await asyncio.wait_for(router.app.stop(), 5)
+        assert asyncio.get_running_loop().time() - started < 3
+        rest = b""
+        with contextlib.suppress(aiohttp.ClientPayloadError):  # cut off mid-stream
+            rest = await r.read()
+        assert b"[DONE]" not in rest
+    assert "cutting 1 connection(s), 1 with a request in flight" in caplog.text

@@ -25,11 +25,13 @@ def test_flags_fall_back_to_frota_environment_variables(monkeypatch):
     monkeypatch.setenv("FROTA_MAX_INFLIGHT", "7")
     monkeypatch.setenv("FROTA_POLICY", "prefix-aware")
     monkeypatch.setenv("FROTA_WORKERS", "a:1,b:2")
+    monkeypatch.setenv("FROTA_DRAIN_TIMEOUT", "45")
     args = parse(["--policy", "session"])
     assert args.max_inflight == 7 and args.workers == "a:1,b:2"
     assert args.policy == "session"  # the command line wins
     config = cli.config_from_args(args)
     assert config.policy is PolicyName.SESSION and config.max_inflight == 7
+    assert config.drain_timeout == 45.0
 
 
 def test_prefix_flags_default_to_the_policy_config():

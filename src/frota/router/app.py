@@ -57,6 +57,8 @@ class RouterConfig:
     probe_interval: float = 1.0
     probe_timeout: float = 2.0
     eject_after: int = 3
+    # On SIGTERM: how long requests in flight may run on before they are cut off.
+    drain_timeout: float = 30.0
     api_keys: frozenset[str] = frozenset()
     disagg: Any = None  # frota.router.disagg.Disaggregation: prefill pool + thresholds
 
@@ -145,7 +147,7 @@ class RouterApp:
 
     async def stop(self) -> None:
         if self.server is not None:
-            await self.server.close()
+            await self.server.close(grace=self.router.config.drain_timeout)
         await self.router.close()
 
     async def handle(self, request: Request) -> web.StreamResponse:

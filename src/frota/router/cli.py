@@ -40,6 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="file with accepted API keys, one per line; without it, no auth")
     g.add_argument("--log-level", default=_env("--log-level", "info"), type=str.lower,
                    choices=["debug", "info", "warning", "error"])
+    g.add_argument("--drain-timeout", type=float, default=_env("--drain-timeout", 30.0),
+                   help="on SIGTERM, seconds requests in flight may run on before they are "
+                        "cut off (new connections are refused at once)")
 
     g = parser.add_argument_group("discovery")
     g.add_argument("--discovery", default=_env("--discovery", "static"),
@@ -195,7 +198,7 @@ def config_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
                           connect_timeout=args.connect_timeout,
                           read_timeout=args.read_timeout or None),
         probe_interval=args.probe_interval, probe_timeout=args.probe_timeout,
-        eject_after=args.eject_after,
+        eject_after=args.eject_after, drain_timeout=args.drain_timeout,
         api_keys=read_api_keys(args.api_key_file) if args.api_key_file else frozenset(),
         disagg=_disaggregation(args))
 

@@ -297,9 +297,13 @@ class HttpServer:
                 elif now - idle_since.setdefault(conn, now) >= idle_grace:
                     conn.force_close()
             await asyncio.sleep(DRAIN_POLL_SECONDS)
-        for conn in list(self.connections):
-            if conn.raw_transport is not None:
-                conn.raw_transport.abort()
+        cut = [conn for conn in self.connections if conn.raw_transport is not None]
+        if cut:
+            busy = sum(conn.busy for conn in cut)
+            log.warning("drain: %.0f s grace over, cutting %d connection(s), %d with a "
+                        "request in flight", grace, len(cut), busy)
+        for conn in cut:
+            conn.raw_transport.abort()
         if self._tasks:  # cancelled by their connections' loss
             await asyncio.wait(list(self._tasks), timeout=1.0)
         self._server = self._web = None

@@ -8,6 +8,10 @@ from frota.api import API_VERSION, KIND, InferenceService
 from frota.api.contract import APP_NAME, OPERATOR_MANAGER, Label
 
 RUN_AS_USER = 10001
+# SIGTERM to SIGKILL, for workers and routers alike: each drains its requests in flight
+# for all but the last DRAIN_MARGIN_SECONDS (and the router's preStop wait) of it.
+TERMINATION_GRACE_SECONDS = 60
+DRAIN_MARGIN_SECONDS = 10
 
 
 def selector_labels(isvc: InferenceService, **extra: str) -> dict[str, str]:

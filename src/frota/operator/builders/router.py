@@ -7,6 +7,8 @@ from typing import Any
 from frota.api import InferenceService
 from frota.api.contract import Label
 from frota.operator.builders.common import (
+    DRAIN_MARGIN_SECONDS,
+    TERMINATION_GRACE_SECONDS,
     WRITABLE_HOME_ENV,
     container_security_context,
     http_probe,
@@ -22,6 +24,9 @@ ROUTER_PORT = 8000
 SERVICE_PORT = 80
 API_KEY_DIR = "/var/run/secrets/frota/api-key"
 ROUTER_ENDPOINT_DRAIN_SECONDS = 5  # preStop: out of the Service's endpoints before SIGTERM
+# After SIGTERM: requests in flight finish (a long generation included) before the
+# router stops; a worker drains as long, so the router never cuts off an answer.
+ROUTER_DRAIN_SECONDS = TERMINATION_GRACE_SECONDS - ROUTER_ENDPOINT_DRAIN_SECONDS - DRAIN_MARGIN_SECONDS
 
 
 def router_name(isvc: InferenceService) -> str:
@@ -52,6 +57,7 @@ def router_args(isvc: InferenceService, topology: Topology) -> list[str]:
         "--port-name", "http",
         "--port", str(ROUTER_PORT),
         "--policy", topology.router.policy,
+        "--drain-timeout", str(ROUTER_DRAIN_SECONDS),
     ]
 
 
@@ -122,6 +128,7 @@ def deployment(isvc: InferenceService, topology: Topology) -> dict[str, Any]:
                 "metadata": {"labels": pod_labels},
                 "spec": {
                     "serviceAccountName": router_name(isvc),
+                    "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
                     "enableServiceLinks": False,
                     "securityContext": pod_security_context(),
                     "containers": [{

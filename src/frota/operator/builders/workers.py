@@ -8,6 +8,8 @@ from typing import Any
 from frota.api import EnvVar, InferenceService, Resources
 from frota.api.contract import Label
 from frota.operator.builders.common import (
+    DRAIN_MARGIN_SECONDS,
+    TERMINATION_GRACE_SECONDS,
     WRITABLE_HOME_ENV,
     container_security_context,
     http_probe,
@@ -23,9 +25,6 @@ from frota.operator.topology import MASTER_PORT, WORKER_PORT, ReplicaGroup, Topo
 # Model load can take many minutes for large weights; the startup probe allows 30.
 STARTUP_PERIOD_SECONDS = 10
 STARTUP_FAILURES = 180
-# SIGTERM to SIGKILL; Frota's worker drains in-flight requests for all but the last seconds.
-TERMINATION_GRACE_SECONDS = 60
-DRAIN_MARGIN_SECONDS = 10
 
 
 def engine_configmap_name(isvc: InferenceService) -> str:
