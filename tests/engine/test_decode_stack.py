@@ -3,6 +3,8 @@ where it applies."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -23,7 +25,7 @@ class CountingStack(decode_stack.DecodeStack):
     """Counts the steps the stack ran."""
 
     def __init__(self, stack: decode_stack.DecodeStack) -> None:
-        super().__init__(stack.stack)
+        super().__init__(stack.stack, stack.max_rows)
         self.runs = 0
 
     def run(self, *args):  # type: ignore[no-untyped-def]
@@ -55,12 +57,16 @@ def test_fused_decode_gives_the_python_layers_output_bit_for_bit(dtype: str, qua
     e = engine(dtype, quantization)
     model, caches = e.runner.model, e.runner.kv_caches
     stack = decode_stack.build(model, caches, model.embed_tokens.weight.dtype)
-    assert stack is not None and len(stack) == 3 and stack.max_rows == 8
+    assert stack is not None and len(stack) == 3
+    # int4 takes the rows of Frota's int4 kernel; float weights, any decode step.
+    assert stack.max_rows == (8 if quantization == "int4" else sys.maxsize)
+    # Float weights: a batch past the int4 kernel's 8 rows goes through the stack too.
+    prompts = PROMPTS if quantization == "int4" else PROMPTS + [[50 + i] * (3 + i) for i in range(9)]
     counting = CountingStack(stack)
     model._decode_stack = (caches, counting)
-    fused = generate(e, True, PROMPTS)
+    fused = generate(e, True, prompts)
     assert counting.runs >= PARAMS.max_tokens - 1  # every decode step of the batch went through it
-    python = generate(e, False, PROMPTS)
+    python = generate(e, False, prompts)
     assert counting.runs < 2 * PARAMS.max_tokens
     assert fused == python  # token ids and every logprob, exactly
 
@@ -86,8 +92,9 @@ def test_only_decode_only_steps_the_kernels_take_go_through_the_stack() -> None:
         spans = [PrefillSpan(decodes, prefill, prefill, None, None)] if prefill else []
         return AttentionMetadata(slots, slots, num_decodes=decodes, prefills=spans)
 
-    stack = decode_stack.DecodeStack(None)
+    stack = decode_stack.DecodeStack(None, max_rows=8)
     x = torch.zeros(64, 16)
     assert stack.applies(x[:1], meta(1)) and stack.applies(x[:8], meta(8))
     assert not stack.applies(x[:9], meta(9)) and not stack.applies(x, meta(64))  # past 8 rows
     assert not stack.applies(x[:5], meta(1, 4))  # a step with a prefill chunk
+    assert decode_stack.DecodeStack(None, max_rows=64).applies(x, meta(64))

@@ -8,15 +8,18 @@ C++, so its output is the Python layers' bit for bit.
 It applies where the Python layers would run exactly those kernels: a plain Llama stack on
 the CPU with the C++ kernels loaded; every projection without a bias and either int4 in
 Frota's kernel layout, packed for oneDNN (`PackedLinear`) or a plain `nn.Linear`; the norms
-and KV caches in the activations' dtype; and steps that only decode, at most
-`GEMV_MAX_ROWS` sequences (the rows Frota's int4 kernel takes; with float weights, batch-64
-decode steps measured no faster through the stack in the offline benchmark).
+and KV caches in the activations' dtype; and steps that only decode. With int4 weights a
+step may decode at most `GEMV_MAX_ROWS` sequences (the rows Frota's int4 kernel takes; the
+Python layers dequantize past that); with float weights, any number (a bf16 decode step of
+64 sequences of SmolLM2-135M: 96.8 ms through the stack, 107.8 ms through the Python layers,
+docs/engine.md#cpu-kernels).
 Anything else (tensor parallel shards, MoE, int8 or fp8 weights, a quantized KV pool, a
 step with a prefill chunk) keeps the Python layers.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -37,10 +40,9 @@ KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
 class DecodeStack:
     """The C++ stack over a model's layers and KV caches, and the steps it takes."""
 
-    max_rows = GEMV_MAX_ROWS  # the most sequences a step it runs may decode
-
-    def __init__(self, stack: Any) -> None:
+    def __init__(self, stack: Any, max_rows: int) -> None:
         self.stack = stack
+        self.max_rows = max_rows  # the most sequences a step it runs may decode
 
     def applies(self, x: torch.Tensor, meta: AttentionMetadata) -> bool:
         """Whether the step with embeddings `x` is one it runs: only decodes, few enough."""
@@ -102,4 +104,4 @@ def build(model: LlamaForCausalLM, kv_caches: KVCaches, dtype: torch.dtype) -> D
     stack = ops.DecodeStack(quant.int4_mm_capsule if quant else None, tensors, projections,
                             rotary.cos, rotary.sin, first.num_heads, first.num_kv_heads,
                             first.head_dim, eps.pop(), first.scale)
-    return DecodeStack(stack)
+    return DecodeStack(stack, GEMV_MAX_ROWS if int4 else sys.maxsize)
