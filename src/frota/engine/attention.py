@@ -12,9 +12,11 @@ chunks of sequences in prefill.
   scores per block with one batched matmul, and combines the blocks with a
   segmented softmax (max and sum reduced per sequence with scatter/index_add).
   Neither pads to the longest sequence.
-- Prefill: one SDPA call per sequence chunk; a chunk with prior context (an
-  earlier chunk, or a prefix-cache hit) reads that context through its block
-  table, with the causal mask shifted by the context length.
+- Prefill: a chunk with no prior context, in bfloat16 on a CPU with AVX-512
+  BF16, runs the C++ kernel's flash attention (`prefill_attention.cpp`, 3-4x
+  SDPA's speed there); any other chunk is one SDPA call. A chunk with prior
+  context (an earlier chunk, or a prefix-cache hit) reads that context through
+  its block table, with the causal mask shifted by the context length.
 """
 
 from __future__ import annotations
@@ -93,8 +95,12 @@ def paged_attention(
     out = torch.empty_like(q)
     if meta.num_decodes:
         out[: meta.num_decodes] = decode_attention(q[: meta.num_decodes], k_cache, v_cache, meta, scale)
+    fast_prefill = prefill_kernels(q, k)
     for span in meta.prefills:
         s, n = span.start, span.num_tokens
+        if span.block_table is None and fast_prefill is not None:
+            out[s : s + n] = fast_prefill.prefill_attention(q[s : s + n], k[s : s + n], v[s : s + n], scale)
+            continue
         qs = q[s : s + n].transpose(0, 1).unsqueeze(0)
         if span.block_table is None:
             ks = k[s : s + n].transpose(0, 1).unsqueeze(0)
@@ -124,6 +130,15 @@ def decode_attention(
         return ops.paged_decode_attention(
             q, k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale)
     return decode_attention_torch(q, k_cache, v_cache, meta, scale)
+
+
+def prefill_kernels(q: torch.Tensor, k: torch.Tensor) -> ModuleType | None:
+    """The C++ kernels when their prefill attention takes these chunks: bfloat16 on a CPU
+    build with AVX-512 BF16, head_dim 64 or 128, at most 16 query heads per KV head."""
+    if q.dtype != torch.bfloat16 or q.shape[-1] not in (64, 128) or q.shape[1] > 16 * k.shape[1]:
+        return None
+    ops = kernels.for_tensor(q)
+    return ops if ops is not None and ops.HAS_PREFILL_ATTENTION else None
 
 
 def paged_kernels(t: torch.Tensor, k_cache, v_cache) -> ModuleType | None:

@@ -17,5 +17,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Rotary embedding of q and k in the fused qkv, in place, and k/v written to the paged caches");
   m.def("silu_and_mul", &silu_and_mul, release, "silu(gate) * up");
   m.def("argmax_rows", &argmax_rows, release, "each row's first largest element's index (greedy sampling)");
+  m.def("prefill_attention", &prefill_attention, release,
+        "Causal attention of one prefill chunk with no prior context (bfloat16, AVX-512 BF16 builds)");
+  m.attr("HAS_PREFILL_ATTENTION") = has_prefill_attention();
   bind_decode_stack(m);
 }

@@ -61,8 +61,8 @@ class Extension:
 
 
 EXTENSIONS: dict[str, Extension] = {ext.kind: ext for ext in (
-    Extension("attention", "frota_cpu_kernels", ("paged_attention.cpp", "layer_ops.cpp", "decode_stack.cpp",
-                                                "bindings.cpp"),
+    Extension("attention", "frota_cpu_kernels", ("paged_attention.cpp", "prefill_attention.cpp", "layer_ops.cpp",
+                                                "decode_stack.cpp", "bindings.cpp"),
               (*BASE_CFLAGS, "-ffast-math", "-fopenmp"), ("-fopenmp",), "the PyTorch attention path"),
     # No -ffast-math here: it would let the compiler reorder their float32 sums (other last
     # bits). -fopenmp makes at::parallel_for split the weight rows over torch's own threads:
