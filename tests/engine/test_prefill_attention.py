@@ -10,7 +10,7 @@ from frota.engine import kernels
 from frota.engine.attention import prefill_kernels
 
 ops = kernels.cpu_kernels()
-pytestmark = pytest.mark.skipif(ops is None or not ops.HAS_PREFILL_ATTENTION,
+pytestmark = pytest.mark.skipif(ops is None or not ops.prefill_attention_takes(9, 3, 64),
                                 reason="no C++ kernels built with AVX-512 BF16 here")
 
 
@@ -61,3 +61,5 @@ def test_it_runs_only_where_it_applies():
                            torch.zeros(4, 2, 64, dtype=torch.bfloat16)) is None  # 17 per KV head
     with pytest.raises(RuntimeError, match="bfloat16"):
         ops.prefill_attention(q.float(), k.float(), k.float(), 0.125)
+    with pytest.raises(RuntimeError, match="not 9 heads over 2"):
+        ops.prefill_attention(q, k[:, :2], k[:, :2], 0.125)

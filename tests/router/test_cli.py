@@ -34,10 +34,11 @@ def test_flags_fall_back_to_frota_environment_variables(monkeypatch):
     assert config.drain_timeout == 45.0
 
 
-def test_prefix_flags_default_to_the_policy_config():
+def test_flag_defaults_are_the_router_config_defaults():
     defaults = PrefixAwareConfig()
     config = cli.config_from_args(parse(["--workers", "a:1"]))
     assert config.prefix == defaults == RouterConfig().prefix
+    assert config.drain_timeout == RouterConfig().drain_timeout
 
 
 def test_router_modules_never_import_torch_or_the_engine():

@@ -13,7 +13,7 @@ chunks of sequences in prefill.
   segmented softmax (max and sum reduced per sequence with scatter/index_add).
   Neither pads to the longest sequence.
 - Prefill: a chunk with no prior context, in bfloat16 on a CPU with AVX-512
-  BF16, runs the C++ kernel's flash attention (`prefill_attention.cpp`, 3-4x
+  BF16, runs the C++ kernel's flash attention (`prefill_attention.cpp`, 2.7-4x
   SDPA's speed there); any other chunk is one SDPA call. A chunk with prior
   context (an earlier chunk, or a prefix-cache hit) reads that context through
   its block table, with the causal mask shifted by the context length.
@@ -134,11 +134,11 @@ def decode_attention(
 
 def prefill_kernels(q: torch.Tensor, k: torch.Tensor) -> ModuleType | None:
     """The C++ kernels when their prefill attention takes these chunks: bfloat16 on a CPU
-    build with AVX-512 BF16, head_dim 64 or 128, at most 16 query heads per KV head."""
-    if q.dtype != torch.bfloat16 or q.shape[-1] not in (64, 128) or q.shape[1] > 16 * k.shape[1]:
+    build with AVX-512 BF16, in the head shapes the kernel says it runs."""
+    ops = kernels.for_tensor(q) if q.dtype == torch.bfloat16 else None
+    if ops is None or not ops.prefill_attention_takes(q.shape[1], k.shape[1], q.shape[2]):
         return None
-    ops = kernels.for_tensor(q)
-    return ops if ops is not None and ops.HAS_PREFILL_ATTENTION else None
+    return ops
 
 
 def paged_kernels(t: torch.Tensor, k_cache, v_cache) -> ModuleType | None:

@@ -19,6 +19,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("argmax_rows", &argmax_rows, release, "each row's first largest element's index (greedy sampling)");
   m.def("prefill_attention", &prefill_attention, release,
         "Causal attention of one prefill chunk with no prior context (bfloat16, AVX-512 BF16 builds)");
-  m.attr("HAS_PREFILL_ATTENTION") = has_prefill_attention();
+  m.def("prefill_attention_takes", &prefill_attention_takes,
+        "whether prefill_attention runs (heads, kv_heads, head_dim) in this build");
   bind_decode_stack(m);
 }

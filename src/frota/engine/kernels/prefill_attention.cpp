@@ -184,15 +184,19 @@ void prefill(const uint16_t* q, const uint16_t* k, const uint16_t* v, uint16_t* 
 
 }  // namespace
 
-bool has_prefill_attention() { return true; }
+bool prefill_attention_takes(int64_t heads, int64_t kv_heads, int64_t head_dim) {
+  return kv_heads > 0 && heads % kv_heads == 0 && heads / kv_heads <= kMaxRows &&
+         (head_dim == 64 || head_dim == 128);
+}
 
 at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) {
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && k.sizes() == v.sizes(), "q must be [T, H, D], k and v [T, KVH, D]");
   TORCH_CHECK(q.scalar_type() == at::kBFloat16 && k.scalar_type() == at::kBFloat16 && v.scalar_type() == at::kBFloat16,
               "prefill_attention takes bfloat16");
   TORCH_CHECK(q.size(0) == k.size(0) && q.size(2) == k.size(2), "q, k and v disagree on tokens or head_dim");
-  TORCH_CHECK(q.size(1) % k.size(1) == 0, "heads must be a multiple of kv_heads");
-  TORCH_CHECK(q.size(1) / k.size(1) <= kMaxRows, "at most ", kMaxRows, " query heads per KV head");
+  TORCH_CHECK(prefill_attention_takes(q.size(1), k.size(1), q.size(2)), "prefill_attention takes head_dim 64 or ",
+              "128 and whole groups of at most ", kMaxRows, " query heads per KV head, not ", q.size(1), " heads over ",
+              k.size(1), " of head_dim ", q.size(2));
   const auto qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
   auto out = at::empty_like(qc);
   const auto* qp = reinterpret_cast<const uint16_t*>(qc.data_ptr<at::BFloat16>());
@@ -200,17 +204,17 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at:
   const auto* vp = reinterpret_cast<const uint16_t*>(vc.data_ptr<at::BFloat16>());
   auto* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
   const float s = static_cast<float>(scale);
-  switch (q.size(2)) {
-    case 64: prefill<64>(qp, kp, vp, op, q.size(0), q.size(1), k.size(1), s); break;
-    case 128: prefill<128>(qp, kp, vp, op, q.size(0), q.size(1), k.size(1), s); break;
-    default: TORCH_CHECK(false, "prefill_attention takes head_dim 64 or 128, not ", q.size(2));
+  if (q.size(2) == 64) {
+    prefill<64>(qp, kp, vp, op, q.size(0), q.size(1), k.size(1), s);
+  } else {
+    prefill<128>(qp, kp, vp, op, q.size(0), q.size(1), k.size(1), s);
   }
   return out;
 }
 
-#else  // no AVX-512 BF16 in this build: callers check has_prefill_attention() first
+#else  // no AVX-512 BF16 in this build: callers check prefill_attention_takes() first
 
-bool has_prefill_attention() { return false; }
+bool prefill_attention_takes(int64_t, int64_t, int64_t) { return false; }
 
 at::Tensor prefill_attention(const at::Tensor&, const at::Tensor&, const at::Tensor&, double) {
   TORCH_CHECK(false, "prefill_attention needs a build with AVX-512 BF16");

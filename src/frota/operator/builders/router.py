@@ -25,7 +25,8 @@ SERVICE_PORT = 80
 API_KEY_DIR = "/var/run/secrets/frota/api-key"
 ROUTER_ENDPOINT_DRAIN_SECONDS = 5  # preStop: out of the Service's endpoints before SIGTERM
 # After SIGTERM: requests in flight finish (a long generation included) before the
-# router stops; a worker drains as long, so the router never cuts off an answer.
+# router stops. With the preStop wait it ends when a worker's drain ends (the pod's grace
+# less the margin), so the router never cuts off an answer a worker would have finished.
 ROUTER_DRAIN_SECONDS = TERMINATION_GRACE_SECONDS - ROUTER_ENDPOINT_DRAIN_SECONDS - DRAIN_MARGIN_SECONDS
 
 
