@@ -10,26 +10,42 @@ from frota.engine import kernels
 from frota.engine.attention import prefill_kernels
 
 ops = kernels.cpu_kernels()
-pytestmark = pytest.mark.skipif(ops is None or not ops.prefill_attention_takes(9, 3, 64),
-                                reason="no C++ kernels built with AVX-512 BF16 here")
+_q32, _k32 = torch.zeros(1, 9, 64), torch.zeros(1, 3, 64)
+pytestmark = pytest.mark.skipif(ops is None or not ops.prefill_attention_takes(_q32, _k32),
+                                reason="no C++ kernels built with AVX-512 here")
+BF16 = ops is not None and ops.prefill_attention_takes(_q32.bfloat16(), _k32.bfloat16())
+bf16_only = pytest.mark.skipif(not BF16, reason="no AVX-512 BF16 in this build")
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Causal attention of q's tokens, the last of k's (any before them are prior context)."""
+    past = k.shape[0] - q.shape[0]
+    mask = torch.arange(k.shape[0])[None, :] <= torch.arange(past, k.shape[0])[:, None]
     out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
-                                         v.transpose(0, 1)[None], is_causal=True, scale=scale,
+                                         v.transpose(0, 1)[None], attn_mask=mask, scale=scale,
                                          enable_gqa=True)
     return out[0].transpose(0, 1)
 
 
-@pytest.mark.parametrize(("tokens", "heads", "kv_heads", "dim"), [
+def inputs(tokens: int, heads: int, kv_heads: int, dim: int, past: int = 0,
+           dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, ...]:
+    torch.manual_seed(tokens + past)
+    q = torch.randn(tokens, heads, dim).to(dtype)
+    k = (torch.randn(past + tokens, kv_heads, dim) * 2).to(dtype)
+    v = torch.randn(past + tokens, kv_heads, dim).to(dtype)
+    return q, k, v
+
+
+SHAPES = [
     (1, 9, 3, 64), (5, 9, 3, 64), (17, 9, 3, 64), (300, 9, 3, 64),  # SmolLM2's grouping
     (33, 4, 4, 64), (70, 32, 8, 128), (40, 16, 1, 64),  # no grouping, 4 and 16 per KV head
-])
+]
+
+
+@bf16_only
+@pytest.mark.parametrize(("tokens", "heads", "kv_heads", "dim"), SHAPES)
 def test_it_matches_float32_attention_as_closely_as_sdpa_in_bfloat16(tokens, heads, kv_heads, dim):
-    torch.manual_seed(tokens)
-    q = torch.randn(tokens, heads, dim, dtype=torch.bfloat16)
-    k = torch.randn(tokens, kv_heads, dim, dtype=torch.bfloat16) * 2
-    v = torch.randn(tokens, kv_heads, dim, dtype=torch.bfloat16)
+    q, k, v = inputs(tokens, heads, kv_heads, dim)
     scale = dim ** -0.5
     exact = sdpa(q.float(), k.float(), v.float(), scale)
     got = ops.prefill_attention(q, k, v, scale)
@@ -42,8 +58,30 @@ def test_it_matches_float32_attention_as_closely_as_sdpa_in_bfloat16(tokens, hea
     assert torch.equal(got[0], v[0].repeat_interleave(group, 0))
 
 
-def test_it_reads_strided_slices_of_a_fused_qkv():
-    qkv = torch.randn(50, (9 + 2 * 3) * 64, dtype=torch.bfloat16)
+@pytest.mark.parametrize(("tokens", "heads", "kv_heads", "dim"), SHAPES)
+def test_it_matches_sdpa_in_float32(tokens, heads, kv_heads, dim):
+    q, k, v = inputs(tokens, heads, kv_heads, dim, dtype=torch.float32)
+    got = ops.prefill_attention(q, k, v, dim ** -0.5)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, sdpa(q, k, v, dim ** -0.5), atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=bf16_only)])
+@pytest.mark.parametrize(("tokens", "past"), [(1, 1), (1, 40), (7, 16), (31, 33), (200, 300)])
+def test_a_chunk_after_prior_context_sees_all_of_it(dtype, tokens, past):
+    q, k, v = inputs(tokens, 9, 3, 64, past=past, dtype=dtype)
+    got = ops.prefill_attention(q, k, v, 0.125)
+    want = sdpa(q.float(), k.float(), v.float(), 0.125)
+    tol = 2e-6 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
+    # Not the same as attending to the chunk alone.
+    assert not torch.allclose(got.float(), sdpa(q.float(), k[past:].float(), v[past:].float(), 0.125),
+                              atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=bf16_only)])
+def test_it_reads_strided_slices_of_a_fused_qkv(dtype):
+    qkv = torch.randn(50, (9 + 2 * 3) * 64).to(dtype)
     q, k, v = qkv.split([9 * 64, 3 * 64, 3 * 64], dim=1)
     q, k, v = q.view(50, 9, 64), k.view(50, 3, 64), v.view(50, 3, 64)
     assert torch.equal(ops.prefill_attention(q[10:40], k[10:40], v[10:40], 0.125),
@@ -52,14 +90,15 @@ def test_it_reads_strided_slices_of_a_fused_qkv():
 
 
 def test_it_runs_only_where_it_applies():
-    q, k = torch.zeros(4, 9, 64, dtype=torch.bfloat16), torch.zeros(4, 3, 64, dtype=torch.bfloat16)
+    q, k = torch.zeros(4, 9, 64), torch.zeros(4, 3, 64)
     assert prefill_kernels(q, k) is ops
-    assert prefill_kernels(q.float(), k.float()) is None  # float32 keeps SDPA
-    assert prefill_kernels(torch.zeros(4, 9, 80, dtype=torch.bfloat16),
-                           torch.zeros(4, 3, 80, dtype=torch.bfloat16)) is None
-    assert prefill_kernels(torch.zeros(4, 34, 64, dtype=torch.bfloat16),
-                           torch.zeros(4, 2, 64, dtype=torch.bfloat16)) is None  # 17 per KV head
-    with pytest.raises(RuntimeError, match="bfloat16"):
-        ops.prefill_attention(q.float(), k.float(), k.float(), 0.125)
+    assert (prefill_kernels(q.bfloat16(), k.bfloat16()) is ops) == BF16
+    assert prefill_kernels(q.half(), k.half()) is None
+    assert prefill_kernels(torch.zeros(4, 9, 80), torch.zeros(4, 3, 80)) is None
+    assert prefill_kernels(torch.zeros(4, 34, 64), torch.zeros(4, 2, 64)) is None  # 17 per KV head
+    with pytest.raises(RuntimeError, match="takes float32"):
+        ops.prefill_attention(q.half(), k.half(), k.half(), 0.125)
     with pytest.raises(RuntimeError, match="not 9 heads over 2"):
         ops.prefill_attention(q, k[:, :2], k[:, :2], 0.125)
+    with pytest.raises(RuntimeError, match="last of k's"):
+        ops.prefill_attention(q, k[:3], k[:3], 0.125)

@@ -12,11 +12,12 @@ chunks of sequences in prefill.
   scores per block with one batched matmul, and combines the blocks with a
   segmented softmax (max and sum reduced per sequence with scatter/index_add).
   Neither pads to the longest sequence.
-- Prefill: a chunk with no prior context, in bfloat16 on a CPU with AVX-512
-  BF16, runs the C++ kernel's flash attention (`prefill_attention.cpp`, 2.7-4x
-  SDPA's speed there); any other chunk is one SDPA call. A chunk with prior
-  context (an earlier chunk, or a prefix-cache hit) reads that context through
-  its block table, with the causal mask shifted by the context length.
+- Prefill: on a CPU with AVX-512 (bfloat16 also needs AVX-512 BF16), each
+  chunk runs the C++ kernel's flash attention (`prefill_attention.cpp`, 2.7-4x
+  SDPA's speed in bfloat16); elsewhere each chunk is one SDPA call. A chunk with
+  prior context (an earlier chunk, or a prefix-cache hit) reads that context
+  through its block table; SDPA then takes the causal mask shifted by the
+  context length.
 """
 
 from __future__ import annotations
@@ -98,10 +99,14 @@ def paged_attention(
     fast_prefill = prefill_kernels(q, k)
     for span in meta.prefills:
         s, n = span.start, span.num_tokens
-        if span.block_table is None and fast_prefill is not None:
-            out[s : s + n] = fast_prefill.prefill_attention(q[s : s + n], k[s : s + n], v[s : s + n], scale)
+        qs = q[s : s + n]
+        if fast_prefill is not None:
+            ks, vs = k[s : s + n], v[s : s + n]
+            if span.block_table is not None:  # prior context, then the chunk, from the pool
+                ks, vs = _context_rows(k_cache, span), _context_rows(v_cache, span)
+            out[s : s + n] = fast_prefill.prefill_attention(qs, ks, vs, scale)
             continue
-        qs = q[s : s + n].transpose(0, 1).unsqueeze(0)
+        qs = qs.transpose(0, 1).unsqueeze(0)
         if span.block_table is None:
             ks = k[s : s + n].transpose(0, 1).unsqueeze(0)
             vs = v[s : s + n].transpose(0, 1).unsqueeze(0)
@@ -112,6 +117,14 @@ def paged_attention(
             o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=span.mask, scale=scale, enable_gqa=True)
         out[s : s + n] = o[0].transpose(0, 1)
     return out
+
+
+def _context_rows(cache: torch.Tensor, span: PrefillSpan) -> torch.Tensor:
+    """A span's keys (or values) token-major, `[context_len, KVH, D]`: its prior context and
+    then its chunk, read from the pool through its block table."""
+    blocks = cache.index_select(0, span.block_table)  # [nb, KVH, bs, D]
+    nb, kvh, bs, d = blocks.shape
+    return blocks.transpose(1, 2).reshape(nb * bs, kvh, d)[: span.context_len]
 
 
 def _gather_context(cache: torch.Tensor, span: PrefillSpan) -> torch.Tensor:
@@ -133,10 +146,11 @@ def decode_attention(
 
 
 def prefill_kernels(q: torch.Tensor, k: torch.Tensor) -> ModuleType | None:
-    """The C++ kernels when their prefill attention takes these chunks: bfloat16 on a CPU
-    build with AVX-512 BF16, in the head shapes the kernel says it runs."""
-    ops = kernels.for_tensor(q) if q.dtype == torch.bfloat16 else None
-    if ops is None or not ops.prefill_attention_takes(q.shape[1], k.shape[1], q.shape[2]):
+    """The C++ kernels when their prefill attention takes these chunks: float32 on a CPU
+    build with AVX-512, bfloat16 with AVX-512 BF16, in the head shapes the kernel says it
+    runs."""
+    ops = kernels.for_tensor(q)
+    if ops is None or not ops.prefill_attention_takes(q, k):
         return None
     return ops
 

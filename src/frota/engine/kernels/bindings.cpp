@@ -18,8 +18,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_and_mul", &silu_and_mul, release, "silu(gate) * up");
   m.def("argmax_rows", &argmax_rows, release, "each row's first largest element's index (greedy sampling)");
   m.def("prefill_attention", &prefill_attention, release,
-        "Causal attention of one prefill chunk with no prior context (bfloat16, AVX-512 BF16 builds)");
+        "Causal attention of one prefill chunk, whose tokens are the last of k's and v's (AVX-512 builds)");
   m.def("prefill_attention_takes", &prefill_attention_takes,
-        "whether prefill_attention runs (heads, kv_heads, head_dim) in this build");
+        "whether prefill_attention runs these q and k (dtype, device and head shapes) in this build");
   bind_decode_stack(m);
 }

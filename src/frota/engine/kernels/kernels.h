@@ -14,8 +14,9 @@ void rope_and_cache(at::Tensor& qkv, const at::Tensor& positions, const at::Tens
                     const at::Tensor& slot_offsets, int64_t heads, int64_t kv_heads);
 at::Tensor silu_and_mul(const at::Tensor& gate_up);
 at::Tensor argmax_rows(const at::Tensor& logits);
-// Whether prefill_attention runs these shapes in this build (false without AVX-512 BF16).
-bool prefill_attention_takes(int64_t heads, int64_t kv_heads, int64_t head_dim);
+// Whether prefill_attention runs q [T, H, D] over k [C + T, KVH, D] in this build: float32
+// with AVX-512, bfloat16 with AVX-512 BF16, in the head shapes it is written for.
+bool prefill_attention_takes(const at::Tensor& q, const at::Tensor& k);
 at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale);
 
 // The quant extension's int4_mm(x, qs, d, m, group), which that module exports as a pointer
