@@ -89,7 +89,7 @@ def test_only_decode_only_steps_the_kernels_take_go_through_the_stack() -> None:
 
     def meta(decodes: int, prefill: int = 0) -> AttentionMetadata:
         slots = torch.zeros(decodes + prefill, dtype=torch.long)
-        spans = [PrefillSpan(decodes, prefill, prefill, None, None)] if prefill else []
+        spans = [PrefillSpan(decodes, prefill, prefill, None)] if prefill else []
         return AttentionMetadata(slots, slots, num_decodes=decodes, prefills=spans)
 
     stack = decode_stack.DecodeStack(None, max_rows=8)

@@ -23,6 +23,7 @@ chunks of sequences in prefill.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from types import ModuleType
 
 import torch
@@ -39,7 +40,14 @@ class PrefillSpan:
     num_tokens: int
     context_len: int  # tokens with KV after this step (prior context + the chunk)
     block_table: torch.Tensor | None  # set when there is prior context to read
-    mask: torch.Tensor | None  # [num_tokens, context_len] bool, when there is prior context
+
+    @cached_property
+    def mask(self) -> torch.Tensor:
+        """`[num_tokens, context_len]` bool: the causal mask over prior context and chunk,
+        for SDPA (built once per step, on first use: the C++ kernel needs none)."""
+        device = self.block_table.device if self.block_table is not None else None
+        keys = torch.arange(self.context_len, device=device)
+        return keys.unsqueeze(0) <= keys[self.context_len - self.num_tokens :].unsqueeze(1)
 
 
 @dataclass
@@ -103,7 +111,8 @@ def paged_attention(
         if fast_prefill is not None:
             ks, vs = k[s : s + n], v[s : s + n]
             if span.block_table is not None:  # prior context, then the chunk, from the pool
-                ks, vs = _context_rows(k_cache, span), _context_rows(v_cache, span)
+                ks = _gather_context(k_cache, span)[0].transpose(0, 1)  # token-major rows
+                vs = _gather_context(v_cache, span)[0].transpose(0, 1)
             out[s : s + n] = fast_prefill.prefill_attention(qs, ks, vs, scale)
             continue
         qs = qs.transpose(0, 1).unsqueeze(0)
@@ -117,14 +126,6 @@ def paged_attention(
             o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=span.mask, scale=scale, enable_gqa=True)
         out[s : s + n] = o[0].transpose(0, 1)
     return out
-
-
-def _context_rows(cache: torch.Tensor, span: PrefillSpan) -> torch.Tensor:
-    """A span's keys (or values) token-major, `[context_len, KVH, D]`: its prior context and
-    then its chunk, read from the pool through its block table."""
-    blocks = cache.index_select(0, span.block_table)  # [nb, KVH, bs, D]
-    nb, kvh, bs, d = blocks.shape
-    return blocks.transpose(1, 2).reshape(nb * bs, kvh, d)[: span.context_len]
 
 
 def _gather_context(cache: torch.Tensor, span: PrefillSpan) -> torch.Tensor:

@@ -60,12 +60,8 @@ class ModelRunner:
                 decode_lens.append(end)
                 num_decodes += 1
             else:
-                block_table = mask = None
-                if start > 0:
-                    block_table = self._tensor(table[:num_blocks])
-                    q_pos = torch.arange(start, end, device=self.device).unsqueeze(1)
-                    mask = torch.arange(end, device=self.device).unsqueeze(0) <= q_pos
-                prefills.append(PrefillSpan(row, n, end, block_table, mask))
+                block_table = self._tensor(table[:num_blocks]) if start > 0 else None
+                prefills.append(PrefillSpan(row, n, end, block_table))
             if end == seq.num_tokens:
                 logits_rows.append(row + n - 1)
                 sampling_seqs.append(seq)

@@ -30,7 +30,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <tuple>
 #include <vector>
 
 #include "kernels.h"
@@ -208,7 +207,7 @@ void attend_tile(Rows<const typename E::Elem> q, const Packed<E>& packed, Rows<t
     // The running maxima and the rescaling of what came before, for all rows at once.
     const __m512 m_old = _mm512_load_ps(row_max);
     const __m512 m_new = _mm512_max_ps(m_old, _mm512_load_ps(block_max));
-    const __m512 alpha = exp_nonpositive(_mm512_sub_ps(m_old, m_new));  // 0 on the first block
+    const __m512 alpha = exp_nonpositive(_mm512_sub_ps(m_old, m_new));  // ~0 on the first block (o, sum 0)
     _mm512_store_ps(row_max, m_new);
     alignas(64) float alphas[R];
     _mm512_store_ps(alphas, alpha);
@@ -264,13 +263,9 @@ Rows<T> rows_of(const at::Tensor& t) {
 template <typename E>
 void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, float scale) {
   using Elem = typename E::Elem;
-  const auto args = std::make_tuple(rows_of<const Elem>(q), rows_of<const Elem>(k), rows_of<const Elem>(v),
-                                    rows_of<Elem>(out), q.size(0), k.size(0), q.size(1), k.size(1), scale);
-  if (q.size(2) == 64) {
-    std::apply(prefill<E, 64>, args);
-  } else {
-    std::apply(prefill<E, 128>, args);
-  }
+  const auto prefill_dim = q.size(2) == 64 ? prefill<E, 64> : prefill<E, 128>;
+  prefill_dim(rows_of<const Elem>(q), rows_of<const Elem>(k), rows_of<const Elem>(v), rows_of<Elem>(out), q.size(0),
+              k.size(0), q.size(1), k.size(1), scale);
 }
 
 bool takes_dtype(at::ScalarType dtype) {
