@@ -13,13 +13,14 @@ from frota.engine.kernels import cpu_kernels
 BLOCK = 16
 
 
-def _pool(lens: list[int], heads: int, kv_heads: int, dim: int, dtype: torch.dtype, seed: int = 0):
+def _pool(lens: list[int], heads: int, kv_heads: int, dim: int, dtype: torch.dtype, seed: int = 0,
+          block: int = BLOCK):
     """A shuffled block pool holding each sequence's K/V, plus the reference output."""
     gen = torch.Generator().manual_seed(seed)
-    blocks_per_seq = [-(-n // BLOCK) for n in lens]
+    blocks_per_seq = [-(-n // block) for n in lens]
     num_blocks = sum(blocks_per_seq) + 3
-    k_cache = torch.randn(num_blocks, kv_heads, BLOCK, dim, generator=gen).to(dtype)
-    v_cache = torch.randn(num_blocks, kv_heads, BLOCK, dim, generator=gen).to(dtype)
+    k_cache = torch.randn(num_blocks, kv_heads, block, dim, generator=gen).to(dtype)
+    v_cache = torch.randn(num_blocks, kv_heads, block, dim, generator=gen).to(dtype)
     order = torch.randperm(num_blocks, generator=gen).tolist()
     tables = [order[sum(blocks_per_seq[:i]) : sum(blocks_per_seq[: i + 1])] for i in range(len(lens))]
     q = torch.randn(len(lens), heads, dim, generator=gen).to(dtype)
@@ -69,6 +70,37 @@ def test_kernel_equals_reference_at_other_head_sizes(dim, dtype, tol):
     q, k, v, meta, ref = _pool(LENGTHS[-1], 8, 2, dim, dtype, seed=dim)
     out = decode_attention(q, k, v, meta, dim**-0.5)
     torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
+
+
+@needs_kernel
+@pytest.mark.parametrize("block", [4, 8, 32, 48])  # tiles of 16 keys: part of one, or several per block
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_kernel_equals_reference_at_other_block_sizes(block, dtype, tol):
+    q, k, v, meta, ref = _pool(LENGTHS[-1], 9, 3, 64, dtype, seed=block, block=block)
+    out = decode_attention(q, k, v, meta, 64**-0.5)
+    torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
+
+
+@needs_kernel
+@pytest.mark.parametrize(("lens", "heads", "kv_heads", "dim"), [
+    ([700], 32, 8, 128),  # one sequence: its KV heads split over the threads
+    ([3, 2000, 64], 16, 1, 64),  # a group of 16 query heads, a long context
+    ([40, 9], 4, 4, 128),  # no grouping
+])
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_kernel_equals_reference_across_task_shapes(lens, heads, kv_heads, dim, dtype, tol):
+    q, k, v, meta, ref = _pool(lens, heads, kv_heads, dim, dtype, seed=len(lens))
+    out = decode_attention(q, k, v, meta, dim**-0.5)
+    torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
+
+
+@needs_kernel
+def test_kernel_gives_zeros_for_an_empty_context():
+    q, k, v, meta, ref = _pool([5, 20], 9, 3, 64, torch.float32)
+    meta.decode_context_lens[0] = 0
+    out = decode_attention(q, k, v, meta, 64**-0.5)
+    assert torch.equal(out[0], torch.zeros_like(out[0]))
+    torch.testing.assert_close(out[1], ref[1], atol=1e-5, rtol=1e-5)
 
 
 @needs_kernel

@@ -13,6 +13,9 @@
 // this way, with the next block prefetched while one is used, float32 reads near the
 // memory's bandwidth (docs/engine.md#cpu-kernels).
 //
+// On AVX-512 builds, head sizes 64 and 128 take decode_attention_avx512.cpp instead, written
+// for those instructions; these loops serve every other build and head size.
+//
 // Shapes: q [B, H, D]; k_cache, v_cache [num_blocks, KVH, block_size, D];
 // block_tables [B, max_blocks] int32 (rows padded past each sequence's last block);
 // context_lens [B] int32. Grouped-query attention: H = KVH * G, query head h reads KV head h / G.
@@ -25,6 +28,8 @@
 #include <cstring>
 #include <type_traits>
 #include <vector>
+
+#include "kernels.h"
 
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
@@ -241,6 +246,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   TORCH_CHECK(tables.size(0) == query.size(0) && lens.size(0) == query.size(0),
               "one block table and one context length per query");
   auto out = at::empty_like(query);
+  if (paged_decode_attention_avx512(query, k_cache, v_cache, tables, lens, out, scale)) return out;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(), "paged_decode_attention", [&] {
     decode_attention_any_dim<scalar_t>(query.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(),
                                v_cache.data_ptr<scalar_t>(), tables.data_ptr<int32_t>(),

@@ -33,33 +33,17 @@
 #include <vector>
 
 #include "kernels.h"
+#include "simd.h"
 
 #if defined(__AVX512F__)
-#include <immintrin.h>
-
 namespace {
+
+using frota_simd::exp_nonpositive;
 
 constexpr int64_t kTileKeys = 16;  // keys per tile: one zmm of float32 scores per query row
 constexpr int64_t kMaxRows = 16;   // query rows per tile (tokens x heads of the group)
 // The mask's and the running max's start: finite, as -ffast-math assumes every value is.
 constexpr float kMasked = -1e30f;
-
-// exp(x) for x <= 0 on 16 lanes: x = n ln2 + r with |r| <= ln2 / 2, a degree-6 Taylor
-// polynomial for exp(r) (relative error under 2e-7), scaled by 2^n.
-inline __m512 exp_nonpositive(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-88.f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
-  __m512 p = _mm512_set1_ps(1.f / 720);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(p, n);
-}
 
 // A token-major [tokens, heads, D] tensor's rows: row (t, h) starts at data + t * token + h * head.
 template <typename T>
