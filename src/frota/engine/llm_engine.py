@@ -72,7 +72,10 @@ def describe_compute(asked: str, dtype: torch.dtype, device: torch.device) -> st
         name = f"{name} (auto: {device.type})"
     if device.type != "cpu":
         return name
-    return f"{name}; {kernels.describe()}"
+    from frota.engine.kernels.linear import amx_ops
+
+    matmuls = "; bfloat16 matmuls on AMX tiles" if dtype == torch.bfloat16 and amx_ops() else ""
+    return f"{name}; {kernels.describe()}{matmuls}"
 
 
 def _available_memory(device: torch.device) -> int:

@@ -21,5 +21,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Causal attention of one prefill chunk, whose tokens are the last of k's and v's (AVX-512 builds)");
   m.def("prefill_attention_takes", &prefill_attention_takes,
         "whether prefill_attention runs these q and k (dtype, device and head shapes) in this build");
+  m.def("amx_available", &amx_available, "whether this CPU and OS give AMX tiles for amx_linear");
+  m.def("amx_pack_weight", &amx_pack_weight, release, "an [N, K] bfloat16 weight in amx_linear's tile layout");
+  m.def("amx_linear", &amx_linear, release, py::arg("x"), py::arg("packed"), py::arg("out_features"),
+        py::arg("bias") = py::none(), "x @ W^T (+ bias) in bfloat16 on AMX tiles, W from amx_pack_weight");
   bind_decode_stack(m);
 }

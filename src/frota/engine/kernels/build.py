@@ -63,7 +63,7 @@ class Extension:
 EXTENSIONS: dict[str, Extension] = {ext.kind: ext for ext in (
     Extension("attention", "frota_cpu_kernels",
               ("paged_attention.cpp", "decode_attention_avx512.cpp", "prefill_attention.cpp", "layer_ops.cpp",
-               "decode_stack.cpp", "bindings.cpp"),
+               "amx_linear.cpp", "decode_stack.cpp", "bindings.cpp"),
               (*BASE_CFLAGS, "-ffast-math", "-fopenmp"), ("-fopenmp",), "the PyTorch attention path"),
     # No -ffast-math here: it would let the compiler reorder their float32 sums (other last
     # bits). -fopenmp makes at::parallel_for split the weight rows over torch's own threads:

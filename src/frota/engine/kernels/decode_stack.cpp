@@ -12,6 +12,7 @@
 // Each projection is one of the layers' kinds, run by the op their forward runs:
 // - "int4": Frota's kernel layout (qs, d, m), through quant_ops.cpp's int4_mm, which that
 //   extension passes in as a function pointer (each extension keeps its compiler flags);
+// - "amx": a bfloat16 weight in the AMX tiles' layout (AmxLinear), through amx_linear.cpp;
 // - "packed": a weight oneDNN packed once (PackedLinear), through mkldnn::_linear_pointwise;
 // - "dense": a plain weight, through at::linear.
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -28,9 +29,9 @@
 namespace {
 
 struct Projection {
-  enum class Kind { kInt4, kPacked, kDense } kind;
+  enum class Kind { kInt4, kAmx, kPacked, kDense } kind;
   at::Tensor weight, d, m;  // int4: weight is qs, with d and m; otherwise d and m are unused
-  int64_t group;
+  int64_t size;             // int4: the group size; amx: out_features
 };
 
 struct DecoderLayer {
@@ -38,12 +39,13 @@ struct DecoderLayer {
   Projection qkv, o, gate_up, down;
 };
 
-// (kind, weight, d, m, group), as decode_stack.py passes each projection.
+// (kind, weight, d, m, size), as decode_stack.py passes each projection.
 using ProjectionArgs = std::tuple<std::string, at::Tensor, at::Tensor, at::Tensor, int64_t>;
 
 Projection make_projection(const ProjectionArgs& args) {
-  const auto& [kind, weight, d, m, group] = args;
-  if (kind == "int4") return {Projection::Kind::kInt4, weight, d, m, group};
+  const auto& [kind, weight, d, m, size] = args;
+  if (kind == "int4") return {Projection::Kind::kInt4, weight, d, m, size};
+  if (kind == "amx") return {Projection::Kind::kAmx, weight, {}, {}, size};
   if (kind == "packed") return {Projection::Kind::kPacked, weight, {}, {}, 0};
   TORCH_CHECK(kind == "dense", "unknown projection kind ", kind);
   return {Projection::Kind::kDense, weight, {}, {}, 0};
@@ -112,7 +114,8 @@ class DecodeStack {
  private:
   at::Tensor linear(const at::Tensor& x, const Projection& p) const {
     switch (p.kind) {
-      case Projection::Kind::kInt4: return int4_mm_(x, p.weight, p.d, p.m, p.group);
+      case Projection::Kind::kInt4: return int4_mm_(x, p.weight, p.d, p.m, p.size);
+      case Projection::Kind::kAmx: return amx_linear(x, p.weight, p.size, c10::nullopt);
       case Projection::Kind::kPacked: return packed_linear(x, p.weight);
       case Projection::Kind::kDense: break;
     }

@@ -19,6 +19,13 @@ void rope_and_cache(at::Tensor& qkv, const at::Tensor& positions, const at::Tens
                     const at::Tensor& slot_offsets, int64_t heads, int64_t kv_heads);
 at::Tensor silu_and_mul(const at::Tensor& gate_up);
 at::Tensor argmax_rows(const at::Tensor& logits);
+// amx_linear.cpp: bfloat16 linear layers on AMX tiles. amx_available(): this CPU has them and
+// the OS hands them out; amx_pack_weight: [N, K] -> the tiles' layout, once; amx_linear:
+// x [M, K] @ W^T (+ bias) -> [M, out_features], bfloat16.
+bool amx_available();
+at::Tensor amx_pack_weight(const at::Tensor& weight);
+at::Tensor amx_linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
+                      const c10::optional<at::Tensor>& bias);
 // Whether prefill_attention runs q [T, H, D] over k [C + T, KVH, D] in this build: float32
 // with AVX-512, bfloat16 with AVX-512 BF16, in the head shapes it is written for.
 bool prefill_attention_takes(const at::Tensor& q, const at::Tensor& k);

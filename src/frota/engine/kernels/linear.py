@@ -1,4 +1,4 @@
-"""Linear layers with their weights packed once for oneDNN.
+"""Linear layers with their weights packed once for the CPU's matmul kernels.
 
 `F.linear` on the CPU hands the weight to the BLAS in its stored layout every
 call, so a small-batch matmul (a decode step) spends its time re-reading the
@@ -7,11 +7,19 @@ blocked layout its kernels stream best; with it, on the 2-core development
 machine, a batch-16 fp32 decode step's matmuls take about half the time and
 the 49,152-row LM head a third (see `bench/engine_throughput.py`).
 
-`pack_linears(model)` swaps every plain `nn.Linear` of a CPU model for a
-`PackedLinear`. A tied LM head keeps its embedding: the packed copy is extra
-memory (the head's size once more), which is why `FROTA_PACKED_LINEAR=0`
-turns packing off. Packing is skipped, and `nn.Linear` kept, where this torch
-lacks the oneDNN ops or they disagree with `F.linear` on a probe.
+`pack_linears(model)` swaps every plain `nn.Linear` of a CPU model for one of:
+
+- `AmxLinear`, bfloat16 weights on a CPU with AMX tiles (Intel Sapphire Rapids
+  and later): Frota's own kernel (`amx_linear.cpp`), which streams the weights
+  of a decode step's matmuls at the memory's speed where oneDNN reached about
+  two thirds of it;
+- `PackedLinear` otherwise: the weight reordered once for oneDNN.
+
+A tied LM head keeps its embedding: the packed copy is extra memory (the head's
+size once more), which is why `FROTA_PACKED_LINEAR=0` turns packing off;
+`FROTA_AMX=0` keeps oneDNN on AMX CPUs. Packing is skipped, and `nn.Linear`
+kept, where this torch lacks the oneDNN ops or they disagree with `F.linear` on
+a probe.
 """
 
 from __future__ import annotations
@@ -54,8 +62,53 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, packed for oneDNN"
 
 
+class AmxLinear(nn.Module):
+    """An inference-only bfloat16 `nn.Linear` run on AMX tiles, its weight in the tiles' layout
+    (`amx_linear.cpp`)."""
+
+    def __init__(self, linear: nn.Linear, ops) -> None:
+        super().__init__()
+        self.in_features = linear.in_features
+        self.out_features = linear.out_features
+        self.dtype = linear.weight.dtype
+        self._ops = ops
+        self.packed = ops.amx_pack_weight(linear.weight.detach())
+        self.bias = None if linear.bias is None else linear.bias.detach()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        out = self._ops.amx_linear(rows, self.packed, self.out_features, self.bias)
+        return out.view(*x.shape[:-1], self.out_features)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The weight in its usual `[out, in]` layout: a copy, for inspection (the packed
+        tensor is the only one kept)."""
+        eye = torch.eye(self.in_features, dtype=self.dtype)
+        return self._ops.amx_linear(eye, self.packed, self.out_features, None).t().contiguous()
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, on AMX tiles"
+
+
 def enabled() -> bool:
     return os.environ.get("FROTA_PACKED_LINEAR", "1") != "0"
+
+
+def amx_ops():
+    """The kernels module when bfloat16 linears run on AMX tiles here: a CPU and OS that give
+    them, the C++ kernels built, and `FROTA_AMX` not 0. None otherwise."""
+    if not enabled() or os.environ.get("FROTA_AMX", "1") == "0":
+        return None
+    from frota.engine import kernels
+
+    ops = kernels.cpu_kernels()
+    return ops if ops is not None and ops.amx_available() else None
+
+
+def amx_takes(linear: nn.Linear) -> bool:
+    """Whether `linear` can run on AMX tiles: bfloat16 and its inputs a multiple of 32."""
+    return linear.weight.dtype == torch.bfloat16 and linear.in_features % 32 == 0
 
 
 @functools.cache
@@ -78,13 +131,16 @@ def supported(dtype: torch.dtype) -> bool:
 
 @torch.no_grad()
 def pack_linears(model: nn.Module) -> int:
-    """Replace each plain CPU `nn.Linear` of a supported dtype by a `PackedLinear`; returns
-    how many were packed. Subclasses of `nn.Linear` and other modules are left alone."""
+    """Replace each plain CPU `nn.Linear` of a supported dtype by an `AmxLinear` or a
+    `PackedLinear`; returns how many were packed. Subclasses of `nn.Linear` and other modules
+    are left alone."""
+    amx = amx_ops()
     targets = [
         (name, module) for name, module in model.named_modules()
         if type(module) is nn.Linear and module.weight.device.type == "cpu" and supported(module.weight.dtype)
     ]
     for name, module in targets:
         parent_name, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent_name) if parent_name else model, child, PackedLinear(module))
+        packed = AmxLinear(module, amx) if amx is not None and amx_takes(module) else PackedLinear(module)
+        setattr(model.get_submodule(parent_name) if parent_name else model, child, packed)
     return len(targets)

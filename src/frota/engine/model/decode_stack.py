@@ -7,7 +7,8 @@ C++, so its output is the Python layers' bit for bit.
 
 It applies where the Python layers would run exactly those kernels: a plain Llama stack on
 the CPU with the C++ kernels loaded; every projection without a bias and either int4 in
-Frota's kernel layout, packed for oneDNN (`PackedLinear`) or a plain `nn.Linear`; the norms
+Frota's kernel layout, on AMX tiles (`AmxLinear`), packed for oneDNN (`PackedLinear`) or a
+plain `nn.Linear`; the norms
 and KV caches in the activations' dtype; and steps that only decode. With int4 weights a
 step may decode at most `GEMV_MAX_ROWS` sequences (the rows Frota's int4 kernel takes; the
 Python layers dequantize past that); with float weights, any number (a bf16 decode step of
@@ -26,7 +27,7 @@ import torch
 from torch import nn
 
 from frota.engine import kernels
-from frota.engine.kernels.linear import PackedLinear
+from frota.engine.kernels.linear import AmxLinear, PackedLinear
 from frota.engine.quant import cpu_kernels
 from frota.engine.quant.linear import FROTA_DTYPES, GEMV_MAX_ROWS, Int4Linear
 
@@ -58,10 +59,13 @@ class DecodeStack:
 
 
 def projection(linear: nn.Module) -> tuple[str, torch.Tensor, torch.Tensor, torch.Tensor, int] | None:
-    """(kind, weight, d, m, group) for decode_stack.cpp, or None for a layer it cannot run."""
+    """(kind, weight, d, m, size) for decode_stack.cpp, or None for a layer it cannot run. `size`
+    is int4's group size, or an AMX layer's out_features."""
     none = torch.empty(0)
     if type(linear) is Int4Linear and linear.qs is not None and linear.bias is None:
         return "int4", linear.qs, linear.d, linear.m, linear.group_size
+    if type(linear) is AmxLinear and linear.bias is None:
+        return "amx", linear.packed, none, none, linear.out_features
     if type(linear) is PackedLinear and linear.bias is None:
         return "packed", linear.packed, none, none, 0
     if type(linear) is nn.Linear and linear.bias is None:

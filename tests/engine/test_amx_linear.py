@@ -1,0 +1,73 @@
+"""bfloat16 linears on AMX tiles (kernels/amx_linear.cpp) compute what oneDNN and F.linear
+compute, for every tail of rows and output features, and are chosen only where they apply."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from frota.engine.kernels import linear as packing
+
+ops = packing.amx_ops()
+pytestmark = pytest.mark.skipif(ops is None, reason="no AMX tiles on this CPU (or the kernels are off)")
+
+
+def _onednn(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
+    return packing.PackedLinear(layer)(x)
+
+
+@pytest.mark.parametrize("rows", [1, 15, 16, 17, 33, 64, 255, 300, 600])  # tile, pass and chunk tails
+@pytest.mark.parametrize(("in_features", "out_features"), [(64, 40), (576, 960), (96, 70)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_amx_equals_onednn_within_a_rounding(rows, in_features, out_features, bias):
+    torch.manual_seed(rows * 7 + out_features)
+    layer = nn.Linear(in_features, out_features, bias=bias).to(torch.bfloat16)
+    x = torch.randn(rows, in_features, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        got = packing.AmxLinear(layer, ops)(x)
+        want = _onednn(x, layer)
+        exact = F.linear(x.float(), layer.weight.float(), None if layer.bias is None else layer.bias.float())
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, out_features)
+    # Both sum exact products in float32 and round once: at most one bfloat16 step apart,
+    # and each within half a step of the exact result.
+    step = exact.abs().clamp(min=1e-3) * 2**-7
+    assert ((got.float() - want.float()).abs() <= step).all()
+    assert ((got.float() - exact).abs() <= step + 1e-4).all()
+
+
+def test_amx_takes_any_leading_shape_and_reads_its_weight_back():
+    layer = nn.Linear(64, 48).to(torch.bfloat16)
+    amx = packing.AmxLinear(layer, ops)
+    x = torch.randn(2, 3, 64, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        assert amx(x).shape == (2, 3, 48)
+        assert torch.equal(amx(x), amx(x.reshape(6, 64)).view(2, 3, 48))
+    assert torch.equal(amx.weight, layer.weight.detach())
+
+
+def test_amx_rejects_what_it_cannot_run():
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        ops.amx_pack_weight(torch.randn(16, 40, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match="bfloat16"):
+        ops.amx_pack_weight(torch.randn(16, 64))
+    packed = ops.amx_pack_weight(torch.randn(16, 64, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match="features"):
+        ops.amx_linear(torch.randn(2, 32, dtype=torch.bfloat16), packed, 16)
+    with pytest.raises(RuntimeError, match="out_features"):
+        ops.amx_linear(torch.randn(2, 64, dtype=torch.bfloat16), packed, 40)
+
+
+def test_pack_linears_puts_bfloat16_layers_on_amx_and_the_rest_on_onednn(monkeypatch):
+    def model() -> nn.Module:
+        return nn.Sequential(nn.Linear(64, 32).to(torch.bfloat16), nn.Linear(40, 8).to(torch.bfloat16),
+                             nn.Linear(64, 32))
+
+    m = model()
+    assert packing.pack_linears(m) == 3
+    assert [type(layer) for layer in m] == [packing.AmxLinear, packing.PackedLinear, packing.PackedLinear]
+    monkeypatch.setenv("FROTA_AMX", "0")
+    m = model()
+    packing.pack_linears(m)
+    assert all(type(layer) is packing.PackedLinear for layer in m)
