@@ -47,6 +47,19 @@ def test_amx_takes_any_leading_shape_and_reads_its_weight_back():
     assert torch.equal(amx.weight, layer.weight.detach())
 
 
+def test_long_steps_go_to_onednn_except_in_a_layer_that_sees_few_rows():
+    torch.manual_seed(0)
+    layer = nn.Linear(64, 96).to(torch.bfloat16)
+    amx, head = packing.AmxLinear(layer, ops), packing.AmxLinear(layer, ops, few_rows=True)
+    assert isinstance(amx.large, packing.PackedLinear) and head.large is None
+    long = torch.randn(packing.AmxLinear.MAX_ROWS + 1, 64, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        assert torch.equal(amx(long), _onednn(long, layer))
+        short = long[: packing.AmxLinear.MAX_ROWS]
+        assert torch.equal(amx(short), ops.amx_linear(short, amx.packed, 96, amx.bias))
+        torch.testing.assert_close(head(long).float(), amx(long).float(), atol=0.05, rtol=0.01)
+
+
 def test_amx_rejects_what_it_cannot_run():
     with pytest.raises(RuntimeError, match="multiple of 32"):
         ops.amx_pack_weight(torch.randn(16, 40, dtype=torch.bfloat16))
@@ -65,8 +78,9 @@ def test_pack_linears_puts_bfloat16_layers_on_amx_and_the_rest_on_onednn(monkeyp
                              nn.Linear(64, 32))
 
     m = model()
-    assert packing.pack_linears(m) == 3
+    assert packing.pack_linears(m, few_rows=("0",)) == 3
     assert [type(layer) for layer in m] == [packing.AmxLinear, packing.PackedLinear, packing.PackedLinear]
+    assert m[0].large is None  # named as a layer of few rows
     monkeypatch.setenv("FROTA_AMX", "0")
     m = model()
     packing.pack_linears(m)

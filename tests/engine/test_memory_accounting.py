@@ -5,8 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from frota.api.memory import KV_CACHE_DTYPES, ModelShape, model_weight_bytes
+from frota.api.memory import (
+    KV_CACHE_DTYPES,
+    ModelShape,
+    cpu_second_layout_bytes,
+    model_weight_bytes,
+)
 from frota.engine import EngineArgs
+from frota.engine.kernels.linear import amx_ops
 from frota.engine.llm_engine import LLMEngine
 from frota.engine.quant.apply import quantized_weight_bytes
 from frota.engine.quant.kv import allocate_kv_pool
@@ -61,5 +67,8 @@ def test_the_accounted_weight_bytes_are_what_the_engine_holds(spec: str, quantiz
     shape = ModelShape(c.vocab_size, c.hidden_size, c.intermediate_size, c.num_layers,
                        c.num_heads, c.num_kv_heads, c.head_dim, c.tie_word_embeddings,
                        c.num_experts)
+    # On a CPU with AMX tiles, unquantized bfloat16 projections are held in a second layout
+    # too, which the plan reserves as runtime memory (frota.operator.memory.plan_memory).
+    second = cpu_second_layout_bytes(shape, quantization, dtype) if amx_ops() is not None else 0
     assert quantized_weight_bytes(engine.runner.model) == model_weight_bytes(shape, quantization,
-                                                                             dtype)
+                                                                             dtype) + second

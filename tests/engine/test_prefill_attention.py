@@ -1,4 +1,5 @@
-"""The C++ prefill attention (kernels/prefill_attention.cpp) against SDPA, and where it runs."""
+"""The C++ prefill attention (kernels/prefill_attention.cpp, and prefill_attention_amx.cpp for
+bfloat16 where the CPU has AMX tiles) against SDPA, and where it runs."""
 
 from __future__ import annotations
 
@@ -15,6 +16,16 @@ pytestmark = pytest.mark.skipif(ops is None or not ops.prefill_attention_takes(_
                                 reason="no C++ kernels built with AVX-512 here")
 BF16 = ops is not None and ops.prefill_attention_takes(_q32.bfloat16(), _k32.bfloat16())
 bf16_only = pytest.mark.skipif(not BF16, reason="no AVX-512 BF16 in this build")
+AMX = ops is not None and ops.amx_available()
+
+
+@pytest.fixture(autouse=True, params=["amx", "avx512"] if AMX else ["avx512"])
+def bf16_path(request, monkeypatch):
+    """bfloat16 runs on AMX tiles where the CPU has them; FROTA_AMX=0 takes the AVX-512 kernel,
+    so every bfloat16 test runs both."""
+    if request.param == "avx512":
+        monkeypatch.setenv("FROTA_AMX", "0")
+    return request.param
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:

@@ -10,9 +10,11 @@ import pytest
 from frota.api import memory
 from frota.api.memory import KV_CACHE_DTYPES, QUANTIZATIONS
 from frota.operator.memory import (
+    CPU_RUNTIME_OVERHEAD_BYTES,
     Sharding,
     accounting_shape,
     kv_bytes_per_token,
+    plan_memory,
     weight_bytes_per_stage,
 )
 from frota.operator.model_shapes import SMOLLM2_135M, synthetic_shape
@@ -59,6 +61,22 @@ def test_pipeline_stages_split_the_layers_and_each_end_holds_its_vocabulary_matr
     vocab_matrix = s.vocab_size * s.hidden_size * 4
     assert first + last == whole + vocab_matrix
     assert last - first == s.hidden_size * 4  # the final norm
+
+
+def _cpu_overhead(dtype: str, quantization: str = "none", sharding: Sharding | None = None) -> int:
+    return plan_memory(SMOLLM2_135M, sharding or Sharding(), dtype=dtype, weight_quant=quantization, kv_quant="auto",
+                       max_model_len=2048, block_size=16, memory_fraction=0.9, rank_memory_bytes=3 << 30,
+                       on_accelerator=False).runtime_overhead_bytes
+
+
+def test_a_bfloat16_cpu_plan_reserves_the_second_layout_of_the_projections() -> None:
+    # 30 layers of qkv (960 x 576), o (576 x 576), gate/up (3072 x 576), down (576 x 1536), bf16
+    second = 30 * (960 * 576 + 576 * 576 + 3072 * 576 + 576 * 1536) * 2
+    assert memory.cpu_second_layout_bytes(accounting_shape(SMOLLM2_135M)) == second
+    assert _cpu_overhead("bfloat16") == CPU_RUNTIME_OVERHEAD_BYTES + second
+    # float32, quantized weights and sharded ranks keep one layout
+    assert _cpu_overhead("float32") == _cpu_overhead("bfloat16", "int8") == CPU_RUNTIME_OVERHEAD_BYTES
+    assert _cpu_overhead("bfloat16", sharding=Sharding(tensor=3)) == CPU_RUNTIME_OVERHEAD_BYTES
 
 
 def test_api_memory_imports_without_torch() -> None:

@@ -123,6 +123,19 @@ def weight_bytes_per_stage(
     return stages
 
 
+def cpu_second_layout_bytes(shape: ModelShape, quantization: str = "none", dtype: str = "bfloat16") -> int:
+    """Bytes a Frota CPU worker may hold besides its weights: on a CPU with AMX tiles, each
+    bfloat16 projection of an unsharded dense model but the LM head is also kept in oneDNN's
+    layout, for prefill chunks of over 256 rows (`frota.engine.kernels.linear.AmxLinear`).
+    Zero for other dtypes, quantized weights and mixtures of experts."""
+    if dtype != "bfloat16" or quantization != "none" or shape.num_experts:
+        return 0
+    h, ff = shape.hidden_size, shape.intermediate_size
+    q, kv = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+    per_layer = (q + 2 * kv) * h + h * q + 2 * ff * h + h * ff
+    return shape.num_layers * per_layer * dtype_bytes(dtype)
+
+
 def model_weight_bytes(
     shape: ModelShape,
     quantization: str = "none",

@@ -78,15 +78,21 @@ def plan_memory(
     memory_fraction: float,
     rank_memory_bytes: int | None,
     on_accelerator: bool,
-    cpu_runtime_overhead_bytes: int = CPU_RUNTIME_OVERHEAD_BYTES,
+    cpu_runtime_overhead_bytes: int | None = None,
 ) -> MemoryBudget:
     """The memory plan of one replica; kv fields are None when the rank's memory is unknown.
 
     `cpu_runtime_overhead_bytes`: what the runtime's processes hold on CPU besides weights
-    and KV cache (Frota's engine by default; the vllm runtime passes its own).
+    and KV cache; the vllm runtime passes its own. None is Frota's engine: its base, plus
+    the second layout of unsharded bfloat16 projections on CPUs with AMX
+    (`frota.api.memory.cpu_second_layout_bytes`), as the operator cannot see the node's CPU.
     """
     weights = max(weight_bytes_per_stage(shape, sharding, dtype, weight_quant))
     per_token = kv_bytes_per_token(shape, sharding, dtype, kv_quant)
+    if cpu_runtime_overhead_bytes is None:
+        unsharded = sharding == Sharding()
+        cpu_runtime_overhead_bytes = CPU_RUNTIME_OVERHEAD_BYTES + (
+            memory.cpu_second_layout_bytes(accounting_shape(shape), weight_quant, dtype) if unsharded else 0)
     overhead = 0 if on_accelerator else cpu_runtime_overhead_bytes
     if rank_memory_bytes is None:
         return MemoryBudget(weights, per_token, None, overhead, None, None, max_model_len, None)

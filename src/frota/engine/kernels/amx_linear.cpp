@@ -18,7 +18,8 @@
 //
 // Measured on the 2-core Xeon VM, SmolLM2's 4 projections x 30 layers, bf16, oneDNN / this, in
 // ms: 1 row 13.0 / 8.5, 16 rows 13.5 / 8.8, 64 rows 18.3 / 14.3, 256 rows 37.1 / 35.2; 2,048
-// rows (a long prefill chunk) 188 / 229, where oneDNN's blocking for large M is the better one.
+// rows (a long prefill chunk) 188 / 229, where oneDNN's blocking for large M is the better one,
+// so AmxLinear (kernels/linear.py) hands steps of over 256 rows to oneDNN.
 //
 // The tile instructions are compiled for this file's functions alone (the pragma below), so
 // the extension still loads on CPUs without them; amx_available() says whether to call them.
@@ -27,7 +28,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "kernels.h"
 
@@ -68,15 +71,11 @@ bool request_tile_state() {
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16")
 
+#include "amx.h"
+
 namespace {
 
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
+using frota_amx::TileConfig;
 
 // Tiles: C 0 1 / 2 3 (rows of A tile 4 / 5 times B tiles 6, 7), A 4 5, B 6 7.
 // `top` and `bottom`: the rows of the pass's two 16-row slices (bottom may be 0).
@@ -86,7 +85,7 @@ void configure(int top, int bottom) {
   for (int t : {2, 3, 5}) config.rows[t] = bottom;
   config.rows[6] = config.rows[7] = 16;
   for (int t = 0; t < 8; ++t) config.colsb[t] = config.rows[t] ? 64 : 0;
-  _tile_loadconfig(&config);
+  frota_amx::load_config(config);
 }
 
 // The accumulator tiles of one 16-row slice (`bottom`: tiles 2 and 3, else 0 and 1), its
@@ -164,7 +163,8 @@ void matmul_blocks(const uint16_t* x, const uint16_t* packed, const float* bias,
 bool amx_available() {
 #if defined(FROTA_AMX)
   static const bool available = cpu_has_amx_bf16() && request_tile_state();
-  return available;
+  const char* wanted = std::getenv("FROTA_AMX");  // read each time: "0" switches the tiles off
+  return available && !(wanted && std::string(wanted) == "0");
 #else
   return false;
 #endif

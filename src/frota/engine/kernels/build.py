@@ -31,7 +31,7 @@ QUANT_SWITCH_ENV = "FROTA_QUANT_KERNELS"  # "torch": the quant kernels alone off
 CACHE_ENV = "FROTA_KERNEL_CACHE"
 SOURCE_DIR = Path(__file__).parent
 BASE_CFLAGS = ("-O3", "-march=native")
-HEADERS = ("kernels.h", "simd.h")
+HEADERS = ("kernels.h", "simd.h", "amx.h")
 
 
 @dataclass(frozen=True)
@@ -62,8 +62,8 @@ class Extension:
 
 EXTENSIONS: dict[str, Extension] = {ext.kind: ext for ext in (
     Extension("attention", "frota_cpu_kernels",
-              ("paged_attention.cpp", "decode_attention_avx512.cpp", "prefill_attention.cpp", "layer_ops.cpp",
-               "amx_linear.cpp", "decode_stack.cpp", "bindings.cpp"),
+              ("paged_attention.cpp", "decode_attention_avx512.cpp", "prefill_attention.cpp",
+               "prefill_attention_amx.cpp", "layer_ops.cpp", "amx_linear.cpp", "decode_stack.cpp", "bindings.cpp"),
               (*BASE_CFLAGS, "-ffast-math", "-fopenmp"), ("-fopenmp",), "the PyTorch attention path"),
     # No -ffast-math here: it would let the compiler reorder their float32 sums (other last
     # bits). -fopenmp makes at::parallel_for split the weight rows over torch's own threads:

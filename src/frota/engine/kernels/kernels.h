@@ -19,8 +19,8 @@ void rope_and_cache(at::Tensor& qkv, const at::Tensor& positions, const at::Tens
                     const at::Tensor& slot_offsets, int64_t heads, int64_t kv_heads);
 at::Tensor silu_and_mul(const at::Tensor& gate_up);
 at::Tensor argmax_rows(const at::Tensor& logits);
-// amx_linear.cpp: bfloat16 linear layers on AMX tiles. amx_available(): this CPU has them and
-// the OS hands them out; amx_pack_weight: [N, K] -> the tiles' layout, once; amx_linear:
+// amx_linear.cpp: bfloat16 linear layers on AMX tiles. amx_available(): this CPU has them, the
+// OS hands them out and FROTA_AMX is not 0 (read at each call); amx_pack_weight: [N, K] -> the tiles' layout, once; amx_linear:
 // x [M, K] @ W^T (+ bias) -> [M, out_features], bfloat16.
 bool amx_available();
 at::Tensor amx_pack_weight(const at::Tensor& weight);
@@ -30,6 +30,10 @@ at::Tensor amx_linear(const at::Tensor& x, const at::Tensor& packed, int64_t out
 // with AVX-512, bfloat16 with AVX-512 BF16, in the head shapes it is written for.
 bool prefill_attention_takes(const at::Tensor& q, const at::Tensor& k);
 at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale);
+// prefill_attention_amx.cpp: the same for bfloat16 on AMX tiles, into `out`; false (nothing
+// written) where the CPU, dtype or head shapes do not allow it.
+bool prefill_attention_amx(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out,
+                           double scale);
 
 // The quant extension's int4_mm(x, qs, d, m, group), which that module exports as a pointer
 // in a capsule of this name: each extension keeps its own compiler flags.

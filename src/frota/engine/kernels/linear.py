@@ -10,9 +10,11 @@ the 49,152-row LM head a third (see `bench/engine_throughput.py`).
 `pack_linears(model)` swaps every plain `nn.Linear` of a CPU model for one of:
 
 - `AmxLinear`, bfloat16 weights on a CPU with AMX tiles (Intel Sapphire Rapids
-  and later): Frota's own kernel (`amx_linear.cpp`), which streams the weights
-  of a decode step's matmuls at the memory's speed where oneDNN reached about
-  two thirds of it;
+  and later): Frota's own kernel (`amx_linear.cpp`) for steps of up to 256
+  rows, which streams a decode step's weights at the memory's speed where
+  oneDNN reached about two thirds of it, and oneDNN, from a second copy of the
+  weight, for longer prefill chunks, where its blocking is the faster one (the
+  LM head, which only sees sampling rows, keeps one copy);
 - `PackedLinear` otherwise: the weight reordered once for oneDNN.
 
 A tied LM head keeps its embedding: the packed copy is extra memory (the head's
@@ -27,6 +29,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from collections.abc import Collection
 
 import torch
 import torch.nn.functional as F
@@ -64,9 +67,16 @@ class PackedLinear(nn.Module):
 
 class AmxLinear(nn.Module):
     """An inference-only bfloat16 `nn.Linear` run on AMX tiles, its weight in the tiles' layout
-    (`amx_linear.cpp`)."""
+    (`amx_linear.cpp`).
 
-    def __init__(self, linear: nn.Linear, ops) -> None:
+    Frota's kernel is the faster one for steps of up to `MAX_ROWS` rows (decode steps, short
+    prompts); for more (long prefill chunks) oneDNN's is, so a layer that sees those keeps a
+    second copy of its weight packed for oneDNN (`large`) and hands them over. A layer that
+    only sees a step's sampling rows (the LM head) keeps none."""
+
+    MAX_ROWS = 256  # steps of more rows go to `large`, where there is one
+
+    def __init__(self, linear: nn.Linear, ops, few_rows: bool = False) -> None:
         super().__init__()
         self.in_features = linear.in_features
         self.out_features = linear.out_features
@@ -74,21 +84,24 @@ class AmxLinear(nn.Module):
         self._ops = ops
         self.packed = ops.amx_pack_weight(linear.weight.detach())
         self.bias = None if linear.bias is None else linear.bias.detach()
+        self.large = None if few_rows else PackedLinear(linear)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
+        if self.large is not None and rows.shape[0] > self.MAX_ROWS:
+            return self.large(x)
         out = self._ops.amx_linear(rows, self.packed, self.out_features, self.bias)
         return out.view(*x.shape[:-1], self.out_features)
 
     @property
     def weight(self) -> torch.Tensor:
-        """The weight in its usual `[out, in]` layout: a copy, for inspection (the packed
-        tensor is the only one kept)."""
+        """The weight in its usual `[out, in]` layout: a copy, for inspection."""
         eye = torch.eye(self.in_features, dtype=self.dtype)
         return self._ops.amx_linear(eye, self.packed, self.out_features, None).t().contiguous()
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, on AMX tiles"
+        large = f", oneDNN above {self.MAX_ROWS} rows" if self.large is not None else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, on AMX tiles{large}"
 
 
 def enabled() -> bool:
@@ -97,8 +110,9 @@ def enabled() -> bool:
 
 def amx_ops():
     """The kernels module when bfloat16 linears run on AMX tiles here: a CPU and OS that give
-    them, the C++ kernels built, and `FROTA_AMX` not 0. None otherwise."""
-    if not enabled() or os.environ.get("FROTA_AMX", "1") == "0":
+    them, the C++ kernels built, and `FROTA_AMX` not 0 (the kernels read it too). None
+    otherwise."""
+    if not enabled():
         return None
     from frota.engine import kernels
 
@@ -130,10 +144,11 @@ def supported(dtype: torch.dtype) -> bool:
 
 
 @torch.no_grad()
-def pack_linears(model: nn.Module) -> int:
+def pack_linears(model: nn.Module, few_rows: Collection[str] = ("lm_head",)) -> int:
     """Replace each plain CPU `nn.Linear` of a supported dtype by an `AmxLinear` or a
-    `PackedLinear`; returns how many were packed. Subclasses of `nn.Linear` and other modules
-    are left alone."""
+    `PackedLinear`; returns how many were packed. `few_rows`: the names of the layers that
+    only see a step's sampling rows. Subclasses of `nn.Linear` and other modules are left
+    alone."""
     amx = amx_ops()
     targets = [
         (name, module) for name, module in model.named_modules()
@@ -141,6 +156,9 @@ def pack_linears(model: nn.Module) -> int:
     ]
     for name, module in targets:
         parent_name, _, child = name.rpartition(".")
-        packed = AmxLinear(module, amx) if amx is not None and amx_takes(module) else PackedLinear(module)
+        if amx is not None and amx_takes(module):
+            packed: nn.Module = AmxLinear(module, amx, few_rows=name in few_rows)
+        else:
+            packed = PackedLinear(module)
         setattr(model.get_submodule(parent_name) if parent_name else model, child, packed)
     return len(targets)

@@ -286,6 +286,7 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at:
   if (q.size(0) == 0) return out;
 #if defined(__AVX512BF16__)
   if (q.scalar_type() == at::kBFloat16) {
+    if (prefill_attention_amx(qc, kc, vc, out, scale)) return out;
     run<Bf16>(qc, kc, vc, out, static_cast<float>(scale));
     return out;
   }
