@@ -156,18 +156,27 @@ def test_prebuild_elsewhere_than_x86_writes_an_empty_manifest(tmp_path, monkeypa
     assert json.loads((tmp_path / "manifest.json").read_text())["levels"] == []
 
 
-@pytest.mark.parametrize(("flags", "want"), [
-    (V4 | {"avx512_bf16"}, torch.bfloat16),
-    (V4 | {"amx_bf16", "amx_tile"}, torch.bfloat16),
-    (V4, torch.float32),  # AVX-512 without BF16: bfloat16 would be emulated, and slower
-    (frozenset(), torch.float32),
+@pytest.mark.parametrize(("flags", "vendor", "want"), [
+    (V4 | {"avx512_bf16"}, "AuthenticAMD", torch.bfloat16),
+    (V4 | {"avx512_bf16", "amx_bf16", "amx_tile"}, "GenuineIntel", torch.bfloat16),
+    # AVX-512 BF16 without AMX on Intel: vdpbf16ps does no more per cycle than the FMAs
+    (V4 | {"avx512_bf16"}, "GenuineIntel", torch.float32),
+    (V4, "AuthenticAMD", torch.float32),  # no BF16: bfloat16 would be emulated, and slower
+    (frozenset(), None, torch.float32),
 ])
-def test_dtype_auto_on_a_cpu_is_bfloat16_only_where_the_cpu_computes_it(flags, want):
+def test_dtype_auto_on_a_cpu_is_bfloat16_only_where_it_is_the_faster_one(flags, vendor, want):
     from frota.engine.llm_engine import resolve_dtype
 
-    assert resolve_dtype("auto", torch.device("cpu"), cpu_flags=frozenset(flags)) == want
-    assert resolve_dtype("float32", torch.device("cpu"), cpu_flags=frozenset(flags)) == torch.float32
-    assert resolve_dtype("auto", torch.device("cuda"), cpu_flags=frozenset(flags)) == torch.bfloat16
+    cpu = {"cpu_flags": frozenset(flags), "cpu_vendor": vendor}
+    assert resolve_dtype("auto", torch.device("cpu"), **cpu) == want
+    assert resolve_dtype("float32", torch.device("cpu"), **cpu) == torch.float32
+    assert resolve_dtype("auto", torch.device("cuda"), **cpu) == torch.bfloat16
+
+
+def test_the_cpu_vendor_is_read_from_cpuinfo():
+    text = "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu avx512_bf16\n"
+    assert isa.parse_cpu_vendor(text) == "AuthenticAMD"
+    assert isa.parse_cpu_vendor("processor\t: 0\n") is None
 
 
 def test_the_start_up_line_says_which_dtype_was_chosen_and_why():

@@ -140,7 +140,7 @@ class Engine(FrotaModel):
     )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         default="auto",
-        description="Compute dtype; auto is bfloat16 on an accelerator and on a CPU with native bfloat16 (AMX or AVX-512 BF16, decided by each worker on its node), float32 on other CPUs (and always with the vLLM runtime on CPU).",
+        description="Compute dtype; auto is bfloat16 on an accelerator and on a CPU where it is the faster one (AMX, or AVX-512 BF16 on AMD; decided by each worker on its node), float32 on other CPUs (and always with the vLLM runtime on CPU).",
     )
     maxModelLen: int | None = Field(
         default=None, ge=16, le=1048576,

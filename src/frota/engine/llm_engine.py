@@ -46,15 +46,17 @@ def _device_of(model: torch.nn.Module) -> torch.device:
     return tensor.device if tensor is not None else torch.device("cpu")
 
 
-def resolve_dtype(dtype: str, device: torch.device,
-                  cpu_flags: frozenset[str] | None = None) -> torch.dtype:
-    """`auto`: bfloat16 on an accelerator and on a CPU with native bfloat16 (AMX or
-    AVX-512 BF16; `cpu_flags`, default this CPU's), float32 on other CPUs."""
+def resolve_dtype(dtype: str, device: torch.device, cpu_flags: frozenset[str] | None = None,
+                  cpu_vendor: str | None = None) -> torch.dtype:
+    """`auto`: bfloat16 on an accelerator and on a CPU where it is the faster dtype (AMX
+    tiles, or AVX-512 BF16 on AMD: `isa.native_bf16`; `cpu_flags` and `cpu_vendor`, default
+    this CPU's), float32 on other CPUs."""
     if dtype == "auto":
         if device.type != "cpu":
             return torch.bfloat16
         flags = isa.host_cpu_flags() if cpu_flags is None else cpu_flags
-        return torch.bfloat16 if isa.native_bf16(flags) else torch.float32
+        vendor = isa.host_cpu_vendor() if cpu_flags is None else cpu_vendor
+        return torch.bfloat16 if isa.native_bf16(flags, vendor) else torch.float32
     if dtype == "float16" and device.type == "cpu":
         raise ValueError("float16 is not supported on CPU; use bfloat16 or float32")
     return _DTYPES[dtype]
@@ -64,9 +66,14 @@ def describe_compute(asked: str, dtype: torch.dtype, device: torch.device) -> st
     """The dtype chosen, why, and what computes it: one start-up line."""
     name = str(dtype).removeprefix("torch.")
     if asked == "auto" and device.type == "cpu":
-        native = sorted(isa.NATIVE_BF16_FLAGS & (isa.host_cpu_flags() or frozenset()))
-        why = (f"auto: this CPU has native bfloat16 ({', '.join(native)})" if native
-               else "auto: this CPU has no native bfloat16")
+        flags, vendor = isa.host_cpu_flags() or frozenset(), isa.host_cpu_vendor()
+        if "amx_bf16" in flags:
+            why = "auto: this CPU has AMX tiles"
+        elif "avx512_bf16" in flags:
+            why = ("auto: this AMD CPU has AVX-512 BF16" if dtype == torch.bfloat16 else
+                   "auto: this CPU has AVX-512 BF16 but no AMX, where float32 runs faster")
+        else:
+            why = "auto: this CPU has no native bfloat16"
         name = f"{name} ({why})"
     elif asked == "auto":
         name = f"{name} (auto: {device.type})"

@@ -66,14 +66,37 @@ def host_cpu_flags() -> frozenset[str] | None:
         return None
 
 
-# Either gives bfloat16 matmuls in hardware (AMX tiles or AVX-512 BF16 dot products):
-# there bfloat16 runs about twice as fast as float32; elsewhere it is emulated and slower.
+def parse_cpu_vendor(cpuinfo: str) -> str | None:
+    """The vendor_id of the first processor in a /proc/cpuinfo text ("GenuineIntel",
+    "AuthenticAMD"), or None."""
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "vendor_id":
+            return value.strip()
+    return None
+
+
+def host_cpu_vendor() -> str | None:
+    """This CPU's vendor_id, or None where /proc/cpuinfo is unreadable."""
+    try:
+        return parse_cpu_vendor(Path("/proc/cpuinfo").read_text())
+    except OSError:
+        return None
+
+
+# Where bfloat16 is the faster dtype, measured with both engines on 2-core VMs
+# (docs/benchmarks.md): AMX tiles (Intel Sapphire Rapids and later), and AVX-512 BF16 on
+# AMD (Zen 4 and later), whose vdpbf16ps does twice an FMA's work. On Intel CPUs with
+# AVX-512 BF16 but no AMX (Cooper Lake, or a VM that hides AMX) it does no more per cycle
+# than the float32 FMAs, and bfloat16 ran slower than float32; elsewhere it is emulated.
 NATIVE_BF16_FLAGS = frozenset({"amx_bf16", "avx512_bf16"})
 
 
-def native_bf16(flags: frozenset[str] | None) -> bool:
-    """Whether a CPU with these /proc/cpuinfo flags computes bfloat16 natively."""
-    return bool(flags and flags & NATIVE_BF16_FLAGS)
+def native_bf16(flags: frozenset[str] | None, vendor: str | None = None) -> bool:
+    """Whether bfloat16 is the faster dtype on a CPU with these /proc/cpuinfo flags and vendor:
+    AMX tiles, or AVX-512 BF16 on AMD."""
+    flags = flags or frozenset()
+    return "amx_bf16" in flags or ("avx512_bf16" in flags and vendor == "AuthenticAMD")
 
 
 def runnable(flags: frozenset[str]) -> list[IsaLevel]:
