@@ -66,7 +66,7 @@ def describe_compute(asked: str, dtype: torch.dtype, device: torch.device) -> st
     """The dtype chosen, why, and what computes it: one start-up line."""
     name = str(dtype).removeprefix("torch.")
     if asked == "auto" and device.type == "cpu":
-        flags, vendor = isa.host_cpu_flags() or frozenset(), isa.host_cpu_vendor()
+        flags = isa.host_cpu_flags() or frozenset()
         if "amx_bf16" in flags:
             why = "auto: this CPU has AMX tiles"
         elif "avx512_bf16" in flags:
