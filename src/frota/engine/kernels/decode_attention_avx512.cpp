@@ -36,11 +36,11 @@
 namespace {
 
 using frota_simd::exp_nonpositive;
+using frota_simd::kMasked;
 using frota_simd::transpose_slot;
 using frota_simd::transpose_sum16;
 
 constexpr int kTile = 16;           // keys per tile: one vector of scores per query head
-constexpr float kMasked = -1e30f;   // a masked score: finite, as -ffast-math assumes
 
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const c10::BFloat16* p) { return frota_simd::widen_bf16(reinterpret_cast<const uint16_t*>(p)); }

@@ -39,19 +39,11 @@
 namespace {
 
 using frota_simd::exp_nonpositive;
+using frota_simd::kMasked;
+using frota_simd::Rows;
 
 constexpr int64_t kTileKeys = 16;  // keys per tile: one zmm of float32 scores per query row
 constexpr int64_t kMaxRows = 16;   // query rows per tile (tokens x heads of the group)
-// The mask's and the running max's start: finite, as -ffast-math assumes every value is.
-constexpr float kMasked = -1e30f;
-
-// A token-major [tokens, heads, D] tensor's rows: row (t, h) starts at data + t * token + h * head.
-template <typename T>
-struct Rows {
-  T* data;
-  int64_t token, head;
-  T* row(int64_t t, int64_t h) const { return data + t * token + h * head; }
-};
 
 // What differs between the element types: how K and V are packed, how a block's scores and
 // its P.V are computed, and how the output is stored. `Word` is what one broadcast lane

@@ -41,20 +41,13 @@
 namespace {
 
 using frota_simd::exp_nonpositive;
+using frota_simd::kMasked;
+using frota_simd::Rows;
 
 constexpr int64_t kRows = 16;       // query rows per tile
 constexpr int64_t kKeys = 16;       // keys per score tile
 constexpr int64_t kPairKeys = 32;   // keys per P.V step (16 pairs)
 constexpr int64_t kTileWords = 512; // bfloat16 per tile: 16 rows of 64 bytes
-constexpr float kMasked = -1e30f;
-
-// A token-major [tokens, heads, D] tensor of bfloat16 (raw bits): row (t, h) at t * token + h * head.
-template <typename T>
-struct Rows {
-  T* data;
-  int64_t token, head;
-  T* row(int64_t t, int64_t h) const { return data + t * token + h * head; }
-};
 
 // One KV head's K and V in the tiles' layouts, zeros past the last key.
 struct PackedHead {

@@ -1,4 +1,5 @@
-// AVX-512 helpers the attention kernels share: 16 float32 lanes per vector.
+// AVX-512 helpers the attention kernels share: 16 float32 lanes per vector, and the view
+// of a token-major tensor's rows their prefill kernels read.
 #pragma once
 
 #if defined(__AVX512F__)
@@ -7,6 +8,17 @@
 #include <cstdint>
 
 namespace frota_simd {
+
+// The mask's and a running max's start: finite, as -ffast-math assumes every value is.
+constexpr float kMasked = -1e30f;
+
+// A token-major [tokens, heads, D] tensor's rows: row (t, h) starts at data + t * token + h * head.
+template <typename T>
+struct Rows {
+  T* data;
+  int64_t token, head;
+  T* row(int64_t t, int64_t h) const { return data + t * token + h * head; }
+};
 
 // exp(x) for x <= 0 on 16 lanes: x = n ln2 + r with |r| <= ln2 / 2, a degree-6 Taylor
 // polynomial for exp(r) (relative error under 2e-7), scaled by 2^n.
