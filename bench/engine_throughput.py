@@ -345,6 +345,11 @@ def shared_prefix(args) -> dict:
 ENGINES = (("frota", "Frota"), ("vllm", "vLLM CPU"), ("hf", "transformers (batch 8)"))
 
 
+def _metric(engine: str, name: str) -> str:
+    """The JSON key of an engine's latency metric: Frota's are unprefixed."""
+    return name if engine == "frota" else f"{engine}_{name}"
+
+
 def plot(results: list[dict], path: str) -> None:
     """Throughput per engine and dtype (left); TTFT p50/p99 of the engines that report it (right)."""
     import matplotlib
@@ -363,16 +368,19 @@ def plot(results: list[dict], path: str) -> None:
     left.set_ylabel("output tokens / s")
     left.set_title(f"offline throughput, {results[0]['requests']} requests at once")
     left.legend()
-    metrics = ["ttft_p50_s", "ttft_p99_s"]
-    bars = [(f"{label} {r['dtype']}", [r.get(m if key == "frota" else f"{key}_{m}") for m in metrics])
-            for key, label in engines[:2] for r in results]
-    bars = [(label, values) for label, values in bars if None not in values]
-    width = 0.8 / max(1, len(bars))
-    for j, (label, values) in enumerate(bars):
-        right.bar([m + j * width for m in range(len(metrics))], values, width, label=label)
-    right.set_xticks([m + 0.4 - width / 2 for m in range(len(metrics))], ["TTFT p50", "TTFT p99"])
+    # TTFT: one colour per engine, as on the left; p99 light behind p50 solid.
+    timed = [(j, key, label) for j, (key, label) in enumerate(engines[:2])
+             if all(r.get(_metric(key, "ttft_p99_s")) is not None for r in results)]
+    width = 0.8 / max(1, len(timed))
+    for n, (j, key, label) in enumerate(timed):
+        xs = [i + (n - (len(timed) - 1) / 2) * width for i in x]
+        right.bar(xs, [r[_metric(key, "ttft_p99_s")] for r in results], width, color=f"C{j}",
+                  alpha=0.35, label=f"{label} p99")
+        right.bar(xs, [r[_metric(key, "ttft_p50_s")] for r in results], width, color=f"C{j}",
+                  label=f"{label} p50")
+    right.set_xticks(list(x), [r["dtype"] for r in results])
     right.set_ylabel("seconds")
-    right.set_title("time to first token (same run)")
+    right.set_title("time to first token, same run")
     right.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
@@ -394,7 +402,14 @@ def main() -> int:
     parser.add_argument("--max-batched-tokens", type=int, default=2048)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     parser.add_argument("--plot", default=None, help="write a PNG: throughput and latency side by side")
+    parser.add_argument("--replot", default=None, metavar="JSON",
+                        help="draw --plot from a saved run's output instead of running")
     args = parser.parse_args()
+    if args.replot:
+        with open(args.replot) as f:
+            plot([row for row in map(json.loads, f) if "frota_tok_per_s" in row and "round" not in row],
+                 args.plot or "engine_throughput.png")
+        return 0
     import torch
 
     if args.threads:
