@@ -30,9 +30,10 @@
 #include <vector>
 
 #include "kernels.h"
-#include "simd.h"
 
 #if defined(__AVX512F__)
+#include "simd.h"
+
 namespace {
 
 using frota_simd::exp_nonpositive;

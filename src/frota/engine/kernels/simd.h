@@ -1,8 +1,9 @@
 // AVX-512 helpers the attention kernels share: 16 float32 lanes per vector, and the view
 // of a token-major tensor's rows their prefill kernels read.
+// Include it only where AVX-512 is on: under -mavx512f or a `#pragma GCC target` naming it
+// (which, unlike the flag, defines no __AVX512F__ to test here).
 #pragma once
 
-#if defined(__AVX512F__)
 #include <immintrin.h>
 
 #include <cstdint>
@@ -65,5 +66,3 @@ inline __m512 transpose_sum16(const __m512* v) {
 }
 
 }  // namespace frota_simd
-
-#endif
