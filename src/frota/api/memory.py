@@ -98,15 +98,9 @@ def weight_bytes_per_stage(
     be gathered by row, so the embedding keeps its floats.
     """
     h, elem = shape.hidden_size, dtype_bytes(dtype)
-    q = shape.num_heads // tensor * shape.head_dim
-    kv = max(1, shape.num_kv_heads // tensor) * shape.head_dim
-    ff = shape.intermediate_size // tensor
-
-    def lin(out_features: int, in_features: int) -> int:
-        return linear_weight_bytes(out_features, in_features, quantization, dtype, group_size)
-
-    attn = lin(q + 2 * kv, h) + lin(h, q)
-    mlp = lin(2 * ff, h) + lin(h, ff)
+    qkv, o, gate_up, down = (linear_weight_bytes(out_features, in_features, quantization, dtype, group_size)
+                             for out_features, in_features in layer_projections(shape, tensor))
+    attn, mlp = qkv + o, gate_up + down
     if shape.num_experts:
         # every expert, each split over the tensor ranks; the router gate stays float
         mlp = shape.num_experts * mlp + linear_weight_bytes(shape.num_experts, h, "none", dtype)
@@ -123,6 +117,16 @@ def weight_bytes_per_stage(
     return stages
 
 
+def layer_projections(shape: ModelShape, tensor: int = 1) -> list[tuple[int, int]]:
+    """(out_features, in_features) of one layer's projections on one of `tensor` ranks: the
+    fused qkv, o, the fused gate_up and down (one expert's for a mixture of experts)."""
+    h = shape.hidden_size
+    q = shape.num_heads // tensor * shape.head_dim
+    kv = max(1, shape.num_kv_heads // tensor) * shape.head_dim
+    ff = shape.intermediate_size // tensor
+    return [(q + 2 * kv, h), (h, q), (2 * ff, h), (h, ff)]
+
+
 def cpu_second_layout_bytes(shape: ModelShape, quantization: str = "none", dtype: str = "bfloat16") -> int:
     """Bytes a Frota CPU worker may hold besides its weights: on a CPU with AMX tiles, each
     bfloat16 projection of an unsharded dense model but the LM head is also kept in oneDNN's
@@ -130,9 +134,7 @@ def cpu_second_layout_bytes(shape: ModelShape, quantization: str = "none", dtype
     Zero for other dtypes, quantized weights and mixtures of experts."""
     if dtype != "bfloat16" or quantization != "none" or shape.num_experts:
         return 0
-    h, ff = shape.hidden_size, shape.intermediate_size
-    q, kv = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
-    per_layer = (q + 2 * kv) * h + h * q + 2 * ff * h + h * ff
+    per_layer = sum(out_features * in_features for out_features, in_features in layer_projections(shape))
     return shape.num_layers * per_layer * dtype_bytes(dtype)
 
 

@@ -9,6 +9,8 @@
 
 namespace frota_amx {
 
+constexpr int64_t kTileWords = 16 * 32;  // bfloat16 per tile: 16 rows of 64 bytes
+
 // The operand of ldtilecfg: palette 1, then each of the 8 tiles' bytes per row and rows.
 struct alignas(64) TileConfig {
   uint8_t palette = 1;

@@ -30,7 +30,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <string>
 
 #include "kernels.h"
 
@@ -39,7 +38,6 @@ namespace {
 constexpr int64_t kBlockN = 32;          // output features per block: two B tiles
 constexpr int64_t kStepK = 32;           // inputs per tile step: 16 pairs
 constexpr int64_t kChunkM = 256;         // rows of x per chunk
-constexpr int64_t kTileWords = 16 * 32;  // bfloat16 per tile: 16 rows of 64 bytes
 
 }  // namespace
 
@@ -75,6 +73,7 @@ bool request_tile_state() {
 
 namespace {
 
+using frota_amx::kTileWords;
 using frota_amx::TileConfig;
 
 // Tiles: C 0 1 / 2 3 (rows of A tile 4 / 5 times B tiles 6, 7), A 4 5, B 6 7.
@@ -164,7 +163,7 @@ bool amx_available() {
 #if defined(FROTA_AMX)
   static const bool available = cpu_has_amx_bf16() && request_tile_state();
   const char* wanted = std::getenv("FROTA_AMX");  // read each time: "0" switches the tiles off
-  return available && !(wanted && std::string(wanted) == "0");
+  return available && !(wanted && std::strcmp(wanted, "0") == 0);
 #else
   return false;
 #endif

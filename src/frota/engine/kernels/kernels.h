@@ -20,8 +20,8 @@ void rope_and_cache(at::Tensor& qkv, const at::Tensor& positions, const at::Tens
 at::Tensor silu_and_mul(const at::Tensor& gate_up);
 at::Tensor argmax_rows(const at::Tensor& logits);
 // amx_linear.cpp: bfloat16 linear layers on AMX tiles. amx_available(): this CPU has them, the
-// OS hands them out and FROTA_AMX is not 0 (read at each call); amx_pack_weight: [N, K] -> the tiles' layout, once; amx_linear:
-// x [M, K] @ W^T (+ bias) -> [M, out_features], bfloat16.
+// OS hands them out and FROTA_AMX is not 0 (read at each call); amx_pack_weight: [N, K] -> the
+// tiles' layout, once; amx_linear: x [M, K] @ W^T (+ bias) -> [M, out_features], bfloat16.
 bool amx_available();
 at::Tensor amx_pack_weight(const at::Tensor& weight);
 at::Tensor amx_linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,

@@ -42,6 +42,7 @@ namespace {
 using frota_simd::exp_nonpositive;
 using frota_simd::kMasked;
 using frota_simd::Rows;
+using frota_simd::rows_of;
 
 constexpr int64_t kTileKeys = 16;  // keys per tile: one zmm of float32 scores per query row
 constexpr int64_t kMaxRows = 16;   // query rows per tile (tokens x heads of the group)
@@ -230,11 +231,6 @@ void prefill(Rows<const typename E::Elem> q, Rows<const typename E::Elem> k, Row
       attend_tile<E, DIM>(q, packed[head], out, past, t0, std::min(tile_tokens, tokens - t0), group, head, scale);
     }
   });
-}
-
-template <typename T>
-Rows<T> rows_of(const at::Tensor& t) {
-  return {reinterpret_cast<T*>(t.data_ptr()), t.stride(0), t.stride(1)};
 }
 
 template <typename E>

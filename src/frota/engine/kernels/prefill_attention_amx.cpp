@@ -40,14 +40,15 @@
 
 namespace {
 
+using frota_amx::kTileWords;
 using frota_simd::exp_nonpositive;
 using frota_simd::kMasked;
 using frota_simd::Rows;
+using frota_simd::rows_of;
 
 constexpr int64_t kRows = 16;       // query rows per tile
 constexpr int64_t kKeys = 16;       // keys per score tile
 constexpr int64_t kPairKeys = 32;   // keys per P.V step (16 pairs)
-constexpr int64_t kTileWords = 512; // bfloat16 per tile: 16 rows of 64 bytes
 
 // One KV head's K and V in the tiles' layouts, zeros past the last key.
 struct PackedHead {
@@ -242,11 +243,6 @@ void prefill(Rows<const uint16_t> q, Rows<const uint16_t> k, Rows<const uint16_t
     }
     _tile_release();
   });
-}
-
-template <typename T>
-Rows<T> rows_of(const at::Tensor& t) {
-  return {reinterpret_cast<T*>(t.data_ptr()), t.stride(0), t.stride(1)};
 }
 
 }  // namespace

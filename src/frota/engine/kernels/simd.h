@@ -4,6 +4,7 @@
 // (which, unlike the flag, defines no __AVX512F__ to test here).
 #pragma once
 
+#include <ATen/ATen.h>
 #include <immintrin.h>
 
 #include <cstdint>
@@ -20,6 +21,12 @@ struct Rows {
   int64_t token, head;
   T* row(int64_t t, int64_t h) const { return data + t * token + h * head; }
 };
+
+// The rows of a [tokens, heads, D] tensor whose rows are contiguous, as T (raw bits for bfloat16).
+template <typename T>
+Rows<T> rows_of(const at::Tensor& t) {
+  return {reinterpret_cast<T*>(t.data_ptr()), t.stride(0), t.stride(1)};
+}
 
 // exp(x) for x <= 0 on 16 lanes: x = n ln2 + r with |r| <= ln2 / 2, a degree-6 Taylor
 // polynomial for exp(r) (relative error under 2e-7), scaled by 2^n.
