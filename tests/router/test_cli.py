@@ -41,6 +41,26 @@ def test_flag_defaults_are_the_router_config_defaults():
     assert config.drain_timeout == RouterConfig().drain_timeout
 
 
+def test_help_names_each_flags_environment_variable():
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    helps = {a.option_strings[0]: a.help for a in parser._actions if a.option_strings}
+    assert "[env FROTA_MAX_INFLIGHT]" in helps["--max-inflight"]
+    assert "[env FROTA_PROBE_TIMEOUT]" in helps["--probe-timeout"]  # a flag with no other help
+    assert "FROTA_DISAGG_MIN_PROMPT_TOKENS, or FROTA_MIN_PREFILL_TOKENS" in helps[
+        "--disagg-min-prompt-tokens"]
+
+
+def test_the_older_min_prefill_tokens_variable_applies_only_when_the_flags_own_is_unset(
+        monkeypatch):
+    monkeypatch.delenv("FROTA_DISAGG_MIN_PROMPT_TOKENS", raising=False)
+    monkeypatch.setenv("FROTA_MIN_PREFILL_TOKENS", "100")
+    assert parse([]).disagg_min_prompt_tokens == 100
+    monkeypatch.setenv("FROTA_DISAGG_MIN_PROMPT_TOKENS", "50")
+    assert parse([]).disagg_min_prompt_tokens == 50
+    assert parse(["--disagg-min-prompt-tokens", "10"]).disagg_min_prompt_tokens == 10
+
+
 def test_router_modules_never_import_torch_or_the_engine():
     code = ("import sys, frota.router.cli, frota.router.app, frota.router.discovery, "
             "frota.router.policies; "

@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,109 +26,96 @@ if TYPE_CHECKING:
     from frota.router.app import RouterApp
 
 
-def _env(flag: str, default: Any) -> Any:
-    return os.environ.get("FROTA_" + flag.lstrip("-").upper().replace("-", "_"), default)
+def _env_name(flag: str) -> str:
+    return "FROTA_" + flag.lstrip("-").upper().replace("-", "_")
+
+
+def _flag_adder(group: argparse._ArgumentGroup) -> Callable[..., None]:
+    """`add(flag, default, help, **kwargs)` for `group`: the default comes from the flag's
+    environment variable when it is set, the help names that variable, and a number default
+    makes the flag parse as that type (argparse converts an environment string with it)."""
+
+    def add(flag: str, default: Any = None, help: str | None = None,
+            env_also: str | None = None, **kwargs: Any) -> None:
+        env = _env_name(flag)
+        names = f"{env}, or {env_also}" if env_also else env
+        if env_also:  # an older name, read only when the flag's own variable is unset
+            default = os.environ.get(env_also) or default
+        if isinstance(default, int | float) and not isinstance(default, bool):
+            kwargs.setdefault("type", type(default))
+        group.add_argument(flag, default=os.environ.get(env, default),
+                           help=f"{help} [env {names}]" if help else f"[env {names}]",
+                           **kwargs)
+
+    return add
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    def add(flag: str, default: Any = None, **kwargs: Any) -> None:
-        parser.add_argument(flag, default=_env(flag, default), **kwargs)
+    add = _flag_adder(parser.add_argument_group("serving"))
+    add("--host", "0.0.0.0", "address to listen on")
+    add("--port", 8000, "port to listen on")
+    add("--api-key-file", None, "file with accepted API keys, one per line; without it, no auth")
+    add("--log-level", "info", type=str.lower, choices=["debug", "info", "warning", "error"])
+    add("--drain-timeout", 30.0, "on SIGTERM, seconds requests in flight may run on before "
+        "they are cut off (new connections are refused at once)")
 
-    g = parser.add_argument_group("serving")
-    g.add_argument("--host", default=_env("--host", "0.0.0.0"), help="address to listen on")
-    g.add_argument("--port", type=int, default=_env("--port", 8000), help="port to listen on")
-    g.add_argument("--api-key-file", default=_env("--api-key-file", None),
-                   help="file with accepted API keys, one per line; without it, no auth")
-    g.add_argument("--log-level", default=_env("--log-level", "info"), type=str.lower,
-                   choices=["debug", "info", "warning", "error"])
-    g.add_argument("--drain-timeout", type=float, default=_env("--drain-timeout", 30.0),
-                   help="on SIGTERM, seconds requests in flight may run on before they are "
-                        "cut off (new connections are refused at once)")
+    add = _flag_adder(parser.add_argument_group("discovery"))
+    add("--discovery", "static", "where the workers come from", choices=["static", "kubernetes"])
+    add("--workers", None, "static discovery: worker base URLs, comma separated")
+    add("--namespace", None, "kubernetes: namespace of the workers (default: the pod's own)")
+    add("--selector", None, "kubernetes: label selector of the workers' EndpointSlices")
+    add("--kubeconfig", None, "kubernetes: kubeconfig path (default: in-cluster service account)")
+    add("--port-name", None,
+        "kubernetes: EndpointSlice port name to use (default: the first port)")
 
-    g = parser.add_argument_group("discovery")
-    g.add_argument("--discovery", default=_env("--discovery", "static"),
-                   choices=["static", "kubernetes"], help="where the workers come from")
-    g.add_argument("--workers", default=_env("--workers", None),
-                   help="static discovery: worker base URLs, comma separated")
-    g.add_argument("--namespace", default=_env("--namespace", None),
-                   help="kubernetes: namespace of the workers (default: the pod's own)")
-    g.add_argument("--selector", default=_env("--selector", None),
-                   help="kubernetes: label selector of the workers' EndpointSlices")
-    g.add_argument("--kubeconfig", default=_env("--kubeconfig", None),
-                   help="kubernetes: kubeconfig path (default: in-cluster service account)")
-    g.add_argument("--port-name", default=_env("--port-name", None),
-                   help="kubernetes: EndpointSlice port name to use (default: the first port)")
-
-    g = parser.add_argument_group("disaggregated prefill/decode")
-    g.add_argument("--prefill-workers", default=_env("--prefill-workers", None),
-                   help="static discovery: prefill worker URLs (`frota worker --role prefill`); "
-                   "with them, long prompts run prefill there and decode on the main pool")
-    g.add_argument("--decode-workers", default=_env("--decode-workers", None),
-                   help="static discovery: decode worker URLs (join --workers in the main pool)")
-    g.add_argument("--disagg-min-prompt-tokens", type=int,
-                   default=_env("--disagg-min-prompt-tokens",
-                                os.environ.get("FROTA_MIN_PREFILL_TOKENS") or None),
-                   help="shortest prompt (estimated as characters / 4) worth moving KV for; "
-                   "shorter ones stay colocated on the main pool (default 256) "
-                   "[env also FROTA_MIN_PREFILL_TOKENS]; with --discovery kubernetes, "
-                   "setting it turns disaggregation on (prefill pods by frota.dev/role)")
+    add = _flag_adder(parser.add_argument_group("disaggregated prefill/decode"))
+    add("--prefill-workers", None, "static discovery: prefill worker URLs (`frota worker --role "
+        "prefill`); with them, long prompts run prefill there and decode on the main pool")
+    add("--decode-workers", None,
+        "static discovery: decode worker URLs (join --workers in the main pool)")
+    add("--disagg-min-prompt-tokens", None, "shortest prompt (estimated as characters / 4) "
+        "worth moving KV for; shorter ones stay colocated on the main pool (default 256); "
+        "with --discovery kubernetes, setting it turns disaggregation on (prefill pods by "
+        "frota.dev/role)", env_also="FROTA_MIN_PREFILL_TOKENS", type=int)
 
     prefix = PrefixAwareConfig()  # the prefix-aware defaults
-    g = parser.add_argument_group("routing")
-    g.add_argument("--policy", default=_env("--policy", PolicyName.ROUND_ROBIN.value),
-                   choices=[p.value for p in PolicyName], help="how a replica is chosen")
-    g.add_argument("--load-signal", default=_env("--load-signal", LoadSignal.OUTSTANDING.value),
-                   choices=[s.value for s in LoadSignal],
-                   help="least-load: router-side outstanding requests or the workers' /metrics")
-    g.add_argument("--prefix-block-chars", type=int,
-                   default=_env("--prefix-block-chars", prefix.block_chars),
-                   help="prefix-aware: characters per hashed prompt block")
-    g.add_argument("--prefix-max-blocks", type=int,
-                   default=_env("--prefix-max-blocks", prefix.max_blocks),
-                   help="prefix-aware: leading blocks hashed per prompt")
-    g.add_argument("--prefix-balance", type=float,
-                   default=_env("--prefix-balance", prefix.balance),
-                   help="prefix-aware: a worker may take (1 + this) x its fair share of load")
-    g.add_argument("--prefix-balance-abs", type=int,
-                   default=_env("--prefix-balance-abs", prefix.balance_abs),
-                   help="prefix-aware: ... or this many requests more than the least loaded "
-                   "worker, whichever allows more (low load)")
-    g.add_argument("--prefix-hot-window", type=int,
-                   default=_env("--prefix-hot-window", prefix.hot_window),
-                   help="prefix-aware: a prefix behind more than a worker's fair share of "
-                   "this many latest requests is hot and gets the relative bound only "
-                   "(0: no prefix is ever hot)")
-    g.add_argument("--prefix-min-match", type=float,
-                   default=_env("--prefix-min-match", prefix.min_match),
-                   help="prefix-aware: follow a remembered prefix only when it covers this "
-                   "fraction of the prompt's blocks; else route to the least loaded worker")
-    g.add_argument("--session-header", default=_env("--session-header", "x-session-id"),
-                   help="session: header carrying the session key (else the body's `user`)")
+    add = _flag_adder(parser.add_argument_group("routing"))
+    add("--policy", PolicyName.ROUND_ROBIN.value, "how a replica is chosen",
+        choices=[p.value for p in PolicyName])
+    add("--load-signal", LoadSignal.OUTSTANDING.value,
+        "least-load: router-side outstanding requests or the workers' /metrics",
+        choices=[s.value for s in LoadSignal])
+    add("--prefix-block-chars", prefix.block_chars,
+        "prefix-aware: characters per hashed prompt block")
+    add("--prefix-max-blocks", prefix.max_blocks, "prefix-aware: leading blocks hashed per prompt")
+    add("--prefix-balance", prefix.balance,
+        "prefix-aware: a worker may take (1 + this) x its fair share of load")
+    add("--prefix-balance-abs", prefix.balance_abs, "prefix-aware: ... or this many requests "
+        "more than the least loaded worker, whichever allows more (low load)")
+    add("--prefix-hot-window", prefix.hot_window, "prefix-aware: a prefix behind more than a "
+        "worker's fair share of this many latest requests is hot and gets the relative bound "
+        "only (0: no prefix is ever hot)")
+    add("--prefix-min-match", prefix.min_match, "prefix-aware: follow a remembered prefix only "
+        "when it covers this fraction of the prompt's blocks; else route to the least loaded "
+        "worker")
+    add("--session-header", "x-session-id",
+        "session: header carrying the session key (else the body's `user`)")
 
-    g = parser.add_argument_group("admission and retries")
-    g.add_argument("--max-inflight", type=int,
-                   default=_env("--max-inflight", AdmissionDefault.MAX_INFLIGHT),
-                   help="requests in flight across all workers (0: unlimited)")
-    g.add_argument("--max-queue", type=int,
-                   default=_env("--max-queue", AdmissionDefault.MAX_QUEUE),
-                   help="requests waiting for admission; beyond it 429")
-    g.add_argument("--queue-timeout", type=float,
-                   default=_env("--queue-timeout", AdmissionDefault.QUEUE_TIMEOUT_S),
-                   help="seconds a request may wait for admission before 429")
-    g.add_argument("--max-retries", type=int, default=_env("--max-retries", 2),
-                   help="retries on other workers for failures before the first byte")
-    g.add_argument("--retry-backoff", type=float, default=_env("--retry-backoff", 0.02),
-                   help="seconds before the first retry (doubles each retry, jittered)")
-    g.add_argument("--connect-timeout", type=float, default=_env("--connect-timeout", 3.0))
-    g.add_argument("--read-timeout", type=float, default=_env("--read-timeout", 600.0),
-                   help="longest silence from a worker mid-response, seconds")
+    add = _flag_adder(parser.add_argument_group("admission and retries"))
+    add("--max-inflight", AdmissionDefault.MAX_INFLIGHT,
+        "requests in flight across all workers (0: unlimited)")
+    add("--max-queue", AdmissionDefault.MAX_QUEUE, "requests waiting for admission; beyond it 429")
+    add("--queue-timeout", AdmissionDefault.QUEUE_TIMEOUT_S,
+        "seconds a request may wait for admission before 429")
+    add("--max-retries", 2, "retries on other workers for failures before the first byte")
+    add("--retry-backoff", 0.02, "seconds before the first retry (doubles each retry, jittered)")
+    add("--connect-timeout", 3.0)
+    add("--read-timeout", 600.0, "longest silence from a worker mid-response, seconds")
 
-    g = parser.add_argument_group("health")
-    g.add_argument("--probe-interval", type=float, default=_env("--probe-interval", 1.0),
-                   help="seconds between /ready probes of each worker")
-    g.add_argument("--probe-timeout", type=float, default=_env("--probe-timeout", 2.0))
-    g.add_argument("--eject-after", type=int, default=_env("--eject-after", 3),
-                   help="consecutive failures that take a worker out of rotation")
+    add = _flag_adder(parser.add_argument_group("health"))
+    add("--probe-interval", 1.0, "seconds between /ready probes of each worker")
+    add("--probe-timeout", 2.0)
+    add("--eject-after", 3, "consecutive failures that take a worker out of rotation")
 
 
 def _discovery(args: argparse.Namespace):  # type: ignore[no-untyped-def]
