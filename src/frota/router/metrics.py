@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from frota.api.contract import RouterMetric
@@ -19,59 +21,53 @@ class RouterMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        r = self.registry
-        self.requests = Counter(
-            RouterMetric.REQUESTS, "Requests answered, by endpoint and HTTP status.",
-            ["endpoint", "status"], registry=r)
-        self.decisions = Counter(
-            RouterMetric.ROUTING_DECISIONS,
-            "Routing decisions, by policy, decision kind and chosen worker.",
-            ["policy", "decision", "worker"], registry=r)
-        self.rejections = Counter(
-            RouterMetric.REJECTIONS, "Requests refused by admission control (429), by reason.",
-            ["reason"], registry=r)
-        self.retries = Counter(
-            RouterMetric.RETRIES, "Upstream attempts retried on another replica, by reason.",
-            ["reason"], registry=r)
-        self.stream_errors = Counter(
+        # Every metric on this app's registry; latency histograms share one bucket set.
+        counter = partial(Counter, registry=self.registry)
+        gauge = partial(Gauge, registry=self.registry)
+        histogram = partial(Histogram, buckets=LATENCY_BUCKETS, registry=self.registry)
+        by_worker = ["worker"]
+        self.requests = counter(RouterMetric.REQUESTS,
+                                "Requests answered, by endpoint and HTTP status.",
+                                ["endpoint", "status"])
+        self.decisions = counter(RouterMetric.ROUTING_DECISIONS,
+                                 "Routing decisions, by policy, decision kind and chosen worker.",
+                                 ["policy", "decision", "worker"])
+        self.rejections = counter(RouterMetric.REJECTIONS,
+                                  "Requests refused by admission control (429), by reason.",
+                                  ["reason"])
+        self.retries = counter(RouterMetric.RETRIES,
+                               "Upstream attempts retried on another replica, by reason.",
+                               ["reason"])
+        self.stream_errors = counter(
             RouterMetric.STREAM_ERRORS,
-            "Streams that failed after their first byte and were ended with an error event.",
-            registry=r)
-        self.ejections = Counter(
-            RouterMetric.EJECTIONS, "Workers taken out of rotation, by worker.",
-            ["worker"], registry=r)
-        self.readmissions = Counter(
-            RouterMetric.READMISSIONS, "Ejected workers put back into rotation, by worker.",
-            ["worker"], registry=r)
-        self.worker_healthy = Gauge(
-            RouterMetric.WORKER_HEALTHY, "1 when the worker is in rotation, else 0.",
-            ["worker"], registry=r)
-        self.worker_outstanding = Gauge(
-            RouterMetric.WORKER_OUTSTANDING_REQUESTS,
-            "Requests the router has in flight on each worker.", ["worker"], registry=r)
-        self.inflight = Gauge(
-            RouterMetric.INFLIGHT_REQUESTS, "Admitted requests in flight.", registry=r)
-        self.queue_depth = Gauge(
-            RouterMetric.QUEUE_DEPTH, "Requests waiting for admission.", registry=r)
-        self.queue_wait = Histogram(
-            RouterMetric.QUEUE_WAIT_SECONDS, "Time spent waiting for admission.",
-            buckets=LATENCY_BUCKETS, registry=r)
-        self.upstream_latency = Histogram(
+            "Streams that failed after their first byte and were ended with an error event.")
+        self.ejections = counter(RouterMetric.EJECTIONS,
+                                 "Workers taken out of rotation, by worker.", by_worker)
+        self.readmissions = counter(RouterMetric.READMISSIONS,
+                                    "Ejected workers put back into rotation, by worker.",
+                                    by_worker)
+        self.worker_healthy = gauge(RouterMetric.WORKER_HEALTHY,
+                                    "1 when the worker is in rotation, else 0.", by_worker)
+        self.worker_outstanding = gauge(RouterMetric.WORKER_OUTSTANDING_REQUESTS,
+                                        "Requests the router has in flight on each worker.",
+                                        by_worker)
+        self.inflight = gauge(RouterMetric.INFLIGHT_REQUESTS, "Admitted requests in flight.")
+        self.queue_depth = gauge(RouterMetric.QUEUE_DEPTH, "Requests waiting for admission.")
+        self.queue_wait = histogram(RouterMetric.QUEUE_WAIT_SECONDS,
+                                    "Time spent waiting for admission.")
+        self.upstream_latency = histogram(
             RouterMetric.UPSTREAM_LATENCY_SECONDS,
-            "Time from sending a request to a worker to its response headers.",
-            ["worker"], buckets=LATENCY_BUCKETS, registry=r)
-        self.request_latency = Histogram(
+            "Time from sending a request to a worker to its response headers.", by_worker)
+        self.request_latency = histogram(
             RouterMetric.E2E_REQUEST_LATENCY_SECONDS,
-            "Time from receiving a request to sending its last byte.",
-            ["endpoint"], buckets=LATENCY_BUCKETS, registry=r)
-        self.ttft = Histogram(
+            "Time from receiving a request to sending its last byte.", ["endpoint"])
+        self.ttft = histogram(
             RouterMetric.TIME_TO_FIRST_TOKEN_SECONDS,
-            "Time from receiving a streaming request to forwarding its first chunk.",
-            buckets=LATENCY_BUCKETS, registry=r)
-        self.itl = Histogram(
+            "Time from receiving a streaming request to forwarding its first chunk.")
+        self.itl = histogram(
             RouterMetric.INTER_TOKEN_LATENCY_SECONDS,
             "Time between consecutive chunks of a stream, as forwarded by the router.",
-            buckets=ITL_BUCKETS, registry=r)
+            buckets=ITL_BUCKETS)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
