@@ -10,16 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from frota.engine.kernels import build
+from frota.engine.kernels import build, extensions
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "src"
 
 
 def test_every_cpp_file_belongs_to_exactly_one_extension():
-    owned = [source for ext in build.EXTENSIONS.values() for source in ext.sources]
-    assert sorted(owned) == sorted(path.name for path in build.SOURCE_DIR.glob("*.cpp"))
-    assert all(path.is_file() for ext in build.EXTENSIONS.values() for path in ext.paths)
+    owned = [source for ext in extensions.EXTENSIONS.values() for source in ext.sources]
+    assert sorted(owned) == sorted(path.name for path in extensions.SOURCE_DIR.glob("*.cpp"))
+    assert all(path.is_file() for ext in extensions.EXTENSIONS.values() for path in ext.paths)
 
 
 def test_the_package_ships_the_cpp_sources():
@@ -30,7 +30,7 @@ def test_the_package_ships_the_cpp_sources():
 def test_each_extension_has_its_own_cache_directory(tmp_path, monkeypatch):
     pytest.importorskip("torch")
     monkeypatch.setenv(build.CACHE_ENV, str(tmp_path))
-    for ext in build.EXTENSIONS.values():
+    for ext in extensions.EXTENSIONS.values():
         directory = build.build_directory(ext)
         assert directory.parent == tmp_path and directory.name.startswith(f"{ext.name}-")
 
@@ -53,7 +53,7 @@ def test_a_switched_off_kernel_is_neither_built_nor_loaded(monkeypatch):
         raise AssertionError("built although switched off")
 
     monkeypatch.setattr(build, "_loaded", {})
-    monkeypatch.setattr(build, "compile_extension", must_not_build)
+    monkeypatch.setattr(extensions, "compile_extension", must_not_build)
     monkeypatch.setenv(build.SWITCH_ENV, "0")
     assert build.load("attention") is None and build.load("quant") is None
 
@@ -78,7 +78,7 @@ def test_the_image_prebuild_step_copies_every_module_it_imports():
         if words[:1] == ["COPY"] and words[-1].startswith("/tmp/kbuild/"):
             copied |= {path for pattern in words[1:-1] for path in ROOT.glob(pattern)}
     assert copied, "no COPY into /tmp/kbuild in worker_image/Dockerfile"
-    assert {path for ext in build.EXTENSIONS.values() for path in ext.paths} <= copied
+    assert {path for ext in extensions.EXTENSIONS.values() for path in ext.paths} <= copied
     todo, seen = [SOURCE / "frota/engine/kernels/__main__.py"], set()
     while todo:
         path = todo.pop()

@@ -141,7 +141,7 @@ def test_without_the_env_nothing_prebuilt_is_used(monkeypatch):
 
 
 def test_prebuilt_flags_replace_march_native():
-    from frota.engine.kernels.build import EXTENSIONS
+    from frota.engine.kernels.extensions import EXTENSIONS
 
     level = isa.BY_NAME["x86-64-v4-bf16"]
     assert prebuilt._portable(EXTENSIONS["attention"].cflags, level) == [

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from frota.engine.kernels import build
+from frota.engine.kernels.extensions import EXTENSIONS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
               f"in {time.monotonic() - start:.0f} s", flush=True)
         return 0 if built or not isa.is_x86_64() else 1
     ok = True
-    for kind in build.EXTENSIONS:
+    for kind in EXTENSIONS:
         start = time.monotonic()
         print(f"[frota.engine] building the {kind} kernels ...", flush=True)
         built = build.load(kind) is not None

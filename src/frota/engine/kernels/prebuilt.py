@@ -1,6 +1,6 @@
 """The C++ kernels built ahead of time for portable ISA levels (the worker image), and loading them.
 
-`python -m frota.engine.kernels --prebuild DIR` compiles every extension of `build.EXTENSIONS`
+`python -m frota.engine.kernels --prebuild DIR` compiles every extension of `extensions.EXTENSIONS`
 (the attention and layer ops, the int8/int4 matmuls), with its own flags but -march=native
 replaced, once per level of `isa.LEVELS` the compiler knows, into `DIR/<level>/`, and writes
 `DIR/manifest.json`: the torch version, the machine, a hash of each extension's source and
@@ -28,21 +28,22 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 
-from frota.engine.kernels import build, isa
+from frota.engine.kernels import isa
+from frota.engine.kernels.extensions import EXTENSIONS, compile_extension
 
 log = logging.getLogger("frota.engine.kernels")
 
 DIR_ENV = "FROTA_KERNELS_DIR"
 ISA_ENV = "FROTA_KERNELS_ISA"
-KINDS = tuple(build.EXTENSIONS)
+KINDS = tuple(EXTENSIONS)
 
 
 def module_name(kind: str, level: isa.IsaLevel) -> str:
-    return f"{build.EXTENSIONS[kind].name}_{level.slug}"
+    return f"{EXTENSIONS[kind].name}_{level.slug}"
 
 
 def source_digest(kind: str) -> str:
-    return build.EXTENSIONS[kind].source_digest()
+    return EXTENSIONS[kind].source_digest()
 
 
 def _portable(cflags: Sequence[str], level: isa.IsaLevel) -> list[str]:
@@ -51,8 +52,8 @@ def _portable(cflags: Sequence[str], level: isa.IsaLevel) -> list[str]:
 
 
 def _compile(kind: str, name: str, level: isa.IsaLevel, directory: Path) -> None:
-    ext = build.EXTENSIONS[kind]
-    build.compile_extension(ext, name, _portable(ext.cflags, level), directory)
+    ext = EXTENSIONS[kind]
+    compile_extension(ext, name, _portable(ext.cflags, level), directory)
 
 
 def compiler_supports(level: isa.IsaLevel, cxx: str = "c++") -> bool:
