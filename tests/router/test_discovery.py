@@ -1,7 +1,9 @@
 """Discovery: the static list, and EndpointSlices from a fake Kubernetes API server."""
 
 import asyncio
+import contextlib
 import json
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -141,15 +143,30 @@ contexts:
     await server.close()
 
 
+def worker_slices(kubeconfig: Path) -> KubernetesDiscovery:
+    return KubernetesDiscovery(KubeApi.from_kubeconfig(kubeconfig), "serving",
+                               "frota.dev/role=worker", port_name="http")
+
+
+@contextlib.asynccontextmanager
+async def watching(fake: FakeApiServer, kubeconfig: Path) -> AsyncIterator[list[list[str]]]:
+    """Discovery of the worker slices, running: yields the URL lists it reports (as they
+    come), once its first watch is open; stops it on the way out."""
+    seen: list[list[str]] = []
+    discovery = worker_slices(kubeconfig)
+    async with aiohttp.ClientSession() as session:
+        await discovery.start(session, seen.append)
+        try:
+            await wait_until(lambda: bool(fake.watches))
+            yield seen
+        finally:
+            await discovery.stop()
+
+
 async def test_kubernetes_discovery_lists_then_follows_the_watch(kube):
     fake, kubeconfig = kube
     fake.items["s1"] = endpoint_slice("s1", {"10.0.0.1": True, "10.0.0.2": False}, "1")
-    seen: list[list[str]] = []
-    discovery = KubernetesDiscovery(KubeApi.from_kubeconfig(kubeconfig), "serving",
-                                    "frota.dev/role=worker", port_name="http")
-    async with aiohttp.ClientSession() as session:
-        await discovery.start(session, seen.append)
-        await wait_until(lambda: bool(fake.watches))
+    async with watching(fake, kubeconfig) as seen:
         assert seen == [["http://10.0.0.1:8000"]]
         # The second endpoint becomes ready, a new slice appears, then the first goes away.
         fake.emit("MODIFIED", endpoint_slice("s1", {"10.0.0.1": True, "10.0.0.2": True}, ""))
@@ -168,24 +185,17 @@ async def test_kubernetes_discovery_lists_then_follows_the_watch(kube):
         await wait_until(lambda: bool(fake.watches))
         assert fake.requests[-1]["resourceVersion"] == str(fake.resource_version)
         assert sum(r.get("watch") != "1" for r in fake.requests) == 1  # no re-list
-        await discovery.stop()
 
 
 async def test_kubernetes_discovery_relists_on_410_gone(kube):
     fake, kubeconfig = kube
     fake.items["s1"] = endpoint_slice("s1", {"10.0.0.1": True}, "1")
     fake.expire_next_watch = True
-    seen: list[list[str]] = []
-    discovery = KubernetesDiscovery(KubeApi.from_kubeconfig(kubeconfig), "serving",
-                                    "frota.dev/role=worker", port_name="http")
-    async with aiohttp.ClientSession() as session:
-        await discovery.start(session, seen.append)
-        await wait_until(lambda: bool(fake.watches))
+    async with watching(fake, kubeconfig) as seen:
         assert sum(r.get("watch") != "1" for r in fake.requests) == 2  # listed twice
         fake.emit("ADDED", endpoint_slice("s2", {"10.0.0.9": True}, ""))
         await wait_until(lambda: len(seen) == 2)
         assert seen[-1] == ["http://10.0.0.1:8000", "http://10.0.0.9:8000"]
-        await discovery.stop()
 
 
 async def test_the_router_follows_endpointslices_without_restart(kube, start_worker):
@@ -198,9 +208,7 @@ async def test_the_router_follows_endpointslices_without_restart(kube, start_wor
         host, port = worker.url.removeprefix("http://").split(":")
         return endpoint_slice(name, {host: True}, "", port=int(port))
 
-    discovery = KubernetesDiscovery(KubeApi.from_kubeconfig(kubeconfig), "serving",
-                                    "frota.dev/role=worker", port_name="http")
-    app = build_app(RouterConfig(probe_interval=0.05), discovery)
+    app = build_app(RouterConfig(probe_interval=0.05), worker_slices(kubeconfig))
     await app.start("127.0.0.1", 0)
     pool = app.router.pool
     try:

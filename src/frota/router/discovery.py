@@ -187,6 +187,9 @@ class KubernetesDiscovery(Discovery):
                  watch_timeout: int = 300) -> None:
         self.api = api
         self.namespace = namespace
+        # The EndpointSlice collection: fixed for the watch's lifetime, so built once.
+        self._url = (f"{api.server}/apis/discovery.k8s.io/v1/namespaces/"
+                     f"{quote(namespace)}/endpointslices")
         self.selector = selector
         self.port_name = port_name
         self.scheme = scheme
@@ -196,11 +199,6 @@ class KubernetesDiscovery(Discovery):
         self._task: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
         self._on_change: OnChange = lambda urls: None
-
-    @property
-    def _url(self) -> str:
-        return (f"{self.api.server}/apis/discovery.k8s.io/v1/namespaces/"
-                f"{quote(self.namespace)}/endpointslices")
 
     async def start(self, session: aiohttp.ClientSession, on_change: OnChange) -> None:
         self._session, self._on_change = session, on_change
