@@ -1,7 +1,10 @@
 """Health: probes admit, failures eject, recovery re-admits; vLLM gauges are scraped."""
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -14,6 +17,19 @@ async def wait_for(predicate, timeout: float = 5.0) -> None:
     while not predicate():
         assert asyncio.get_running_loop().time() < deadline, "condition never became true"
         await asyncio.sleep(0.01)
+
+
+@contextlib.asynccontextmanager
+async def running_pool(urls: list[str], metrics: RouterMetrics | None = None,
+                       **settings: Any) -> AsyncIterator[WorkerPool]:
+    """A pool probing `urls` (`settings`: WorkerPool's), closed on the way out."""
+    async with aiohttp.ClientSession() as session:
+        pool = WorkerPool(session, metrics or RouterMetrics(), **settings)
+        pool.set_urls(urls)
+        try:
+            yield pool
+        finally:
+            await pool.close()
 
 
 def test_parse_vllm_load_sums_labelled_series():
@@ -31,9 +47,7 @@ frota_other 7
 async def test_workers_join_after_a_ready_probe_and_leave_on_503(start_worker):
     worker = await start_worker(is_ready=False)
     metrics = RouterMetrics()
-    async with aiohttp.ClientSession() as session:
-        pool = WorkerPool(session, metrics, probe_interval=0.02)
-        pool.set_urls([worker.url])
+    async with running_pool([worker.url], probe_interval=0.02, metrics=metrics) as pool:
         await wait_for(lambda: worker.num_probes >= 2)
         assert pool.healthy() == []
         worker.is_ready = True
@@ -46,14 +60,11 @@ async def test_workers_join_after_a_ready_probe_and_leave_on_503(start_worker):
         await wait_for(lambda: bool(pool.healthy()))
         assert metrics.registry.get_sample_value(
             "frota_router_readmissions_total", {"worker": worker.url}) == 1
-        await pool.close()
 
 
 async def test_passive_failures_eject_after_the_threshold(start_worker):
     worker = await start_worker()
-    async with aiohttp.ClientSession() as session:
-        pool = WorkerPool(session, RouterMetrics(), probe_interval=60, eject_after=3)
-        pool.set_urls([worker.url])
+    async with running_pool([worker.url], probe_interval=60, eject_after=3) as pool:
         assert await pool.wait_healthy(5)
         w = pool.workers[worker.url]
         pool.record_failure(w, "test")
@@ -64,52 +75,41 @@ async def test_passive_failures_eject_after_the_threshold(start_worker):
             pool.record_failure(w, "test")
         assert pool.healthy() == []
         assert await pool.probe(w) and pool.healthy() == [w]
-        await pool.close()
 
 
 async def test_a_vanished_worker_is_ejected_by_probes(start_worker):
     worker = await start_worker()
-    async with aiohttp.ClientSession() as session:
-        pool = WorkerPool(session, RouterMetrics(), probe_interval=0.02, eject_after=2)
-        pool.set_urls([worker.url])
+    async with running_pool([worker.url], probe_interval=0.02, eject_after=2) as pool:
         assert await pool.wait_healthy(5)
         await worker.server.close()
         await wait_for(lambda: not pool.healthy())
-        await pool.close()
 
 
 async def test_membership_changes_add_and_drop_workers(start_worker):
     a, b = await start_worker(), await start_worker()
-    async with aiohttp.ClientSession() as session:
-        pool = WorkerPool(session, RouterMetrics(), probe_interval=0.02)
-        pool.set_urls([a.url])
+    async with running_pool([a.url], probe_interval=0.02) as pool:
         await wait_for(lambda: len(pool.healthy()) == 1)
         pool.set_urls([a.url, b.url])
         await wait_for(lambda: len(pool.healthy()) == 2)
         pool.set_urls([b.url])
         assert [w.url for w in pool.healthy()] == [b.url]
         assert list(pool.workers) == [b.url]
-        await pool.close()
 
 
 async def test_scraping_fills_worker_load(start_worker):
     worker = await start_worker(gauges={"vllm:num_requests_waiting": 4,
                                         "vllm:kv_cache_usage_perc": 0.25})
-    async with aiohttp.ClientSession() as session:
-        pool = WorkerPool(session, RouterMetrics(), probe_interval=0.02, scrape_metrics=True)
-        pool.set_urls([worker.url])
+    async with running_pool([worker.url], probe_interval=0.02, scrape_metrics=True) as pool:
         await wait_for(lambda: pool.workers[worker.url].load.scraped_at > 0)
         load = pool.workers[worker.url].load
         assert (load.num_waiting, load.kv_usage) == (4, 0.25)
-        await pool.close()
 
 
 async def test_a_worker_that_never_answers_is_logged_once_per_reason(start_worker, caplog):
     worker = await start_worker(is_ready=False)
     caplog.set_level("INFO", logger="frota.router.health")
-    async with aiohttp.ClientSession() as session:
-        pool = WorkerPool(session, RouterMetrics(), probe_interval=0.02)
-        pool.set_urls([worker.url, "http://127.0.0.1:9"])  # loading, and nothing listening
+    # One worker loading, one URL with nothing listening.
+    async with running_pool([worker.url, "http://127.0.0.1:9"], probe_interval=0.02):
         await wait_for(lambda: worker.num_probes >= 5)
         await asyncio.sleep(0.1)
         kept_out = [r.getMessage() for r in caplog.records if "not in rotation" in r.getMessage()]
@@ -117,7 +117,6 @@ async def test_a_worker_that_never_answers_is_logged_once_per_reason(start_worke
             f"worker not in rotation: {worker.url} (probe: /ready answered 503)",
             "worker not in rotation: http://127.0.0.1:9 (probe: ClientConnectorError)",
         ]), kept_out
-        await pool.close()
 
 
 def test_parse_vllm_load_reads_vllms_own_exposition():
@@ -140,12 +139,9 @@ async def test_a_worker_without_ready_is_ready_when_its_health_answers():
 
     app = web.Application()
     app.router.add_get("/health", health)
-    async with TestServer(app) as server, aiohttp.ClientSession() as session:
-        url = str(server.make_url("")).rstrip("/")
-        pool = WorkerPool(session, RouterMetrics(), probe_interval=0.02)
-        pool.set_urls([url])
+    async with TestServer(app) as server, running_pool(
+            [str(server.make_url("")).rstrip("/")], probe_interval=0.02) as pool:
         await asyncio.sleep(0.2)
         assert pool.healthy() == []
         healthy["ok"] = True
         assert await pool.wait_healthy(5)
-        await pool.close()
