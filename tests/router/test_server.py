@@ -135,6 +135,19 @@ def text(status: int, body: bytes = b"") -> web.Response:
     return web.Response(status=status, body=body)
 
 
+@dataclass
+class Recorder:
+    """A handler that keeps each request it is given and answers `status` with `body`."""
+
+    status: int = 200
+    body: bytes = b""
+    requests: list[Request] = field(default_factory=list)
+
+    async def __call__(self, request: Request) -> web.Response:
+        self.requests.append(request)
+        return text(self.status, self.body)
+
+
 async def test_keep_alive_serves_two_requests_on_one_connection(serve, connect):
     server, port = await serve(echo)
     reader, writer = await connect(port)
@@ -153,19 +166,14 @@ async def test_keep_alive_serves_two_requests_on_one_connection(serve, connect):
 
 
 async def test_a_request_is_parsed_into_its_parts(serve, connect):
-    seen: list[Request] = []
-
-    async def handler(request: Request) -> web.Response:
-        seen.append(request)
-        return text(204)
-
+    handler = Recorder(204)
     _, port = await serve(handler)
     reader, writer = await connect(port)
     writer.write(b"PUT /v1/x?a=1&b=%2F HTTP/1.1\r\nHost: t\r\nX-Tag: one\r\nx-tag: two\r\n"
                  b"Content-Length: 4\r\n\r\nbody")
     response = await read_response(reader)
     assert response.status_line == "HTTP/1.1 204 No Content"
-    (request,) = seen
+    (request,) = handler.requests
     assert (request.method, request.target, request.path) == ("PUT", "/v1/x?a=1&b=%2F", "/v1/x")
     assert request.headers["x-tag"] == "one"  # case-insensitive; a repeated header: the first
     assert request.headers.getall("X-TAG") == ["one", "two"]
@@ -282,12 +290,7 @@ async def test_a_stream_the_handler_left_open_is_ended_and_the_connection_reused
 
 
 async def test_malformed_request_gets_400_in_the_openai_shape_and_close(serve, connect):
-    called = []
-
-    async def handler(request: Request) -> web.Response:
-        called.append(request)
-        return text(200)
-
+    handler = Recorder()
     _, port = await serve(handler)
     for bad in (b"GET / HTTP/1.1\r\nHost: t\r\nBad Header\r\n\r\n",
                 b"GET /x?q=\xc3\xa9 HTTP/1.1\r\nHost: t\r\n\r\n",  # raw bytes: percent-encode
@@ -301,7 +304,7 @@ async def test_malformed_request_gets_400_in_the_openai_shape_and_close(serve, c
         assert "malformed" in error["message"]
         assert response.headers["connection"] == "close"
         await assert_closed(reader)
-    assert called == []
+    assert handler.requests == []
 
 
 async def test_a_broken_chunked_body_gets_400(serve, connect):
@@ -314,12 +317,7 @@ async def test_a_broken_chunked_body_gets_400(serve, connect):
 
 
 async def test_protocol_upgrade_gets_400_without_reaching_the_handler(serve, connect):
-    called = []
-
-    async def handler(request: Request) -> web.Response:
-        called.append(request)
-        return text(200, b"served")
-
+    handler = Recorder(200, b"served")
     _, port = await serve(handler)
     for request in (b"GET /chat HTTP/1.1\r\nHost: t\r\nConnection: Upgrade\r\n"
                     b"Upgrade: websocket\r\n\r\n",
@@ -331,7 +329,7 @@ async def test_protocol_upgrade_gets_400_without_reaching_the_handler(serve, con
         response = await read_response(reader)
         assert_openai_error(response, 400, "unsupported_upgrade")
         await assert_closed(reader)
-    assert called == []
+    assert handler.requests == []
 
 
 async def test_content_length_over_max_body_gets_413_before_the_body(serve, connect):
@@ -676,14 +674,9 @@ async def test_a_header_that_never_ends_is_cut_off_at_the_limit(serve, connect):
 
 
 async def test_a_request_that_stalls_halfway_is_closed_after_keepalive_timeout(serve, connect):
-    calls = []
-
-    async def handler(request: Request) -> web.Response:
-        calls.append(request)
-        return text(200, b"late")
-
+    handler = Recorder(200, b"late")
     _, port = await serve(handler, keepalive_timeout=0.3)
     reader, writer = await connect(port)
     writer.write(b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\nhalf")
     await assert_closed(reader)  # the other half never came: closed, nothing served
-    assert calls == []
+    assert handler.requests == []
