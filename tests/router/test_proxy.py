@@ -105,41 +105,48 @@ async def test_a_workers_cookie_is_not_sent_to_the_next_request(start_worker, st
     assert [h.get("Cookie") for h in worker.headers] == [None, None]
 
 
-async def test_a_503_worker_is_retried_on_another_and_ejected(start_worker, start_router):
-    sick = await start_worker(answer_status=503)
-    good = await start_worker(name="good")
-    router = await start_router([sick, good], RouterConfig(probe_interval=30))
-    for _ in range(4):
+async def stream_events(router, num_requests: int) -> list[list[str]]:
+    """Stream `num_requests` completions one after another, each answered 200: their events."""
+    answers = []
+    for _ in range(num_requests):
         async with router.session.post(router.url + "/v1/completions", json=STREAM) as r:
             assert r.status == 200
-            assert (await read_sse(r))[-1] == "[DONE]"
+            answers.append(await read_sse(r))
+    return answers
+
+
+async def failing_then_good(start_worker, start_router, config: RouterConfig, **failure):
+    """A router over a worker that fails as `failure` says and a healthy one named good."""
+    failing = await start_worker(**failure)
+    good = await start_worker(name="good")
+    return failing, good, await start_router([failing, good], config)
+
+
+async def test_a_503_worker_is_retried_on_another_and_ejected(start_worker, start_router):
+    sick, good, router = await failing_then_good(
+        start_worker, start_router, RouterConfig(probe_interval=30), answer_status=503)
+    for events in await stream_events(router, 4):
+        assert events[-1] == "[DONE]"
     assert len(sick.bodies) == 1  # ejected after its first 503
     assert len(good.bodies) == 4
     assert router.metric("frota_router_retries_total", reason="status_503") == 1
 
 
 async def test_a_dead_worker_is_retried_before_the_first_byte(start_worker, start_router):
-    dead = await start_worker()
-    good = await start_worker(name="good")
-    router = await start_router([dead, good], RouterConfig(probe_interval=30, eject_after=2))
+    dead, _, router = await failing_then_good(
+        start_worker, start_router, RouterConfig(probe_interval=30, eject_after=2))
     await dead.server.close()
-    for _ in range(6):
-        async with router.session.post(router.url + "/v1/completions", json=STREAM) as r:
-            assert r.status == 200
-            events = await read_sse(r)
-            assert events[-1] == "[DONE]" and '"good"' in events[0]
+    for events in await stream_events(router, 6):
+        assert events[-1] == "[DONE]" and '"good"' in events[0]
     assert router.metric("frota_router_retries_total", reason="connect_error") == 2
     assert router.metric("frota_router_ejections_total", worker=dead.url) == 1
 
 
 async def test_a_worker_dying_before_its_first_chunk_is_retried(start_worker, start_router):
-    dying = await start_worker(die_after_chunks=0)
-    good = await start_worker(name="good")
-    router = await start_router([dying, good], RouterConfig(probe_interval=30))
-    for _ in range(2):
-        async with router.session.post(router.url + "/v1/completions", json=STREAM) as r:
-            events = await read_sse(r)
-            assert events[-1] == "[DONE]" and '"good"' in events[0]
+    _, _, router = await failing_then_good(
+        start_worker, start_router, RouterConfig(probe_interval=30), die_after_chunks=0)
+    for events in await stream_events(router, 2):
+        assert events[-1] == "[DONE]" and '"good"' in events[0]
     assert router.metric("frota_router_retries_total", reason="disconnected") >= 1
 
 
