@@ -22,6 +22,13 @@ def chunk(data: bytes) -> bytes:
     return b"%x\r\n%b\r\n" % (len(data), data)
 
 
+async def send_apart(writer: asyncio.StreamWriter, data: bytes, pause: float) -> None:
+    """Write and flush `data`, then pause, so the client reads it apart from what follows."""
+    writer.write(data)
+    await writer.drain()
+    await asyncio.sleep(pause)
+
+
 @dataclass
 class RawWorker:
     """A worker on a raw socket: `handle(worker, reader, writer)` serves each connection."""
@@ -283,9 +290,8 @@ async def test_a_stalled_worker_times_out(start_raw):
 async def test_a_body_without_length_runs_to_the_close(client, start_raw):
     async def handle(worker, reader, writer) -> None:
         await worker.read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\npart one, ")
-        await writer.drain()
-        await asyncio.sleep(0.05)
+        await send_apart(writer, b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\n"
+                         b"part one, ", 0.05)
         writer.write(b"part two")
         await writer.drain()
 
@@ -303,9 +309,7 @@ async def test_chunks_arrive_piece_by_piece(client, start_raw):
         await worker.read_request(reader)
         writer.write(OK_HEAD + chunk(b"data: one\n\n"))
         await gate.wait()
-        writer.write(chunk(b"data: two\n\n"))
-        await writer.drain()
-        await asyncio.sleep(0.05)
+        await send_apart(writer, chunk(b"data: two\n\n"), 0.05)
         writer.write(chunk(b"data: three\n\n") + b"0\r\n\r\n")
         await worker.read_request(reader)  # keeps the connection open
 
@@ -328,14 +332,10 @@ async def test_relay_delivers_buffered_then_later_chunks_in_order(client, start_
 
     async def handle(worker, reader, writer) -> None:
         await worker.read_request(reader)
-        writer.write(OK_HEAD + chunk(b"a"))
-        await writer.drain()
-        await asyncio.sleep(0.02)
+        await send_apart(writer, OK_HEAD + chunk(b"a"), 0.02)
         writer.write(chunk(b"b"))
         await gate.wait()
-        writer.write(chunk(b"c"))
-        await writer.drain()
-        await asyncio.sleep(0.02)
+        await send_apart(writer, chunk(b"c"), 0.02)
         writer.write(chunk(b"d") + b"0\r\n\r\n")
 
     worker = await start_raw(handle)
@@ -362,9 +362,7 @@ async def test_relay_delivers_buffered_then_later_chunks_in_order(client, start_
 async def test_a_connection_broken_mid_body_fails_the_relay(client, start_raw):
     async def handle(worker, reader, writer) -> None:
         await worker.read_request(reader)
-        writer.write(OK_HEAD + chunk(b"data: one\n\n"))
-        await writer.drain()
-        await asyncio.sleep(0.05)
+        await send_apart(writer, OK_HEAD + chunk(b"data: one\n\n"), 0.05)
         writer.transport.abort()
 
     worker = await start_raw(handle)
