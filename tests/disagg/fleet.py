@@ -2,74 +2,25 @@
 
 from __future__ import annotations
 
-import os
-import re
-import signal
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parents[2]
-FROTA = str(Path(sys.executable).with_name("frota"))
+from tests.metrics_text import metric_sum
+from tests.processes import ServingProcess, free_port, frota_argv
+
+__all__ = ["Proc", "free_port", "metric", "router", "wait_for", "worker"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def die_with_parent() -> None:
-    """In the child: SIGTERM when the test process dies, even when it is killed."""
-    import ctypes
-
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-class Proc:
-    """A frota process serving HTTP on a free port; its log goes to a file."""
+class Proc(ServingProcess):
+    """`frota <argv>` serving HTTP on a free port (one torch thread); its log is
+    `<log_dir>/<name>.log`."""
 
     def __init__(self, name: str, argv: list[str], log_dir: Path) -> None:
-        self.name = name
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_dir / f"{name}.log"
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop)
-        self.proc = subprocess.Popen(
-            [FROTA, *argv, "--host", "127.0.0.1", "--port", str(self.port)],
-            stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=REPO,
-            preexec_fn=die_with_parent)
-
-    def wait_ready(self, timeout_s: float = 240) -> Proc:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited: {self.log()[-3000:]}")
-            try:
-                if httpx.get(f"{self.url}/ready", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise TimeoutError(f"{self.name} not ready after {timeout_s}s: {self.log()[-3000:]}")
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
+        port = free_port()
+        super().__init__(name, frota_argv(*argv, port=port), port, log_dir / f"{name}.log",
+                         env={"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
 
 
 def worker(name: str, model: str, role: str, log_dir: Path, *extra: str) -> Proc:
@@ -88,17 +39,7 @@ def router(name: str, log_dir: Path, *, decode: list[str], prefill: list[str] | 
 
 def metric(url: str, name: str, **labels: str) -> float:
     """The sum of a metric's samples on `url`/metrics whose labels include `labels`."""
-    total = 0.0
-    for line in httpx.get(f"{url}/metrics", timeout=5).text.splitlines():
-        if not line.startswith(name) or line.startswith("#"):
-            continue
-        head, _, value = line.rpartition(" ")
-        if head.split("{")[0] != name:
-            continue
-        found = dict(re.findall(r'(\w+)="([^"]*)"', head))
-        if all(found.get(k) == v for k, v in labels.items()):
-            total += float(value)
-    return total
+    return metric_sum(httpx.get(f"{url}/metrics", timeout=5).text, name, **labels)
 
 
 def wait_for(predicate, timeout_s: float = 30, what: str = "condition") -> None:  # type: ignore[no-untyped-def]
