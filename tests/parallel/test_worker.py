@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from frota.engine.parallel import worker
+from frota.server import ranks
 from tests.parallel.conftest import free_port, rank_env
 
 LAUNCH = "import sys; from frota.cli.main import main; sys.exit(main())"
@@ -123,7 +123,7 @@ def test_a_local_follower_runs_this_ranks_own_command_on_its_own_port(monkeypatc
     monkeypatch.setattr(sys, "executable", "/venv/bin/python")
     monkeypatch.setattr(sys, "orig_argv", ["python3", "-X", "dev", "-m", "frota.cli.main",
                                            "worker", "--model", "m", "--port", "8000"])
-    assert worker.follower_argv(8001) == ["/venv/bin/python", "-X", "dev", "-m", "frota.cli.main",
+    assert ranks.follower_argv(8001) == ["/venv/bin/python", "-X", "dev", "-m", "frota.cli.main",
                                           "worker", "--model", "m", "--port", "8000",
                                           "--port", "8001"]
 
@@ -137,7 +137,7 @@ class _Runner:
 
 
 def _rank_zero(exit_code: int = 0, alive: bool = True, loaded: bool = True):
-    """The part of rank 0's server the group sees (worker.RankZero), without a server."""
+    """The part of rank 0's server the group sees (ranks.RankZero), without a server."""
     runner = _Runner()
     lifecycle = SimpleNamespace(stopped=asyncio.Event(), exit_code=exit_code)
     lifecycle.fail = lambda: (setattr(lifecycle, "exit_code", 1), lifecycle.stopped.set())
@@ -149,9 +149,9 @@ def _rank_zero(exit_code: int = 0, alive: bool = True, loaded: bool = True):
 
 
 def test_the_watchdog_fails_rank0_once_its_engine_loop_died(monkeypatch):
-    monkeypatch.setattr(worker, "WATCH_INTERVAL_S", 0.01)
+    monkeypatch.setattr(ranks, "WATCH_INTERVAL_S", 0.01)
     state, _ = _rank_zero(alive=False)
-    asyncio.run(asyncio.wait_for(worker.watch_group(state), 5))
+    asyncio.run(asyncio.wait_for(ranks.watch_group(state), 5))
     assert state.lifecycle.exit_code == 1 and state.lifecycle.stopped.is_set()
 
 
@@ -160,7 +160,7 @@ def test_the_watchdog_fails_rank0_once_its_engine_loop_died(monkeypatch):
                          ids=["drained", "failed", "never-loaded"])
 def test_followers_are_told_to_stop_only_after_a_graceful_drain(exit_code, loaded, num_stops):
     state, runner = _rank_zero(exit_code=exit_code, loaded=loaded)
-    worker.stop_followers(state)
+    ranks.stop_followers(state)
     assert runner.num_stops == num_stops
 
 

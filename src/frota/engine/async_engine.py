@@ -25,7 +25,7 @@ class AsyncEngine:
         self.tokenizer = self.engine.tokenizer
         self.max_model_len = self.engine.max_model_len
         self.model_config = self.engine.model_config
-        self.kv_transfer = KVTransfer(self)  # disaggregated prefill/decode: moving prompt KV
+        self.kv_transfer = KVTransfer(self.engine, self.call)  # disaggregated prefill/decode
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wakeup = threading.Event()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}

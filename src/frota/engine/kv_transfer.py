@@ -13,7 +13,7 @@ first token and samples the second, exactly as the colocated engine would.
 Both sides describe their KV pool with `layout_fingerprint`; a transfer between
 pools whose fingerprints differ is refused (the bytes would be meaningless).
 
-`KVTransfer` is the same, bound to a running `AsyncEngine` (`AsyncEngine.kv_transfer`):
+`KVTransfer` is the same, bound to a running engine (`AsyncEngine.kv_transfer`):
 what the worker's HTTP routes use, so they never reach into the engine's block pool
 or a sequence's bookkeeping.
 """
@@ -23,8 +23,8 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -33,8 +33,8 @@ from frota.engine.outputs import RequestOutput
 from frota.engine.sampling_params import SamplingParams
 from frota.engine.sequence import Sequence
 
-if TYPE_CHECKING:
-    from frota.engine.async_engine import AsyncEngine
+# Runs a function on the engine thread between steps and returns its result (`AsyncEngine.call`).
+OnEngineThread = Callable[[Callable[[LLMEngine], Any]], Awaitable[Any]]
 
 
 def layout(engine: LLMEngine) -> dict[str, Any]:
@@ -145,18 +145,16 @@ def admit_imported(engine: LLMEngine, seq: Sequence) -> RequestOutput:
 
 
 class KVTransfer:
-    """A running `AsyncEngine`'s side of a KV transfer.
+    """A running engine's side of a KV transfer: `engine` steps in its own thread, and
+    `on_engine_thread` runs a function there between steps (`AsyncEngine.call`).
 
     Block pool changes (`reserve`, `release`) run on the engine thread; reading pinned
     blocks and writing reserved ones run on the caller's (no step touches those blocks).
     """
 
-    def __init__(self, engine: AsyncEngine) -> None:
-        self._async_engine = engine
-
-    @property
-    def _engine(self) -> LLMEngine:
-        return self._async_engine.engine
+    def __init__(self, engine: LLMEngine, on_engine_thread: OnEngineThread) -> None:
+        self._engine = engine
+        self._call = on_engine_thread
 
     def layout(self) -> dict[str, Any]:
         return layout(self._engine)
@@ -193,7 +191,7 @@ class KVTransfer:
 
     async def release(self, seq: Sequence) -> None:
         """Free a pinned or reserved sequence's blocks; raises RuntimeError if the engine stopped."""
-        await self._async_engine.call(lambda e: release(e, seq))
+        await self._call(lambda e: release(e, seq))
 
     # -- decode side -----------------------------------------------------------
 
@@ -204,7 +202,7 @@ class KVTransfer:
         """Blocks for `seq`'s prompt; False when the pool cannot spare them (the engine will
         then compute the prompt itself)."""
         num_tokens = seq.num_prompt_tokens
-        return bool(await self._async_engine.call(lambda e: reserve(e, seq, num_tokens)))
+        return bool(await self._call(lambda e: reserve(e, seq, num_tokens)))
 
     def import_part(self, seq: Sequence, part_index: int, data: bytes | bytearray,
                     spec: dict[str, Any]) -> None:

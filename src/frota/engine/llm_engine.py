@@ -20,9 +20,12 @@ from frota.engine.errors import InvalidRequestError
 from frota.engine.grammar import Grammars
 from frota.engine.kernels import isa
 from frota.engine.kernels.linear import pack_linears
-from frota.engine.loader import load_model, progress
+from frota.engine.loader import load_model
+from frota.engine.loader.quantized import quantize_loaded_model
 from frota.engine.model_runner import ModelRunner
 from frota.engine.outputs import EngineStats, RequestOutput
+from frota.engine.parallel.runner import ParallelContext, join_group
+from frota.engine.progress import progress
 from frota.engine.sampler import Sampler
 from frota.engine.sampling_params import SamplingParams
 from frota.engine.scheduler import Scheduler
@@ -119,10 +122,8 @@ class LLMEngine:
         self.args = args
         self.device = resolve_device(args.device) if loaded is None else _device_of(loaded[0])
         self.dtype = resolve_dtype(args.dtype, self.device)
-        self.parallel = None  # frota.engine.parallel.runner.ParallelContext when sharded
+        self.parallel: ParallelContext | None = None  # when sharded
         if loaded is None and args.tensor_parallel_size * args.pipeline_parallel_size > 1:
-            from frota.engine.parallel.runner import join_group
-
             self.parallel = join_group(args, self.device, self.dtype)
             self.device = self.parallel.device
             loaded = self.parallel.loaded
@@ -163,8 +164,6 @@ class LLMEngine:
         if args.quantization == "none":
             model, cfg, tokenizer = load_model(args.model, self.dtype, self.device, args.verbose)
         else:
-            from frota.engine.quant.apply import quantize_loaded_model
-
             model, cfg, tokenizer = load_model(args.model, torch.float32, self.device, args.verbose)
             model = quantize_loaded_model(model, cfg, args.model, args.quantization, self.dtype)
             progress(args.verbose, f"quantized the weights to {args.quantization}")

@@ -136,7 +136,7 @@ async def _in_daemon_thread(fn: Callable[[], Any]) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     """Serve `--model` until SIGTERM; exit 0 after a graceful drain."""
-    from frota.server import logs
+    from frota.server import logs, ranks
     from frota.server.app import ServerOptions, create_app
     from frota.server.engine_api import EngineBindings
     from frota.server.kv_routes import KVOptions, add_kv_routes
@@ -144,16 +144,14 @@ def run(args: argparse.Namespace) -> int:
 
     logs.setup(args.log_level)
     children: list = []
-    if (args.tensor_parallel_size or 1) * (args.pipeline_parallel_size or 1) > 1:
-        from frota.engine.parallel import worker as parallel
-
+    if ranks.world_size(args) > 1:
         if args.role != "both":
             raise SystemExit("frota worker: --role prefill/decode is not supported with tensor or "
                              "pipeline parallelism yet; use --role both")
         if not (os.environ.get("FROTA_WORLD_SIZE") or os.environ.get("WORLD_SIZE")):
-            children = parallel.spawn_local_followers(args)
-        elif parallel.rank_from_env() != 0:
-            return parallel.run_follower(args, engine_kwargs(args))
+            children = ranks.spawn_local_followers(args)
+        elif ranks.rank_from_env() != 0:
+            return ranks.run_follower(args, engine_kwargs(args))
 
     def build() -> EngineBindings:
         # Importing torch takes seconds: keep it off the event loop too.
@@ -186,14 +184,14 @@ def run(args: argparse.Namespace) -> int:
         from frota.server.app import STATE_KEY
 
         state = app[STATE_KEY]
-        is_group = (args.tensor_parallel_size or 1) * (args.pipeline_parallel_size or 1) > 1
-        watch = asyncio.ensure_future(parallel.watch_group(state)) if is_group else None
+        is_group = ranks.world_size(args) > 1
+        watch = asyncio.ensure_future(ranks.watch_group(state)) if is_group else None
         code = await serve(app, state.lifecycle, args.host, args.port,
                            options.shutdown_grace_period_s, state.abort_all)
         if watch is not None:
             watch.cancel()
-            parallel.stop_followers(state)
-            parallel.exit_now(code, children)
+            ranks.stop_followers(state)
+            ranks.exit_now(code, children)
         return code
 
     return asyncio.run(main())

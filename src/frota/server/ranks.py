@@ -1,4 +1,5 @@
-"""`frota worker` when a replica spans several ranks.
+"""`frota worker` when a replica spans several ranks: the processes of the group, their
+probes and their failure handling (the parallelism itself is `frota.engine.parallel`).
 
 Rank 0 serves the OpenAI API as usual (its engine steps the whole group) and
 adds a watchdog: once the engine loop dies (a collective failed or timed out
@@ -12,7 +13,7 @@ fail within the timeout; they exit non-zero too.
 Without FROTA_WORLD_SIZE in the environment (no planner), rank 0 spawns its own
 local followers on 127.0.0.1, ports `--port + rank`: each runs the command rank 0 was
 started with, as the planner's ranks do (one pod template), so this module names no
-entry point of its own and no part above the engine.
+entry point of its own and no part above the server.
 
 Rank 0's server is seen through `RankZero`, the little of it the group needs.
 """

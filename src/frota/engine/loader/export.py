@@ -16,7 +16,8 @@ import torch
 
 from frota.engine.config import ModelConfig
 from frota.engine.errors import UnsupportedModelError
-from frota.engine.loader import progress, resolve_model
+from frota.engine.loader.source import resolve_model
+from frota.engine.progress import progress
 from frota.engine.tokenizer import Tokenizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -10,8 +10,8 @@ import torch
 
 from frota.engine.config import ModelConfig
 from frota.engine.errors import UnsupportedModelError
-from frota.engine.loader import progress
 from frota.engine.model.build import build_model
+from frota.engine.progress import progress
 from frota.engine.tokenizer import Tokenizer, byte_level_bpe
 
 SUPPORTED_ARCHITECTURES = ("llama",)

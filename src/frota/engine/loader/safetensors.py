@@ -10,8 +10,8 @@ import torch
 
 from frota.engine.config import ModelConfig
 from frota.engine.errors import ModelNotFoundError, UnsupportedModelError
-from frota.engine.loader import progress
 from frota.engine.model.build import build_model
+from frota.engine.progress import progress
 from frota.engine.tokenizer import Tokenizer
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM")

@@ -13,8 +13,8 @@ import torch
 from frota.api.synthetic import SyntheticSpecError, parse_synthetic_spec
 from frota.engine.config import ModelConfig
 from frota.engine.errors import ModelNotFoundError
-from frota.engine.loader import progress
 from frota.engine.model.build import build_model, cast_keeping_caches
+from frota.engine.progress import progress
 from frota.engine.tokenizer import ByteTokenizer
 
 

@@ -21,19 +21,18 @@ step with a prefill chunk) keeps the Python layers.
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from frota.engine import kernels
+from frota.engine.attention import AttentionMetadata
+from frota.engine.config import ModelConfig
 from frota.engine.kernels.linear import AmxLinear, PackedLinear
+from frota.engine.model.layers import RMSNorm, RotaryEmbedding
 from frota.engine.quant import cpu_kernels
 from frota.engine.quant.linear import FROTA_DTYPES, GEMV_MAX_ROWS, Int4Linear
-
-if TYPE_CHECKING:
-    from frota.engine.attention import AttentionMetadata
-    from frota.engine.model.llama import LlamaForCausalLM
 
 KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
 
@@ -73,22 +72,26 @@ def projection(linear: nn.Module) -> tuple[str, torch.Tensor, torch.Tensor, torc
     return None
 
 
-def build(model: LlamaForCausalLM, kv_caches: KVCaches, dtype: torch.dtype) -> DecodeStack | None:
-    """The stack over `model`'s layers and `kv_caches`, or None where it does not apply."""
-    from frota.engine.model.layers import RMSNorm
-    from frota.engine.model.llama import LlamaAttention, LlamaDecoderLayer, LlamaMLP
+class StackableModel(Protocol):
+    """What `build` reads of a model (`LlamaForCausalLM`)."""
 
+    cfg: ModelConfig
+
+    def plain_layers(self) -> list[nn.Module] | None: ...
+
+
+def build(model: StackableModel, kv_caches: KVCaches, dtype: torch.dtype) -> DecodeStack | None:
+    """The stack over `model`'s layers and `kv_caches`, or None where it does not apply."""
+    layers = model.plain_layers()  # None: a layer that is not exactly a Llama one (MoE, a shard)
+    rotary: RotaryEmbedding | None = layers[0].self_attn.rotary if layers else None
     ops = kernels.cpu_kernels()
-    rotary = model.layers[0].self_attn.rotary if len(model.layers) else None
-    if ops is None or rotary is None or rotary.cos.dtype != torch.float32 or dtype not in FROTA_DTYPES:
+    if ops is None or not layers or rotary is None or rotary.cos.dtype != torch.float32 \
+            or dtype not in FROTA_DTYPES:
         return None
     tensors: list[list[torch.Tensor]] = []
     projections: list[list[tuple]] = []
     eps = {model.cfg.rms_norm_eps}
-    for layer, (k_cache, v_cache) in zip(model.layers, kv_caches, strict=True):
-        if type(layer) is not LlamaDecoderLayer or type(layer.self_attn) is not LlamaAttention \
-                or type(layer.mlp) is not LlamaMLP:
-            return None
+    for layer, (k_cache, v_cache) in zip(layers, kv_caches, strict=True):
         attn, mlp = layer.self_attn, layer.mlp
         projs = [projection(p) for p in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
         norms = (layer.input_layernorm, layer.post_attention_layernorm)
@@ -102,9 +105,9 @@ def build(model: LlamaForCausalLM, kv_caches: KVCaches, dtype: torch.dtype) -> D
         projections.append(projs)
     int4 = any(p[0] == "int4" for layer_projs in projections for p in layer_projs)
     quant = cpu_kernels.kernels() if int4 else None
-    if len(eps) != 1 or not tensors or (int4 and quant is None):
+    if len(eps) != 1 or (int4 and quant is None):
         return None
-    first = model.layers[0].self_attn
+    first = layers[0].self_attn
     stack = ops.DecodeStack(quant.int4_mm_capsule if quant else None, tensors, projections,
                             rotary.cos, rotary.sin, first.num_heads, first.num_kv_heads,
                             first.head_dim, eps.pop(), first.scale)

@@ -125,6 +125,14 @@ class LlamaForCausalLM(nn.Module):
             self._decode_stack = (kv_caches, decode_stack.build(self, kv_caches, dtype))
         return self._decode_stack[1]
 
+    def plain_layers(self) -> list[nn.Module] | None:
+        """The decoder layers when every one is exactly a Llama layer with a dense MLP (no
+        subclass: a shard or a mixture of experts computes something else), else None."""
+        layers = list(self.layers)
+        plain = all(type(layer) is LlamaDecoderLayer and type(layer.self_attn) is LlamaAttention
+                    and type(layer.mlp) is LlamaMLP for layer in layers)
+        return layers if plain else None
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
 

@@ -7,6 +7,8 @@ Modules, one concept each:
 - `layers`: row-parallel projections, vocab-parallel embedding and LM head, expert-parallel MoE;
 - `loader`: building a rank's shard of the model and loading only its shard of the weights;
 - `runner`: the model runner all ranks step together (rank 0 broadcasts each step's inputs;
-  pipeline stages pass activations over two micro-batches);
-- `worker`: `frota worker` follower ranks, local rank spawning, failure handling.
+  pipeline stages pass activations over two micro-batches).
+
+The processes of a group (follower ranks and their probes, local rank spawning, failure
+handling) are the server's: `frota.server.ranks`.
 """

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from frota.engine.config import ModelConfig
-from frota.engine.loader import progress, resolve_model
+from frota.engine.loader.source import resolve_model
 from frota.engine.model.layers import RotaryEmbedding
 from frota.engine.model.llama import LlamaForCausalLM
 from frota.engine.parallel.comm import Comm
@@ -27,6 +27,7 @@ from frota.engine.parallel.layers import (
     VocabParallelEmbedding,
     VocabParallelHead,
 )
+from frota.engine.progress import progress
 
 
 @dataclasses.dataclass

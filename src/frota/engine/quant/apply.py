@@ -16,7 +16,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from frota.engine.model.build import cast_keeping_caches
 from frota.engine.quant.config import QuantConfig
 from frota.engine.quant.formats import Int4Weight, Int8Weight, QuantizedWeight, quantize
 from frota.engine.quant.gguf_native import concat_rows, native_weight, permute_rows
@@ -252,30 +251,3 @@ def gguf_native_weights(
         if fused is not None:
             out[key] = fused
     return out
-
-
-def quantize_loaded_model(
-    model: nn.Module,
-    cfg: object,
-    model_name: str,
-    method: str,
-    dtype: torch.dtype,
-) -> nn.Module:
-    """The engine's hook: quantize a model loaded in float32, then cast what stays float to `dtype`.
-
-    A GGUF model keeps its Q4_0/Q4_1/Q8_0 tensors exactly (see `QuantConfig.native_gguf`).
-    """
-    from frota.engine.loader import resolve_model
-
-    config = QuantConfig(method)
-    if not config.enabled:
-        return model.to(dtype)
-    tied = bool(getattr(cfg, "tie_word_embeddings", False))
-    native: dict[str, QuantizedWeight] = {}
-    source = resolve_model(model_name)
-    if source.kind == "gguf" and config.native_gguf:
-        native = gguf_native_weights(
-            source.path, cfg.num_heads, cfg.num_kv_heads, tied  # type: ignore[attr-defined]
-        )
-    quantize_model(model, config, dtype, native, tied)
-    return cast_keeping_caches(model, dtype)

@@ -1,0 +1,41 @@
+"""A model loaded in float32, quantized: weights quantized where the method says, the rest
+cast to the serving dtype. A GGUF model keeps its Q4_0/Q4_1/Q8_0 tensors exactly.
+
+It sits with the loader because it needs to know where the weights came from (a GGUF file's
+native blocks); `frota.engine.quant` itself knows neither files nor models.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from frota.engine.config import ModelConfig
+from frota.engine.loader.source import resolve_model
+from frota.engine.model.build import cast_keeping_caches
+from frota.engine.quant.apply import gguf_native_weights, quantize_model
+from frota.engine.quant.config import QuantConfig
+from frota.engine.quant.formats import QuantizedWeight
+
+
+def quantize_loaded_model(
+    model: nn.Module,
+    cfg: ModelConfig,
+    model_name: str,
+    method: str,
+    dtype: torch.dtype,
+) -> nn.Module:
+    """The engine's hook: quantize a model loaded in float32, then cast what stays float to `dtype`.
+
+    A GGUF model keeps its Q4_0/Q4_1/Q8_0 tensors exactly (see `QuantConfig.native_gguf`).
+    """
+    config = QuantConfig(method)
+    if not config.enabled:
+        return model.to(dtype)
+    tied = cfg.tie_word_embeddings
+    native: dict[str, QuantizedWeight] = {}
+    source = resolve_model(model_name)
+    if source.kind == "gguf" and config.native_gguf:
+        native = gguf_native_weights(source.path, cfg.num_heads, cfg.num_kv_heads, tied)
+    quantize_model(model, config, dtype, native, tied)
+    return cast_keeping_caches(model, dtype)
