@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from frota.api import InferenceService
-from frota.operator.validation import SpecError, load
+from frota.plan.validation import SpecError, load
 
 MINIMAL = {
     "apiVersion": "frota.dev/v1alpha1",

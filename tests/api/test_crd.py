@@ -160,7 +160,7 @@ def test_apiserver_rejects_bad_spec(case):
 
 @pytest.mark.parametrize("case", list(BAD_SPECS), ids=list(BAD_SPECS))
 def test_pydantic_rejects_what_the_apiserver_rejects(case):
-    from frota.operator.validation import SpecError, load
+    from frota.plan.validation import SpecError, load
 
     obj, _ = BAD_SPECS[case]
     with pytest.raises(SpecError):

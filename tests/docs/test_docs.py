@@ -25,7 +25,7 @@ EXTERNAL_FLAGS = {
     "--as",  # kubectl auth can-i
     "--optimization-level",  # vllm serve, in runtime.args
     # vLLM's own flags, as the vllm runtime's builder writes them (docs/runtimes.md).
-    *re.findall(r'"(--[a-z][\w-]*)"', (repo.ROOT / "src/frota/operator/runtimes/vllm.py").read_text()),
+    *re.findall(r'"(--[a-z][\w-]*)"', (repo.ROOT / "src/frota/plan/runtimes/vllm.py").read_text()),
 }
 # Extensions of names that are this repository's own files even when written bare
 # (`paged_attention.cpp`); `.yaml`, `.json`, `.png` bare are usually examples (`out.png`).

@@ -105,13 +105,13 @@ def test_greedy_generation_equals_reference(loaded, engine_kwargs):
                                   "hidden=128,heads=4,kv_heads=1,tie=1", "moe-tiny,top_k=1"])
 def test_the_planner_reads_the_shape_the_engine_builds(spec):
     from frota.engine.loader.synthetic import parse_spec
-    from frota.operator.model_shapes import synthetic_shape
+    from frota.plan.model_shapes import synthetic_shape
 
     config, _ = parse_spec(spec)
     shape = synthetic_shape(spec)
     assert (shape.num_layers, shape.hidden_size, shape.num_heads, shape.num_kv_heads,
             shape.head_dim, shape.intermediate_size, shape.vocab_size,
-            shape.max_position_embeddings, shape.tie_word_embeddings, shape.num_experts) == (
+            shape.max_position, shape.tie_word_embeddings, shape.num_experts) == (
         config.num_layers, config.hidden_size, config.num_heads, config.num_kv_heads,
         config.head_dim, config.intermediate_size, config.vocab_size, config.max_position,
         config.tie_word_embeddings, config.num_experts)
@@ -121,7 +121,7 @@ def test_the_planner_reads_the_shape_the_engine_builds(spec):
 def test_a_bad_spec_is_refused_alike_by_the_planner_and_the_engine(spec):
     from frota.engine.errors import ModelNotFoundError
     from frota.engine.loader.synthetic import parse_spec
-    from frota.operator.model_shapes import UnknownModelError, synthetic_shape
+    from frota.plan.model_shapes import UnknownModelError, synthetic_shape
 
     with pytest.raises(ModelNotFoundError) as engine:
         parse_spec(spec)

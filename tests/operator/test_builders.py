@@ -10,8 +10,8 @@ import yaml
 
 from frota.api import InferenceService
 from frota.operator.builders import build_children
-from frota.operator.planner import plan
 from frota.operator.render import planned_status
+from frota.plan.planner import plan
 from tests.operator.isvc_fixtures import Spec
 
 SAMPLES = sorted((Path(__file__).resolve().parents[2] / "manifests" / "samples").glob("*.yaml"))

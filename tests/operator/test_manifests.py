@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from frota.operator.builders import build_children
-from frota.operator.planner import plan
+from frota.plan.planner import plan
 from tests.operator.isvc_fixtures import Spec
 
 ROOT = Path(__file__).resolve().parents[2]

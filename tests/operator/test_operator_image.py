@@ -30,7 +30,7 @@ def test_operator_modules_import_without_torch():
     import sys
 
     code = (
-        "import sys, frota.api.crd, frota.operator.planner, frota.operator.render, frota.operator.render_cli;"
+        "import sys, frota.api.crd, frota.plan.planner, frota.operator.render, frota.operator.render_cli;"
         "sys.exit('torch' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from frota.operator.model_shapes import SMOLLM2_135M, locate
-from frota.operator.planner import plan
-from frota.operator.topology import LocalAddressing
-from frota.operator.validation import SpecError
+from frota.plan.model_shapes import SMOLLM2_135M, locate
+from frota.plan.planner import plan
+from frota.plan.topology import LocalAddressing
+from frota.plan.validation import SpecError
 from tests.operator.isvc_fixtures import Spec
 
 
@@ -102,10 +102,10 @@ def test_expert_parallel_needs_a_moe_model_and_must_divide_experts():
 
 
 def test_synthetic_specs_parse_like_the_engine():
-    from frota.operator.model_shapes import synthetic_shape
+    from frota.plan.model_shapes import synthetic_shape
 
     shape = synthetic_shape("moe-small,layers=6,max_len=4096")
-    assert (shape.num_layers, shape.num_experts, shape.max_position_embeddings) == (6, 8, 4096)
+    assert (shape.num_layers, shape.num_experts, shape.max_position) == (6, 8, 4096)
     assert synthetic_shape("hidden=128,heads=4").head_dim == 32
     assert _errors(Spec(uri="synthetic:huge")) == [
         "spec.model.uri: unknown synthetic preset 'huge'; presets: dense-tiny, moe-tiny, dense-small, moe-small"
@@ -185,7 +185,7 @@ def test_revision_changes_with_pod_affecting_fields_only():
 def test_smollm2_shape_matches_the_published_config():
     s = SMOLLM2_135M
     assert (s.num_layers, s.hidden_size, s.num_heads, s.num_kv_heads, s.head_dim) == (30, 576, 9, 3, 64)
-    assert (s.intermediate_size, s.vocab_size, s.max_position_embeddings) == (1536, 49152, 8192)
+    assert (s.intermediate_size, s.vocab_size, s.max_position) == (1536, 49152, 8192)
 
 
 def test_a_cpu_worker_decides_dtype_auto_on_its_node_and_is_planned_at_float32():

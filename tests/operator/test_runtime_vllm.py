@@ -1,11 +1,11 @@
-"""The vllm runtime's builder: one case per mapped spec field (`frota.operator.runtimes.vllm`)."""
+"""The vllm runtime's builder: one case per mapped spec field (`frota.plan.runtimes.vllm`)."""
 
 from __future__ import annotations
 
 import pytest
 
 from frota.api import InferenceServiceSpec
-from frota.operator.runtimes import vllm
+from frota.plan.runtimes import vllm
 
 MODEL = {"name": "smollm2", "uri": "alias:smollm2"}
 
@@ -131,7 +131,7 @@ def test_headless_wrapper_in_a_real_shell(rank, tail):
 
 def _worker_pod(path: str):
     from frota.operator.render import render
-    from frota.operator.validation import load
+    from frota.plan.validation import load
     from tests.api.test_crd import _sample
 
     _, children = render(load(_sample(path)))
@@ -165,7 +165,7 @@ def test_frota_pod_is_unchanged_by_the_runtime_field():
 
 
 def test_runtime_changes_roll_the_groups_but_frota_revisions_hold():
-    from frota.operator.planner import revision
+    from frota.plan.planner import revision
 
     frota = InferenceServiceSpec.model_validate({"model": MODEL})
     explicit = InferenceServiceSpec.model_validate({"model": MODEL, "runtime": {"engine": "frota"}})
@@ -177,8 +177,8 @@ def test_runtime_changes_roll_the_groups_but_frota_revisions_hold():
 
 
 def test_vllm_plan_reserves_vllms_own_overhead_on_cpu():
-    from frota.operator.planner import plan
-    from frota.operator.validation import SpecError, load
+    from frota.plan.planner import plan
+    from frota.plan.validation import SpecError, load
 
     def manifest(memory: str):
         return load({"apiVersion": "frota.dev/v1alpha1", "kind": "InferenceService",

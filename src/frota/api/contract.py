@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Literal, get_args
 
 GROUP = "frota.dev"
 VERSION = "v1alpha1"
@@ -52,7 +53,9 @@ class Role(StrEnum):
     ROUTER = "router"
 
 
-WORKER_ROLES = (Role.WORKER, Role.PREFILL, Role.DECODE)
+# The roles whose pods run a model: the type of a planned role and of a RoleStatus.
+WorkerRole = Literal[Role.WORKER, Role.PREFILL, Role.DECODE]
+WORKER_ROLES: tuple[WorkerRole, ...] = get_args(WorkerRole)
 
 
 @dataclass(frozen=True)

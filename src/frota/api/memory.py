@@ -1,6 +1,6 @@
 """Memory accounting: bytes of weights and of KV cache per token. Pure arithmetic, no torch.
 
-The one owner of these numbers: the operator's planner sizes replicas with them
+The one owner of these numbers: the planner (`frota.plan`) sizes replicas with them
 (per rank, over tensor and pipeline parallel sizes) and the engine sizes its KV
 block pool with them, so the plan and the pool agree. Bytes as the engine stores
 them (`frota.engine.quant.formats` and `frota.engine.quant.kv`):
@@ -62,9 +62,12 @@ def linear_weight_bytes(
 
 @dataclass(frozen=True)
 class ModelShape:
-    """What the accounting needs of a Llama-family model (dense or MoE).
+    """The dimensions of a Llama-family model (dense or MoE): what its bytes and its sharding
+    follow from.
 
-    `intermediate_size` is each expert's when `num_experts` > 0.
+    Declared once: the planner's table of known models (`frota.plan.model_shapes`), this
+    accounting and the engine's `ModelConfig`, which adds what only the forward pass reads,
+    are all this shape. `intermediate_size` is each expert's when `num_experts` > 0.
     """
 
     vocab_size: int
@@ -75,7 +78,13 @@ class ModelShape:
     num_kv_heads: int
     head_dim: int
     tie_word_embeddings: bool = False
-    num_experts: int = 0
+    num_experts: int = 0  # 0: dense feed-forward
+    num_experts_per_tok: int = 2
+    max_position: int = 2048  # the context, in tokens (HF's max_position_embeddings)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
 
 
 def weight_bytes_per_stage(

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from frota.api.contract import ConditionType
+from frota.api.contract import ConditionType, WorkerRole
 from frota.api.types import FrotaModel
 
 
@@ -38,7 +38,7 @@ class Condition(FrotaModel):
 class RoleStatus(FrotaModel):
     """Replica groups of one role."""
 
-    role: Literal["worker", "prefill", "decode"] = Field(description="The role.")
+    role: WorkerRole = Field(description="The role.")
     replicas: int = Field(default=0, ge=0, description="Replica groups that exist.")
     readyReplicas: int = Field(default=0, ge=0, description="Replica groups whose every rank is ready.")
     updatedReplicas: int = Field(default=0, ge=0, description="Replica groups at the current revision.")

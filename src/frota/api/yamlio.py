@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 from typing import Any
 
@@ -36,3 +37,11 @@ def dump_all(objects: Iterable[dict[str, Any]]) -> str:
 def load_all(text: str) -> list[dict[str, Any]]:
     """Every non-empty document of a YAML stream."""
     return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+def read_all(path: str) -> list[dict[str, Any]]:
+    """Every non-empty document of a YAML file, or of stdin for '-'."""
+    if path == "-":
+        return load_all(sys.stdin.read())
+    with open(path, encoding="utf-8") as fh:
+        return load_all(fh.read())

@@ -25,7 +25,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "operator": ("frota.operator.cli", "run the Kubernetes operator (kopf)"),
     "crd": ("frota.api.cli", "print the InferenceService CustomResourceDefinition"),
     "render": ("frota.operator.render_cli", "print the child objects of a manifest"),
-    "plan": ("frota.operator.plan_cli", "print the topology and memory budget of a manifest"),
+    "plan": ("frota.plan.cli", "print the topology and memory budget of a manifest"),
 }
 
 

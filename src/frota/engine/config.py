@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from frota.api.memory import DTYPE_BYTES, KV_CACHE_DTYPES, QUANTIZATIONS
+from frota.api.memory import DTYPE_BYTES, KV_CACHE_DTYPES, QUANTIZATIONS, ModelShape
 
 DTYPES = (*DTYPE_BYTES, "auto")
 
@@ -57,26 +57,12 @@ class EngineArgs:
                              "(sharded) engines yet: use quantization none and kv_cache_dtype auto")
 
 
-@dataclass
-class ModelConfig:
-    """The architecture of a Llama-family model (dense or Mixtral-style MoE)."""
+@dataclass(frozen=True)
+class ModelConfig(ModelShape):
+    """The architecture of a Llama-family model (dense or Mixtral-style MoE): its shape, which
+    the planner and the memory accounting read too, and what only the forward pass needs."""
 
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-5
-    max_position: int = 2048
-    tie_word_embeddings: bool = False
-    num_experts: int = 0  # 0: dense feed-forward
-    num_experts_per_tok: int = 2
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
-
-    @property
-    def is_moe(self) -> bool:
-        return self.num_experts > 0

@@ -17,7 +17,7 @@ from frota.local.topology import (
     UnsupportedLocally,
     strip_flags,
 )
-from frota.operator.runtimes import FROTA_COMMAND
+from frota.plan.runtimes import FROTA_COMMAND
 
 # How `frota up` starts `frota worker` and `frota router`: this interpreter,
 # so the fleet runs the same install as the command that started it.

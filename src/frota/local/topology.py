@@ -1,7 +1,7 @@
 """Manifest -> validated InferenceService -> the planner's topology, as plain local data.
 
 This is the only module of `frota.local` that knows the API models and the
-planner's shape (`frota.operator.planner`, `frota.operator.topology`);
+planner's shape (`frota.plan.planner`, `frota.plan.topology`);
 everything downstream works on the small `LocalTopology` below. When the
 planner's output changes, only this module changes.
 """
@@ -17,11 +17,11 @@ from pathlib import Path
 import yaml
 
 from frota.api import InferenceService
-from frota.operator import planner
-from frota.operator.runtimes import FROTA_COMMAND
-from frota.operator.topology import ReplicaGroup, Topology
-from frota.operator.validation import SpecError
-from frota.operator.validation import load as validate
+from frota.plan import planner
+from frota.plan.runtimes import FROTA_COMMAND
+from frota.plan.topology import ReplicaGroup, Topology
+from frota.plan.validation import SpecError
+from frota.plan.validation import load as validate
 
 
 class ManifestError(ValueError):

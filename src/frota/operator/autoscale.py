@@ -38,7 +38,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from frota.api import Autoscaling, InferenceService, InferenceServiceSpec
 from frota.api.contract import Label, RouterMetric, WorkerMetric
 from frota.operator.builders import service_url
-from frota.operator.topology import WORKER_PORT
+from frota.plan.topology import WORKER_PORT
 
 TOLERANCE = 0.1  # no change while the metric is within 10% of the target
 ROLES = ("prefill", "decode")

@@ -21,7 +21,7 @@ from frota.operator.builders.workers import role_service_name
 from frota.operator.render import planned_status, render
 from frota.operator.rollout import resolve_bound
 from frota.operator.status import Intent
-from frota.operator.validation import SpecError, load
+from frota.plan.validation import SpecError, load
 
 
 class InvalidSpec(ValueError):
@@ -129,11 +129,7 @@ def _desired_state(body: Mapping[str, Any]) -> Desired:
         raise _invalid(exc) from None
     spec = isvc.spec
     units = spec.replicas
-    if spec.disaggregation is not None:
-        per_unit = {"prefill": spec.disaggregation.prefill.replicas,
-                    "decode": spec.disaggregation.decode.replicas}
-    else:
-        per_unit = {"worker": 1}
+    per_unit = {shape.role: shape.groups_per_unit for shape in topology.role_shapes}
     revisions = topology.revisions
 
     max_unavailable = {
@@ -145,11 +141,10 @@ def _desired_state(body: Mapping[str, Any]) -> Desired:
         for role, n in per_unit.items()
     }
     planned = planned_status(isvc, topology)
-    serving_role = "decode" if spec.disaggregation is not None else "worker"
     intent = Intent(
         generation=isvc.metadata.generation,
         revisions=revisions,
-        serving_role=serving_role,
+        serving_role=topology.serving_role,
         units=units,
         groups_per_unit=per_unit,
         max_unavailable=max_unavailable,

@@ -4,28 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from frota.api import KIND, Capacity, InferenceService, InferenceServiceStatus
+from frota.api import Capacity, InferenceService, InferenceServiceStatus
 from frota.api.contract import Label
 from frota.operator.builders import build_children, service_url
-from frota.operator.planner import plan
-from frota.operator.topology import Topology
-from frota.operator.validation import SpecError, load
-
-
-def inference_services(documents: list[dict[str, Any]], namespace: str | None = None) -> list[InferenceService]:
-    """The InferenceServices among YAML documents (others are skipped), validated."""
-    out = []
-    for doc in documents:
-        if not isinstance(doc, dict) or doc.get("kind") != KIND:
-            continue
-        if namespace and not doc.get("metadata", {}).get("namespace"):
-            doc = {**doc, "metadata": {**doc.get("metadata", {}), "namespace": namespace}}
-        try:
-            out.append(load(doc))
-        except SpecError as exc:
-            name = (doc.get("metadata") or {}).get("name", "?")
-            raise exc.about(f"InferenceService {name}") from None
-    return out
+from frota.plan.planner import plan
+from frota.plan.topology import Topology
+from frota.plan.validation import SpecError
 
 
 def render(isvc: InferenceService) -> tuple[Topology, list[dict[str, Any]]]:
@@ -39,13 +23,13 @@ def render(isvc: InferenceService) -> tuple[Topology, list[dict[str, Any]]]:
 
 def serving_selector(isvc: InferenceService, topology: Topology) -> str:
     """Pods that serve requests (rank 0 of each worker or decode group): the scale subresource's selector."""
-    role = "decode" if topology.mode == "Disaggregated" else "worker"
-    return f"{Label.NAME}=frota,{Label.INSTANCE}={isvc.metadata.name},{Label.ROLE}={role},{Label.POD_INDEX}=0"
+    return (f"{Label.NAME}=frota,{Label.INSTANCE}={isvc.metadata.name},"
+            f"{Label.ROLE}={topology.serving_role},{Label.POD_INDEX}=0")
 
 
 def planned_status(isvc: InferenceService, topology: Topology) -> InferenceServiceStatus:
     """The status fields that follow from the plan alone (selector, url, mode, revision, capacity)."""
-    serving = [g for g in topology.groups if g.role in ("worker", "decode")]
+    serving = topology.groups_of(topology.serving_role)
     budget = topology.serving_budget
     capacity = None
     if budget is not None:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
-from frota.api.yamlio import dump_all, load_all
+from frota.api import InferenceService
+from frota.api.yamlio import dump_all
+from frota.plan.cli import run_on_manifests
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -15,37 +18,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also print each InferenceService (defaults filled in) before its children")
 
 
-def read_documents(path: str) -> list:
-    """The YAML documents of a file, or of stdin for '-'."""
-    if path == "-":
-        return load_all(sys.stdin.read())
-    with open(path, encoding="utf-8") as fh:
-        return load_all(fh.read())
-
-
 def run(args: argparse.Namespace) -> int:
     """Render every InferenceService in FILE into its child objects, like `helm template`."""
-    from frota.operator.render import inference_services, render
-    from frota.operator.validation import SpecError
+    from frota.operator.render import render
 
-    objects = []
-    try:
-        services = inference_services(read_documents(args.file), args.namespace)
-        if not services:
-            print(f"frota render: no InferenceService in {args.file}", file=sys.stderr)
-            return 1
+    def children(services: list[InferenceService]) -> str:
+        objects: list[dict[str, Any]] = []
         for isvc in services:
-            topology, children = render(isvc)
+            topology, built = render(isvc)
             for warning in topology.warnings:
                 print(f"frota render: warning: {warning}", file=sys.stderr)
             if args.include_source:
                 objects.append(isvc.to_wire())
-            objects += children
-    except SpecError as exc:
-        print(f"frota render: {exc.report()}", file=sys.stderr)
-        return 1
-    except (OSError, ValueError) as exc:
-        print(f"frota render: {exc}", file=sys.stderr)
-        return 1
-    sys.stdout.write(dump_all(objects))
-    return 0
+            objects += built
+        return dump_all(objects)
+
+    return run_on_manifests("render", args.file, children, args.namespace)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import shlex
 
 from frota.api import InferenceService
-from frota.operator.memory import MemoryBudget
-from frota.operator.quantity import format_bytes
-from frota.operator.topology import Topology
+from frota.plan.memory import MemoryBudget
+from frota.plan.quantity import format_bytes
+from frota.plan.topology import Topology
 
 
 def _budget_lines(budget: MemoryBudget | None) -> list[str]:

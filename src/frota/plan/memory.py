@@ -1,29 +1,23 @@
 """Per-rank memory budget: weight bytes, KV bytes per token, KV tokens that fit.
 
-Pure arithmetic over a ModelShape and the parallel sizes; the engine measures
-the real numbers at start-up, this is the plan the operator reports and checks
-before asking the scheduler for pods. The bytes themselves come from
-`frota.api.memory`, the accounting the engine sizes its KV pool with.
+The one module where the bytes of a plan are worked out: from the spec's dtype,
+quantization and memory to `frota.api.memory`'s accounting (the engine sizes its
+KV pool with the same), and down to the tokens one replica holds. The engine
+measures the real numbers at start-up; this is the plan the operator reports and
+checks before asking the scheduler for pods.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from frota.api import memory
-from frota.operator.model_shapes import ModelShape
+from frota.api import InferenceServiceSpec, Parallelism, Resources, memory
+from frota.api.memory import ModelShape
+from frota.plan.quantity import parse_quantity
+from frota.plan.runtimes import resolve_dtype, vllm
 
 # What a CPU worker process needs besides weights and KV cache (interpreter, torch, buffers).
 CPU_RUNTIME_OVERHEAD_BYTES = 768 * 2**20
-
-
-@dataclass(frozen=True)
-class Sharding:
-    """Parallel sizes of one replica."""
-
-    tensor: int = 1
-    pipeline: int = 1
-    expert: int = 1
 
 
 @dataclass(frozen=True)
@@ -40,35 +34,9 @@ class MemoryBudget:
     sequences_at_max_model_len: int | None
 
 
-def accounting_shape(shape: ModelShape) -> memory.ModelShape:
-    """The dimensions `frota.api.memory` reads (an MoE's per-expert MLP size)."""
-    return memory.ModelShape(
-        vocab_size=shape.vocab_size, hidden_size=shape.hidden_size,
-        intermediate_size=shape.moe_intermediate_size if shape.is_moe else shape.intermediate_size,
-        num_layers=shape.num_layers, num_heads=shape.num_heads, num_kv_heads=shape.num_kv_heads,
-        head_dim=shape.head_dim, tie_word_embeddings=shape.tie_word_embeddings,
-        num_experts=shape.num_experts,
-    )
-
-
-def weight_bytes_per_stage(
-    shape: ModelShape, sharding: Sharding, dtype: str, weight_quant: str
-) -> list[int]:
-    """Weight bytes of one rank in each pipeline stage (stage 0 holds the embedding)."""
-    return memory.weight_bytes_per_stage(accounting_shape(shape), weight_quant, dtype,
-                                         tensor=sharding.tensor, pipeline=sharding.pipeline)
-
-
-def kv_bytes_per_token(shape: ModelShape, sharding: Sharding, dtype: str, kv_quant: str) -> int:
-    """KV cache bytes one token takes on one rank (K and V, every layer of its stage)."""
-    return memory.kv_bytes_per_token(shape.num_layers, shape.num_kv_heads, shape.head_dim,
-                                     kv_quant, dtype, tensor=sharding.tensor,
-                                     pipeline=sharding.pipeline)
-
-
 def plan_memory(
     shape: ModelShape,
-    sharding: Sharding,
+    parallelism: Parallelism,
     *,
     dtype: str,
     weight_quant: str,
@@ -82,17 +50,20 @@ def plan_memory(
 ) -> MemoryBudget:
     """The memory plan of one replica; kv fields are None when the rank's memory is unknown.
 
-    `cpu_runtime_overhead_bytes`: what the runtime's processes hold on CPU besides weights
-    and KV cache; the vllm runtime passes its own. None is Frota's engine: its base, plus
-    the second layout of unsharded bfloat16 projections on CPUs with AMX
-    (`frota.api.memory.cpu_second_layout_bytes`), as the operator cannot see the node's CPU.
+    Weights are the largest pipeline stage's. `cpu_runtime_overhead_bytes`: what the
+    runtime's processes hold on CPU besides weights and KV cache; the vllm runtime passes
+    its own. None is Frota's engine: its base, plus the second layout of unsharded bfloat16
+    projections on CPUs with AMX (`frota.api.memory.cpu_second_layout_bytes`), as the
+    operator cannot see the node's CPU.
     """
-    weights = max(weight_bytes_per_stage(shape, sharding, dtype, weight_quant))
-    per_token = kv_bytes_per_token(shape, sharding, dtype, kv_quant)
+    p = parallelism
+    weights = max(memory.weight_bytes_per_stage(shape, weight_quant, dtype,
+                                                tensor=p.tensor, pipeline=p.pipeline))
+    per_token = memory.kv_bytes_per_token(shape.num_layers, shape.num_kv_heads, shape.head_dim,
+                                          kv_quant, dtype, tensor=p.tensor, pipeline=p.pipeline)
     if cpu_runtime_overhead_bytes is None:
-        unsharded = sharding == Sharding()
         cpu_runtime_overhead_bytes = CPU_RUNTIME_OVERHEAD_BYTES + (
-            memory.cpu_second_layout_bytes(accounting_shape(shape), weight_quant, dtype) if unsharded else 0)
+            memory.cpu_second_layout_bytes(shape, weight_quant, dtype) if p == Parallelism() else 0)
     overhead = 0 if on_accelerator else cpu_runtime_overhead_bytes
     if rank_memory_bytes is None:
         return MemoryBudget(weights, per_token, None, overhead, None, None, max_model_len, None)
@@ -107,4 +78,31 @@ def plan_memory(
         kv_cache_tokens_per_replica=tokens,
         max_model_len=max_model_len,
         sequences_at_max_model_len=tokens // max_model_len,
+    )
+
+
+def rank_memory_bytes(resources: Resources) -> int | None:
+    """The memory one rank may use: its accelerators' (None when not declared), or the pod's."""
+    if resources.accelerator is None:
+        return int(parse_quantity(resources.memory))
+    if resources.accelerator.memory is None:
+        return None
+    return int(parse_quantity(resources.accelerator.memory)) * resources.accelerator.count
+
+
+def role_budget(spec: InferenceServiceSpec, shape: ModelShape, parallelism: Parallelism,
+                resources: Resources, max_model_len: int) -> MemoryBudget:
+    """The memory plan of one replica of a role sharded as `parallelism` on `resources`."""
+    engine = spec.engine
+    return plan_memory(
+        shape, parallelism,
+        dtype=resolve_dtype(spec, resources),
+        weight_quant=engine.quantization.weights,
+        kv_quant=engine.quantization.kvCache,
+        max_model_len=max_model_len,
+        block_size=engine.kvCache.blockSize,
+        memory_fraction=engine.kvCache.memoryFraction,
+        rank_memory_bytes=rank_memory_bytes(resources),
+        on_accelerator=resources.accelerator is not None,
+        cpu_runtime_overhead_bytes=vllm.CPU_RUNTIME_OVERHEAD_BYTES if spec.runtime.engine == "vllm" else None,
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from frota.api.memory import ModelShape
 from frota.api.synthetic import SyntheticSpecError, parse_synthetic_spec
 
 Delivery = Literal["image", "pvc", "download", "synthetic"]
@@ -20,36 +21,13 @@ CACHE_DIR = "/models/cache"
 CONVERTED_DIR = "/models/converted"  # HF-layout copies of image-baked models (`frota convert`)
 
 
-@dataclass(frozen=True)
-class ModelShape:
-    """The dimensions that decide sharding and memory."""
-
-    name: str
-    num_layers: int
-    hidden_size: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-    max_position_embeddings: int
-    tie_word_embeddings: bool = True
-    num_experts: int = 0  # 0: dense MLP
-    num_experts_per_tok: int = 0
-    moe_intermediate_size: int = 0
-
-    @property
-    def is_moe(self) -> bool:
-        return self.num_experts > 0
-
-
 class UnknownModelError(ValueError):
     """The URI names a scheme or alias Frota does not know."""
 
 
 SMOLLM2_135M = ModelShape(
-    name="smollm2", num_layers=30, hidden_size=576, num_heads=9, num_kv_heads=3, head_dim=64,
-    intermediate_size=1536, vocab_size=49152, max_position_embeddings=8192,
+    vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
+    num_kv_heads=3, head_dim=64, tie_word_embeddings=True, max_position=8192,
 )
 
 # alias -> shape of the model baked into the worker image.
@@ -63,21 +41,18 @@ def synthetic_shape(spec: str) -> ModelShape:
     except SyntheticSpecError as exc:
         raise UnknownModelError(str(exc)) from None
     v = {k: int(x) for k, x in values.items()}
-    experts = v.get("experts", 0)
     return ModelShape(
-        name=f"synthetic:{spec}",
-        num_layers=v["layers"],
+        vocab_size=v["vocab"],
         hidden_size=v["hidden"],
+        intermediate_size=v["intermediate"],
+        num_layers=v["layers"],
         num_heads=v["heads"],
         num_kv_heads=v.get("kv_heads", v["heads"]),
         head_dim=v.get("head_dim", v["hidden"] // v["heads"]),
-        intermediate_size=v["intermediate"],
-        vocab_size=v["vocab"],
-        max_position_embeddings=v.get("max_len", 2048),
         tie_word_embeddings=bool(v.get("tie", 0)),
-        num_experts=experts,
-        num_experts_per_tok=v.get("top_k", 2) if experts else 0,
-        moe_intermediate_size=v["intermediate"] if experts else 0,
+        num_experts=v.get("experts", 0),
+        num_experts_per_tok=v.get("top_k", 2),
+        max_position=v.get("max_len", 2048),
     )
 
 

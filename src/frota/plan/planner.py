@@ -10,33 +10,34 @@ import hashlib
 import json
 
 from frota.api import InferenceService, InferenceServiceSpec, Parallelism, Resources
+from frota.api.contract import Role, WorkerRole
+from frota.api.memory import ModelShape
 from frota.api.runtime import Runtime
-from frota.operator.memory import MemoryBudget, Sharding, plan_memory
-from frota.operator.model_shapes import (
+from frota.plan.memory import MemoryBudget, role_budget
+from frota.plan.model_shapes import (
     CONVERTED_DIR,
     ModelLocation,
-    ModelShape,
     UnknownModelError,
     locate,
 )
-from frota.operator.quantity import format_bytes, parse_quantity
-from frota.operator.runtimes import Launch, resolve_dtype, vllm, worker_dtype
-from frota.operator.topology import (
+from frota.plan.quantity import format_bytes
+from frota.plan.runtimes import Launch, vllm, worker_dtype
+from frota.plan.topology import (
     Addressing,
     KubernetesAddressing,
     Rank,
     ReplicaGroup,
-    Role,
     RoleShape,
     RouterPlan,
     Topology,
 )
-from frota.operator.validation import FieldError, SpecError
+from frota.plan.validation import FieldError, SpecError
 
-ENGINE_ROLE = {"worker": "both", "prefill": "prefill", "decode": "decode"}
+# What Frota's engine is told it does in each role (`frota worker --role`).
+ENGINE_ROLE = {Role.WORKER: "both", Role.PREFILL: "prefill", Role.DECODE: "decode"}
 
 
-def revision(spec: InferenceServiceSpec, role: Role, parallelism: Parallelism,
+def revision(spec: InferenceServiceSpec, role: WorkerRole, parallelism: Parallelism,
              resources: Resources) -> str:
     """Hash of everything that changes a role's pods; a group never mixes two revisions."""
     parts = {
@@ -53,30 +54,27 @@ def revision(spec: InferenceServiceSpec, role: Role, parallelism: Parallelism,
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:10]
 
 
-def _shape(spec: InferenceServiceSpec, role: Role, groups: int, parallelism: Parallelism,
-           resources: Resources, parallelism_field: str, resources_field: str) -> RoleShape:
-    return RoleShape(role, groups, parallelism, resources, parallelism_field, resources_field,
-                     revision(spec, role, parallelism, resources))
-
-
 def role_shapes(spec: InferenceServiceSpec) -> tuple[RoleShape, ...]:
     """The roles of a spec with their effective parallelism, resources and revision."""
     if spec.disaggregation is None:
-        return (_shape(spec, "worker", spec.replicas, spec.parallelism, spec.resources,
-                       "spec.parallelism", "spec.resources"),)
-    out = []
-    for role in ("prefill", "decode"):
-        override = getattr(spec.disaggregation, role)
-        base = f"spec.disaggregation.{role}"
-        out.append(_shape(
-            spec, role,
-            spec.replicas * override.replicas,
-            override.parallelism or spec.parallelism,
-            override.resources or spec.resources,
-            f"{base}.parallelism" if override.parallelism else "spec.parallelism",
-            f"{base}.resources" if override.resources else "spec.resources",
-        ))
-    return tuple(out)
+        parts = [(Role.WORKER, 1, spec.parallelism, spec.resources, "spec.parallelism", "spec.resources")]
+    else:
+        parts = []
+        for role in (Role.PREFILL, Role.DECODE):
+            override = getattr(spec.disaggregation, role)
+            base = f"spec.disaggregation.{role}"
+            parts.append((
+                role, override.replicas,
+                override.parallelism or spec.parallelism,
+                override.resources or spec.resources,
+                f"{base}.parallelism" if override.parallelism else "spec.parallelism",
+                f"{base}.resources" if override.resources else "spec.resources",
+            ))
+    return tuple(
+        RoleShape(role, spec.replicas, per_unit, parallelism, resources, parallelism_field,
+                  resources_field, revision(spec, role, parallelism, resources))
+        for role, per_unit, parallelism, resources, parallelism_field, resources_field in parts
+    )
 
 
 def _check_shape(shape: ModelShape, rs: RoleShape, model: str) -> list[FieldError]:
@@ -89,10 +87,9 @@ def _check_shape(shape: ModelShape, rs: RoleShape, model: str) -> list[FieldErro
         errors.append(FieldError(f"{field}.tensor",
                                  f"{p.tensor} neither divides nor is a multiple of the "
                                  f"{shape.num_kv_heads} KV heads of {model}"))
-    mlp = shape.moe_intermediate_size if shape.is_moe else shape.intermediate_size
-    if mlp % p.tensor:
+    if shape.intermediate_size % p.tensor:  # each expert's, for a mixture of experts
         errors.append(FieldError(f"{field}.tensor",
-                                 f"{p.tensor} does not divide the MLP size {mlp} of {model}"))
+                                 f"{p.tensor} does not divide the MLP size {shape.intermediate_size} of {model}"))
     if shape.num_layers % p.pipeline:
         errors.append(FieldError(f"{field}.pipeline",
                                  f"{p.pipeline} does not divide the {shape.num_layers} layers of {model}"))
@@ -105,44 +102,20 @@ def _check_shape(shape: ModelShape, rs: RoleShape, model: str) -> list[FieldErro
     return errors
 
 
-def _rank_memory(resources: Resources) -> int | None:
-    if resources.accelerator is None:
-        return int(parse_quantity(resources.memory))
-    if resources.accelerator.memory is None:
+def _memory_error(rs: RoleShape, budget: MemoryBudget, memory_fraction: float) -> FieldError | None:
+    """The role's memory field when not one sequence of maxModelLen tokens fits a replica."""
+    if budget.sequences_at_max_model_len != 0 or budget.rank_memory_bytes is None:
         return None
-    return int(parse_quantity(resources.accelerator.memory)) * resources.accelerator.count
-
-
-def _budget(
-    spec: InferenceServiceSpec, shape: ModelShape, rs: RoleShape, max_model_len: int
-) -> tuple[MemoryBudget, list[FieldError]]:
-    engine = spec.engine
-    budget = plan_memory(
-        shape,
-        Sharding(rs.parallelism.tensor, rs.parallelism.pipeline, rs.parallelism.expert),
-        dtype=resolve_dtype(spec, rs.resources),
-        weight_quant=engine.quantization.weights,
-        kv_quant=engine.quantization.kvCache,
-        max_model_len=max_model_len,
-        block_size=engine.kvCache.blockSize,
-        memory_fraction=engine.kvCache.memoryFraction,
-        rank_memory_bytes=_rank_memory(rs.resources),
-        on_accelerator=rs.resources.accelerator is not None,
-        **({"cpu_runtime_overhead_bytes": vllm.CPU_RUNTIME_OVERHEAD_BYTES}
-           if spec.runtime.engine == "vllm" else {}),
-    )
-    errors = []
-    if budget.sequences_at_max_model_len == 0 and budget.rank_memory_bytes is not None:
-        what = (f"{rs.resources_field}.accelerator.memory" if rs.resources.accelerator
-                else f"{rs.resources_field}.memory")
-        errors.append(FieldError(what, (
-            f"{format_bytes(budget.rank_memory_bytes)} per rank x memoryFraction "
-            f"{engine.kvCache.memoryFraction} leaves {format_bytes(budget.kv_cache_bytes_per_rank or 0)} "
-            f"for KV cache after {format_bytes(budget.weight_bytes_per_rank)} of weights"
-            f"{' and ' + format_bytes(budget.runtime_overhead_bytes) + ' of runtime' if budget.runtime_overhead_bytes else ''}"
-            f": not one sequence of {max_model_len} tokens fits; raise it, shard further, "
-            f"or lower spec.engine.maxModelLen")))
-    return budget, errors
+    what = (f"{rs.resources_field}.accelerator.memory" if rs.resources.accelerator
+            else f"{rs.resources_field}.memory")
+    runtime = (f" and {format_bytes(budget.runtime_overhead_bytes)} of runtime"
+               if budget.runtime_overhead_bytes else "")
+    return FieldError(what, (
+        f"{format_bytes(budget.rank_memory_bytes)} per rank x memoryFraction "
+        f"{memory_fraction} leaves {format_bytes(budget.kv_cache_bytes_per_rank or 0)} "
+        f"for KV cache after {format_bytes(budget.weight_bytes_per_rank)} of weights{runtime}"
+        f": not one sequence of {budget.max_model_len} tokens fits; raise it, shard further, "
+        f"or lower spec.engine.maxModelLen"))
 
 
 def _engine_env(spec: InferenceServiceSpec) -> dict[str, str]:
@@ -181,7 +154,7 @@ def _vllm_group(
     path: str, budget: MemoryBudget | None, addressing: Addressing,
 ) -> ReplicaGroup:
     p = rs.parallelism
-    world = p.tensor * p.pipeline
+    world = p.world_size
     kv = budget.kv_cache_bytes_per_rank if budget is not None else None
 
     def launch(rank: int | None, port: int) -> Launch:
@@ -195,8 +168,7 @@ def _vllm_group(
         one = launch(index, port)
         ranks.append(Rank(index, one.args, {**one.env, "FROTA_RANK": str(index)}, port, one.command))
     template = launch(None, addressing.http_port(ordinal, 0))
-    sharding = Sharding(p.tensor, p.pipeline, p.expert)
-    return ReplicaGroup(group_name, rs.role, replica, ordinal, sharding, tuple(ranks), rs.revision,
+    return ReplicaGroup(group_name, rs.role, replica, ordinal, p, tuple(ranks), rs.revision,
                         budget, template)
 
 
@@ -210,7 +182,7 @@ def _group(
     if spec.runtime.engine == "vllm":
         path = model_path(location, spec, converted_dir)
         return _vllm_group(spec, group_name, rs, replica, ordinal, path, budget, addressing)
-    world = p.tensor * p.pipeline
+    world = p.world_size
     group_env = {
         "FROTA_WORLD_SIZE": str(world),
         "FROTA_MASTER_ADDR": addressing.master_addr(group_name),
@@ -229,38 +201,32 @@ def _group(
         args = ("worker", "--model", location.model_arg, "--port", str(port),
                 "--role", ENGINE_ROLE[rs.role], *spec.engine.extraArgs)
         ranks.append(Rank(index, args, {**group_env, "FROTA_RANK": str(index)}, port))
-    sharding = Sharding(p.tensor, p.pipeline, p.expert)
-    return ReplicaGroup(group_name, rs.role, replica, ordinal, sharding, tuple(ranks), rs.revision,
+    return ReplicaGroup(group_name, rs.role, replica, ordinal, p, tuple(ranks), rs.revision,
                         budget)
 
 
-def check(isvc: InferenceService, shapes: tuple[RoleShape, ...] | None = None,
-          ) -> tuple[list[FieldError], list[str]]:
-    """Semantic errors and warnings the schema cannot express (`shapes`: the spec's, if known)."""
-    errors: list[FieldError] = []
-    warnings: list[str] = []
-    spec = isvc.spec
-    shapes = shapes if shapes is not None else role_shapes(spec)
-    try:
-        location = locate(spec.model.uri)
-    except UnknownModelError as exc:
-        return [FieldError("spec.model.uri", str(exc))], warnings
+def _budgets(spec: InferenceServiceSpec, shapes: tuple[RoleShape, ...], location: ModelLocation,
+             ) -> dict[str, MemoryBudget]:
+    """Each role's memory budget, once; raises SpecError for what the schema cannot express
+    (parallel sizes the model does not divide into, a context or memory too small)."""
     shape = location.shape
     if shape is None:
-        warnings.append(f"spec.model.uri: the shape of {spec.model.uri} is known only once a worker "
-                        "loads it; parallel sizes and memory are checked then")
-        return errors, warnings
+        return {}
     model = spec.model.uri.split(":", 1)[1]
-    max_len = spec.engine.maxModelLen or shape.max_position_embeddings
-    if max_len > shape.max_position_embeddings:
+    errors: list[FieldError] = []
+    max_len = spec.engine.maxModelLen or shape.max_position
+    if max_len > shape.max_position:
         errors.append(FieldError("spec.engine.maxModelLen",
-                                 f"{max_len} exceeds the {shape.max_position_embeddings}-token context of {model}"))
+                                 f"{max_len} exceeds the {shape.max_position}-token context of {model}"))
     for rs in shapes:
         errors += [e for e in _check_shape(shape, rs, model) if e not in errors]
-    if not errors:
-        for rs in shapes:
-            errors += _budget(spec, shape, rs, max_len)[1]
-    return errors, warnings
+    if errors:
+        raise SpecError(errors)
+    budgets = {rs.role: role_budget(spec, shape, rs.parallelism, rs.resources, max_len) for rs in shapes}
+    memory_errors = [_memory_error(rs, budgets[rs.role], spec.engine.kvCache.memoryFraction) for rs in shapes]
+    if any(memory_errors):
+        raise SpecError(e for e in memory_errors if e is not None)
+    return budgets
 
 
 def plan(isvc: InferenceService, addressing: Addressing | None = None,
@@ -272,19 +238,20 @@ def plan(isvc: InferenceService, addressing: Addressing | None = None,
     """
     addressing = addressing or KubernetesAddressing()
     spec, name = isvc.spec, isvc.metadata.name
+    try:
+        location = locate(spec.model.uri)
+    except UnknownModelError as exc:
+        raise SpecError([FieldError("spec.model.uri", str(exc))]) from None
     shapes = role_shapes(spec)
-    errors, warnings = check(isvc, shapes)
-    if errors:
-        raise SpecError(errors)
-    location = locate(spec.model.uri)
-    shape = location.shape
-    max_len = spec.engine.maxModelLen or (shape.max_position_embeddings if shape else 0)
+    budgets = _budgets(spec, shapes, location)
+    warnings = () if location.shape else (
+        f"spec.model.uri: the shape of {spec.model.uri} is known only once a worker "
+        "loads it; parallel sizes and memory are checked then",)
     groups: list[ReplicaGroup] = []
     for rs in shapes:
-        budget = _budget(spec, shape, rs, max_len)[0] if shape else None
         for replica in range(rs.groups):
-            groups.append(_group(spec, name, rs, replica, len(groups), location, budget, addressing,
-                                 converted_dir))
+            groups.append(_group(spec, name, rs, replica, len(groups), location, budgets.get(rs.role),
+                                 addressing, converted_dir))
     router_env = {
         "FROTA_MAX_INFLIGHT": str(spec.router.admission.maxInflight),
         "FROTA_MAX_QUEUE": str(spec.router.admission.maxQueue),
@@ -300,5 +267,5 @@ def plan(isvc: InferenceService, addressing: Addressing | None = None,
         groups=tuple(groups),
         router=RouterPlan(spec.router.replicas, spec.router.policy, router_env),
         role_shapes=shapes,
-        warnings=tuple(warnings),
+        warnings=warnings,
     )

@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from frota.api import Parallelism, Resources
-from frota.operator.memory import MemoryBudget, Sharding
-from frota.operator.model_shapes import ModelLocation
-from frota.operator.runtimes import FROTA_COMMAND, Launch
+from frota.api.contract import Role, WorkerRole
+from frota.plan.memory import MemoryBudget
+from frota.plan.model_shapes import ModelLocation
+from frota.plan.runtimes import FROTA_COMMAND, Launch
 
-Role = Literal["worker", "prefill", "decode"]
 WORKER_PORT = 8000
 MASTER_PORT = 29500
 
@@ -69,13 +69,18 @@ class RoleShape:
     read them from the Topology instead of deriving them from the spec again.
     """
 
-    role: Role
-    groups: int
+    role: WorkerRole
+    units: int  # spec.replicas: one unit is groups_per_unit groups of each role
+    groups_per_unit: int
     parallelism: Parallelism
     resources: Resources
     parallelism_field: str
     resources_field: str
     revision: str  # hash of everything that changes the role's pods
+
+    @property
+    def groups(self) -> int:
+        return self.units * self.groups_per_unit
 
 
 @dataclass(frozen=True)
@@ -98,10 +103,10 @@ class ReplicaGroup:
     """The ranks of one replica of one role; they start, serve and are replaced together."""
 
     name: str
-    role: Role
+    role: WorkerRole
     replica: int  # index within the role
     ordinal: int  # index within the topology
-    sharding: Sharding
+    sharding: Parallelism
     ranks: tuple[Rank, ...]
     revision: str
     budget: MemoryBudget | None
@@ -145,10 +150,10 @@ class Topology:
     engine_env: Mapping[str, str]  # shared by every rank of every group
     groups: tuple[ReplicaGroup, ...]
     router: RouterPlan
-    role_shapes: tuple[RoleShape, ...]  # one per role, in `roles` order
+    role_shapes: tuple[RoleShape, ...]  # one per role: prefill, decode; or worker
     warnings: tuple[str, ...] = field(default=())
 
-    def groups_of(self, role: Role) -> tuple[ReplicaGroup, ...]:
+    def groups_of(self, role: WorkerRole) -> tuple[ReplicaGroup, ...]:
         return tuple(g for g in self.groups if g.role == role)
 
     def shape_of(self, role: str) -> RoleShape:
@@ -164,14 +169,19 @@ class Topology:
         return {shape.role: shape.revision for shape in self.role_shapes}
 
     @property
-    def roles(self) -> tuple[Role, ...]:
-        return ("prefill", "decode") if self.mode == "Disaggregated" else ("worker",)
+    def roles(self) -> tuple[WorkerRole, ...]:
+        return tuple(shape.role for shape in self.role_shapes)
+
+    @property
+    def serving_role(self) -> WorkerRole:
+        """The role that holds sequences to the end and answers clients: decode, or the
+        colocated worker (its rank-0 pods are the scale subresource's selector)."""
+        return Role.DECODE if self.mode == "Disaggregated" else Role.WORKER
 
     @property
     def serving_budget(self) -> MemoryBudget | None:
-        """The budget of the role that holds sequences to the end (decode, or the colocated worker)."""
-        role: Role = "decode" if self.mode == "Disaggregated" else "worker"
-        groups = self.groups_of(role)
+        """The budget of the serving role (None when its shape is unknown or it has no groups)."""
+        groups = self.groups_of(self.serving_role)
         return groups[0].budget if groups else None
 
     def rank_env(self, group: ReplicaGroup, rank: Rank) -> dict[str, str]:

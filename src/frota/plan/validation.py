@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from frota.api import InferenceService
+from frota.api import KIND, InferenceService
 
 
 @dataclass(frozen=True)
@@ -61,3 +61,20 @@ def load(manifest: dict[str, Any]) -> InferenceService:
             FieldError(_path(err["loc"]), err["msg"].removeprefix("Value error, "))
             for err in exc.errors()
         ) from None
+
+
+def inference_services(documents: list[Any], namespace: str | None = None) -> list[InferenceService]:
+    """The InferenceServices among YAML documents (others are skipped), validated; `namespace`
+    for those whose manifest names none."""
+    out = []
+    for doc in documents:
+        if not isinstance(doc, dict) or doc.get("kind") != KIND:
+            continue
+        if namespace and not doc.get("metadata", {}).get("namespace"):
+            doc = {**doc, "metadata": {**doc.get("metadata", {}), "namespace": namespace}}
+        try:
+            out.append(load(doc))
+        except SpecError as exc:
+            name = (doc.get("metadata") or {}).get("name", "?")
+            raise exc.about(f"InferenceService {name}") from None
+    return out

@@ -9,7 +9,7 @@ from frota.api import InferenceService
 from frota.operator.builders.policies import policy_children
 from frota.operator.builders.router import router_children, service_url
 from frota.operator.builders.workers import worker_children
-from frota.operator.topology import Topology
+from frota.plan.topology import Topology
 
 __all__ = ["build_children", "service_url"]
 

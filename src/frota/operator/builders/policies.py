@@ -15,7 +15,7 @@ from typing import Any
 from frota.api import InferenceService
 from frota.api.contract import APP_NAME, WORKER_ROLES, Label
 from frota.operator.builders.common import labels, metadata, selector_labels
-from frota.operator.topology import Topology
+from frota.plan.topology import Topology
 
 
 def disruption_budget(isvc: InferenceService, role: str) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from frota.operator.builders.common import (
     selector_labels,
     tmp_volume,
 )
-from frota.operator.topology import Topology
+from frota.plan.topology import Topology
 
 ROUTER_PORT = 8000
 SERVICE_PORT = 80

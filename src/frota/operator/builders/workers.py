@@ -19,8 +19,8 @@ from frota.operator.builders.common import (
     selector_labels,
     tmp_volume,
 )
-from frota.operator.model_shapes import CACHE_DIR, CONVERTED_DIR, MODELS_DIR, ModelLocation
-from frota.operator.topology import MASTER_PORT, WORKER_PORT, ReplicaGroup, Topology
+from frota.plan.model_shapes import CACHE_DIR, CONVERTED_DIR, MODELS_DIR, ModelLocation
+from frota.plan.topology import MASTER_PORT, WORKER_PORT, ReplicaGroup, Topology
 
 # Model load can take many minutes for large weights; the startup probe allows 30.
 STARTUP_PERIOD_SECONDS = 10

@@ -30,7 +30,7 @@ import math
 import shlex
 
 from frota.api import InferenceServiceSpec, Parallelism, Resources
-from frota.operator.runtimes import Launch, resolve_dtype
+from frota.plan.runtimes import Launch, resolve_dtype
 
 #: vLLM's OpenAI server, as its images name it.
 SERVER = ("vllm", "serve")
