@@ -1,11 +1,12 @@
 """The one source tree keeps its layers: data plane never reaches into the control plane.
 
-The dependency direction (docs/internals.md): api <- operator, local, cli; api <- engine <- server;
-api <- router. Read from the import statements of every module (ast), so a lazy
-import inside a function counts too, except where a rule allows only lazy imports:
-`frota up` (local) and the `frota` command (cli) run the data plane on a machine
-with the engine extra, from inside a function, while importing them stays torch-free
-for the operator image. The data plane also names no control-plane module in a
+The dependency direction (docs/internals.md): api <- plan <- operator, local; cli on top;
+api <- engine <- server; api <- router. The planner (plan) is pure: no kopf, torch or
+aiohttp, and `frota up` (local) reaches it without the operator. Read from the import
+statements of every module (ast), so a lazy import inside a function counts too, except
+where a rule allows only lazy imports: `frota up` (local) and the `frota` command (cli)
+run the data plane on a machine with the engine extra, from inside a function, while
+importing them stays torch-free for the operator image. The data plane also names no control-plane module in a
 string (a `-c` code string or a `-m` argument would start one without an import).
 """
 
@@ -21,22 +22,23 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "frota"
 DATA_PLANE = ("frota.engine", "frota.server", "frota.router")
-CONTROL_PLANE = ("frota.operator", "frota.local", "frota.cli")
+CONTROL_PLANE = ("frota.plan", "frota.operator", "frota.local", "frota.cli")
 # part -> parts it must never import, at any level
 FORBIDDEN = {
     "engine": (*CONTROL_PLANE, "frota.server", "frota.router"),
     "server": (*CONTROL_PLANE, "frota.router"),
     "router": (*CONTROL_PLANE, "frota.engine", "frota.server"),
     "api": (*CONTROL_PLANE, *DATA_PLANE),
+    "plan": ("frota.operator", "frota.local", "frota.cli", *DATA_PLANE, "kopf", "torch", "aiohttp"),
     "operator": (*DATA_PLANE, "frota.local", "frota.cli"),
-    "local": ("frota.cli",),
+    "local": ("frota.operator", "frota.cli"),
 }
 # part -> parts it may import only inside a function, never at module level
 LAZY_ONLY = {
     "local": DATA_PLANE,
     "cli": DATA_PLANE,
 }
-NAMES_CONTROL_PLANE = re.compile(r"\bfrota\.(operator|local|cli)\b")
+NAMES_CONTROL_PLANE = re.compile(r"\bfrota\.(plan|operator|local|cli)\b")
 
 
 def _imports(path: Path) -> list[tuple[int, str, bool]]:
@@ -116,7 +118,16 @@ def test_the_scanners_see_lazy_imports_and_code_strings_but_not_docstrings(tmp_p
 
 def test_the_control_plane_imports_without_torch() -> None:
     # What keeps the operator image torch-free.
-    code = ("import sys, frota.api, frota.api.contract, frota.operator.handlers, "
-            "frota.operator.render_cli, frota.local.up, frota.cli.main; "
+    code = ("import sys, frota.api, frota.api.contract, frota.plan.planner, frota.plan.cli, "
+            "frota.operator.handlers, frota.operator.render_cli, frota.local.up, frota.cli.main; "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
+
+
+def test_the_planner_loads_neither_kopf_nor_torch_nor_aiohttp() -> None:
+    # What lets `frota plan` and `frota up` plan on a machine with none of them: the
+    # ast rules above see the planner's own imports, this also what they import in turn.
+    code = ("import sys, frota.plan.planner, frota.plan.describe, frota.plan.cli; "
+            "sys.exit(sorted({'kopf', 'torch', 'aiohttp'} & sys.modules.keys()) or 0)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert (out.returncode, out.stderr) == (0, "")
