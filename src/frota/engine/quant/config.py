@@ -1,8 +1,8 @@
-"""What quantization the user asked for (torch-free, so CLIs can parse it cheaply)."""
+"""What quantization the user asked for (torch-free: the planner-facing names live in
+`frota.api.memory`)."""
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 
 from frota.engine.quant.accounting import KV_CACHE_DTYPES, QUANTIZATIONS
@@ -52,17 +52,3 @@ def validate_kv_cache_dtype(kv_cache_dtype: str) -> str:
             f"kv cache dtype {kv_cache_dtype!r}: use one of {', '.join(KV_CACHE_DTYPES)}"
         )
     return kv_cache_dtype
-
-
-def add_quant_arguments(parser: argparse.ArgumentParser) -> None:
-    """`--quantization` and `--kv-cache-dtype`, shared by `frota worker/generate/eval`."""
-    parser.add_argument(
-        "--quantization", choices=QUANTIZATIONS, default="none",
-        help="weight quantization: int8 per-channel, int4 group-wise (GGUF Q4_0/Q4_1 kept "
-        "as they are), fp8 e4m3 (default: none)",
-    )
-    parser.add_argument(
-        "--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
-        help="KV cache storage: auto (the model dtype), int8 or fp8 with per-token, "
-        "per-head scales (about half the memory of bfloat16)",
-    )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from frota.engine.quant.config import add_quant_arguments
+from frota.cli.engine_flags import DTYPE_CHOICES, add_quant_arguments
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -12,7 +12,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ppl = sub.add_parser("ppl", help="perplexity over a text file", description="perplexity over a text file")
     ppl.add_argument("--model", default="smollm2")
     ppl.add_argument("--text", required=True, help="path to a UTF-8 text file")
-    ppl.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "auto"])
+    ppl.add_argument("--dtype", default="float32", choices=DTYPE_CHOICES)
     ppl.add_argument("--window", type=int, default=None,
                      help="tokens per window (default: the context length, at most 1024)")
     ppl.add_argument("--max-tokens", type=int, default=None, help="evaluate at most this many tokens")

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from frota.engine.loader.export import DTYPES
+from frota.api.memory import DTYPE_BYTES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="a model alias (smollm2) or a .gguf file")
     parser.add_argument("directory", help="where to write config.json, model.safetensors and the tokenizer")
-    parser.add_argument("--dtype", default="float32", choices=list(DTYPES),
+    parser.add_argument("--dtype", default="float32", choices=list(DTYPE_BYTES),
                         help="element type of the written weights (default: float32, exact for dequantized GGUF)")
 
 
