@@ -1,12 +1,16 @@
 """`synthetic:` model specs: seeded random models of any shape, dense or MoE.
 
 Spec: `synthetic:PRESET[,key=value...]` or `synthetic:key=value,...` (preset
-dense-tiny). The one parser of the spec, torch-free: the operator's planner reads
-a synthetic model's shape with it, the engine (`frota.engine.loader.synthetic`)
-builds the model from it.
+dense-tiny). The one parser of the spec, torch-free: the planner reads a synthetic
+model's shape with it, the engine (`frota.engine.loader.synthetic`) builds the
+model from it.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+
+from frota.api.memory import ModelShape
 
 PRESETS: dict[str, dict[str, int]] = {
     "dense-tiny": dict(layers=2, hidden=64, intermediate=128, heads=4, kv_heads=2, vocab=320),
@@ -50,3 +54,21 @@ def parse_synthetic_spec(spec: str) -> dict[str, int | float]:
     if values["heads"] % values.get("kv_heads", values["heads"]):
         raise SyntheticSpecError("synthetic heads must be a multiple of kv_heads")
     return values
+
+
+def synthetic_shape(values: Mapping[str, int | float]) -> ModelShape:
+    """The shape of the model a parsed spec (`parse_synthetic_spec`) describes."""
+    v = {k: int(x) for k, x in values.items() if k != "rope_theta"}
+    return ModelShape(
+        vocab_size=v["vocab"],
+        hidden_size=v["hidden"],
+        intermediate_size=v["intermediate"],
+        num_layers=v["layers"],
+        num_heads=v["heads"],
+        num_kv_heads=v.get("kv_heads", v["heads"]),
+        head_dim=v.get("head_dim", v["hidden"] // v["heads"]),
+        tie_word_embeddings=bool(v.get("tie", 0)),
+        num_experts=v.get("experts", 0),
+        num_experts_per_tok=v.get("top_k", 2),
+        max_position=v.get("max_len", 2048),
+    )

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from frota.api import synthetic
 from frota.api.memory import ModelShape
-from frota.api.synthetic import SyntheticSpecError, parse_synthetic_spec
 
 Delivery = Literal["image", "pvc", "download", "synthetic"]
 
@@ -37,23 +37,10 @@ ALIASES: dict[str, ModelShape] = {"smollm2": SMOLLM2_135M}
 def synthetic_shape(spec: str) -> ModelShape:
     """The shape of `synthetic:SPEC`, from the parser the engine uses."""
     try:
-        values = parse_synthetic_spec(spec)
-    except SyntheticSpecError as exc:
+        values = synthetic.parse_synthetic_spec(spec)
+    except synthetic.SyntheticSpecError as exc:
         raise UnknownModelError(str(exc)) from None
-    v = {k: int(x) for k, x in values.items()}
-    return ModelShape(
-        vocab_size=v["vocab"],
-        hidden_size=v["hidden"],
-        intermediate_size=v["intermediate"],
-        num_layers=v["layers"],
-        num_heads=v["heads"],
-        num_kv_heads=v.get("kv_heads", v["heads"]),
-        head_dim=v.get("head_dim", v["hidden"] // v["heads"]),
-        tie_word_embeddings=bool(v.get("tie", 0)),
-        num_experts=v.get("experts", 0),
-        num_experts_per_tok=v.get("top_k", 2),
-        max_position=v.get("max_len", 2048),
-    )
+    return synthetic.synthetic_shape(values)
 
 
 @dataclass(frozen=True)

@@ -1,16 +1,18 @@
 """`synthetic:` models: seeded random weights of any shape, dense or MoE, with a byte tokenizer.
 
 Spec: `synthetic:PRESET[,key=value...]` or `synthetic:key=value,...` (preset dense-tiny),
-parsed by `frota.api.synthetic` (which the operator's planner shares). Presets: dense-tiny,
+parsed by `frota.api.synthetic` (which the planner shares). Presets: dense-tiny,
 moe-tiny, dense-small, moe-small. Keys: layers, hidden, intermediate, heads, kv_heads,
 head_dim, vocab, experts, top_k, max_len, rope_theta, tie, seed.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
-from frota.api.synthetic import SyntheticSpecError, parse_synthetic_spec
+from frota.api.synthetic import SyntheticSpecError, parse_synthetic_spec, synthetic_shape
 from frota.engine.config import ModelConfig
 from frota.engine.errors import ModelNotFoundError
 from frota.engine.model.build import build_model, cast_keeping_caches
@@ -24,24 +26,13 @@ def parse_spec(spec: str) -> tuple[ModelConfig, int]:
         values = parse_synthetic_spec(spec)
     except SyntheticSpecError as exc:
         raise ModelNotFoundError(f"synthetic model {spec!r}: {exc}") from None
-    v = {k: int(x) for k, x in values.items() if k != "rope_theta"}
     cfg = ModelConfig(
-        vocab_size=v["vocab"],
-        hidden_size=v["hidden"],
-        intermediate_size=v["intermediate"],
-        num_layers=v["layers"],
-        num_heads=v["heads"],
-        num_kv_heads=v.get("kv_heads", v["heads"]),
-        head_dim=v.get("head_dim", v["hidden"] // v["heads"]),
+        **dataclasses.asdict(synthetic_shape(values)),
         rope_theta=float(values.get("rope_theta", 10000.0)),
-        max_position=v.get("max_len", 2048),
-        tie_word_embeddings=bool(v.get("tie", 0)),
-        num_experts=v.get("experts", 0),
-        num_experts_per_tok=v.get("top_k", 2),
         bos_token_id=ByteTokenizer.BOS,
         eos_token_ids=(ByteTokenizer.EOS,),
     )
-    return cfg, v.get("seed", 0)
+    return cfg, int(values.get("seed", 0))
 
 
 @torch.no_grad()
