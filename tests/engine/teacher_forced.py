@@ -1,0 +1,163 @@
+"""Teacher-forced comparison of two numeric paths: the same token sequences through both, the
+logits of every position compared.
+
+Counting identical free-running greedy continuations judges two paths by chance: one near-tie
+flips a token, and the rest of that continuation diverges, so whether 4 or 5 of 8 survive
+depends on the CPU. Teacher forcing feeds both paths the same tokens (a prompt, then a fixed
+continuation), so each position is judged on its own: its argmax agrees or not, its logits
+differ by so much, and one flip costs one position, not the rest of the sequence.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from frota.engine.llm_engine import LLMEngine
+from frota.engine.sampling_params import SamplingParams
+from frota.engine.scheduler import ScheduledBatch
+from frota.engine.sequence import Sequence
+
+
+@torch.inference_mode()
+def teacher_forced_logits(engine: LLMEngine, prompts: list[list[int]],
+                          continuations: list[list[int]]) -> list[torch.Tensor]:
+    """For each prompt + continuation, the float32 logits [len(continuation), vocab] that
+    predict the continuation's tokens. Each prompt is one prefill chunk and each continuation
+    token one decode step, all sequences batched, as a generation runs: the decode steps read
+    the KV cache (its dtype, e.g. int8, is part of the path compared)."""
+    runner, bm = engine.runner, engine.block_manager
+    seqs = [Sequence(f"tf{i}", p + c, SamplingParams(max_tokens=1))
+            for i, (p, c) in enumerate(zip(prompts, continuations, strict=True))]
+    rows: list[list[torch.Tensor]] = [[] for _ in seqs]
+
+    def step(chunks: list[tuple[int, int]]) -> None:  # (sequence index, tokens)
+        batch = ScheduledBatch([seqs[i] for i, _ in chunks], [n for _, n in chunks])
+        for i, n in chunks:
+            bm.append_slots(seqs[i], n)
+        input_ids, positions, meta, _, _ = runner.prepare(batch)
+        hidden = runner.model(input_ids, positions, runner.kv_caches, meta)
+        # prepare() orders decodes first; each chunk's last row predicts its next token
+        row = 0
+        for seq, n in runner.ordered(batch):
+            index = seqs.index(seq)
+            rows[index].append(runner.model.compute_logits(hidden[row + n - 1 : row + n]).float())
+            row += n
+            seq.num_computed_tokens += n
+
+    try:
+        step([(i, len(p)) for i, p in enumerate(prompts)])
+        for t in range(max(map(len, continuations)) - 1):
+            step([(i, 1) for i, c in enumerate(continuations) if t < len(c) - 1])
+    finally:
+        for seq in seqs:
+            bm.deallocate(seq)
+    return [torch.cat(r)[: len(c)] for r, c in zip(rows, continuations, strict=True)]
+
+
+def greedy(engine: LLMEngine, prompts: list[list[int]], num_tokens: int) -> list[list[int]]:
+    """Free-running greedy continuations (the sequences the comparisons force)."""
+    params = SamplingParams(max_tokens=num_tokens, temperature=0.0, ignore_eos=True)
+    for i, p in enumerate(prompts):
+        engine.add_request(f"g{i}", p, params)
+    out: dict[str, list[int]] = {f"g{i}": [] for i in range(len(prompts))}
+    while engine.has_unfinished:
+        for o in engine.step():
+            out[o.request_id] += o.new_token_ids
+    return [out[f"g{i}"] for i in range(len(prompts))]
+
+
+@dataclass(frozen=True)
+class Format:
+    """How far a numeric path may move float32's logits, derived from what it rounds.
+
+    A storage format (bfloat16 weights and activations, an int8 or fp8 KV cache) rounds each
+    value it stores by at most `unit` of it (of its group's largest, for absmax formats). To
+    first order, each of a model's L layers adds such a relative change to the residual stream,
+    so the logits move by at most about L * unit * max|z| (`logit_bound`, max|z| the largest
+    reference logit). float32 paths that hold the same weights (oneDNN-packed against F.linear,
+    int4 GGUF weights against their float32 dequantization) only sum in other orders: a dot
+    product of K terms then differs by about sqrt(K) roundings (`summation` True).
+
+    A flip of the argmax needs the two top logits to move by more than their margin. Rounding
+    moves a logit by about one `unit` of the largest logit, so only the positions whose
+    reference margin is below twice that (`near_tie`) may flip: a flip where the reference was
+    surer than that is a bug, not the format, however few positions there are. log-softmax moves by at most
+    twice the largest logit change, so the perplexity ratio is within exp(2 * logit_bound);
+    zero-mean rounding moves an average far less than that, so the bar is also `ppl_cap`.
+    """
+
+    name: str
+    unit: float
+    ppl_cap: float
+    summation: bool = False
+
+    def logit_bound(self, max_logit: float, num_layers: int, max_k: int) -> float:
+        growth = math.sqrt(max_k) if self.summation else 1.0
+        return num_layers * growth * self.unit * max_logit
+
+    def near_tie(self, max_logit: float, num_layers: int, max_k: int) -> float:
+        if self.summation:  # differences this small decide nothing but exact ties
+            return 2 * self.logit_bound(max_logit, num_layers, max_k)
+        return 2 * self.unit * max_logit
+
+    def max_ppl_ratio(self, max_logit: float, num_layers: int, max_k: int) -> float:
+        return min(self.ppl_cap, math.exp(2 * self.logit_bound(max_logit, num_layers, max_k)))
+
+
+# ppl_cap 1%: the usual bar for a format served as lossless; fp8's 4 bits get 5%
+FLOAT32_ORDER = Format("float32, other summation orders", 2.0**-24, 1.01, summation=True)
+BFLOAT16 = Format("bfloat16 (8 significant bits)", 2.0**-8, 1.01)
+# absmax / 127 per (token, head) row: half a step is 1/254 of the row's largest value, plus
+# the float16 rounding of the scale (2^-11)
+INT8_KV = Format("int8 KV cache (absmax per row)", 1 / 254 + 2.0**-11, 1.01)
+FP8_KV = Format("fp8 e4m3 KV cache (4 significant bits)", 2.0**-4, 1.05)
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """How another path's teacher-forced logits compare with the reference's, position by
+    position, over the same forced tokens."""
+
+    margins: torch.Tensor  # the reference's top-1 minus top-2 logit, per position
+    agree: torch.Tensor  # whether the argmax agrees, per position
+    max_logit: float  # the largest |reference logit|
+    max_logit_diff: float  # the largest |difference| of any logit at any position
+    ppl_ratio: float  # perplexity of the forced tokens, other / reference
+
+    @property
+    def top1(self) -> float:
+        return self.agree.float().mean().item()
+
+    def __str__(self) -> str:
+        flips = self.margins[~self.agree]
+        worst = f", largest flipped margin {flips.max().item():.3g}" if len(flips) else ""
+        return (f"top-1 agreement {self.top1:.4f} over {len(self.agree)} positions{worst}, max |logit "
+                f"diff| {self.max_logit_diff:.3g} (max |logit| {self.max_logit:.3g}), perplexity "
+                f"ratio {self.ppl_ratio:.4f}")
+
+
+def compare(reference: list[torch.Tensor], other: list[torch.Tensor],
+            forced: list[list[int]]) -> Agreement:
+    """`reference` and `other`: teacher-forced logits of the same `forced` continuations."""
+    ref, got = torch.cat(reference), torch.cat(other)
+    targets = torch.tensor([t for c in forced for t in c])
+    top2 = ref.topk(2, dim=-1).values
+    nll = [torch.nn.functional.cross_entropy(x, targets).item() for x in (ref, got)]
+    return Agreement(margins=top2[:, 0] - top2[:, 1], agree=ref.argmax(-1) == got.argmax(-1),
+                     max_logit=ref.abs().max().item(), max_logit_diff=(ref - got).abs().max().item(),
+                     ppl_ratio=math.exp(nll[1] - nll[0]))
+
+
+def assert_within_format(a: Agreement, fmt: Format, num_layers: int, max_k: int, paths: str) -> None:
+    """The three measures within what `fmt` explains; the message names the paths that ran."""
+    bound = fmt.logit_bound(a.max_logit, num_layers, max_k)
+    tie = fmt.near_tie(a.max_logit, num_layers, max_k)
+    max_ppl = fmt.max_ppl_ratio(a.max_logit, num_layers, max_k)
+    what = f"{fmt.name}: {a}; paths: {paths}"
+    assert a.max_logit_diff <= bound, f"logits moved more than {bound:.3g}, {what}"
+    flipped = a.margins[~a.agree]
+    assert bool((flipped < tie).all()), f"an argmax flipped where the reference's margin was above {tie:.3g}, {what}"
+    assert 1 / max_ppl <= a.ppl_ratio <= max_ppl, f"perplexity ratio beyond {max_ppl:.4f}, {what}"
