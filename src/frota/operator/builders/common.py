@@ -1,4 +1,4 @@
-"""Labels, metadata, owner references and security settings shared by every child object."""
+"""Labels, metadata and owner references shared by every child object."""
 
 from __future__ import annotations
 
@@ -6,12 +6,6 @@ from typing import Any
 
 from frota.api import API_VERSION, KIND, InferenceService
 from frota.api.contract import APP_NAME, OPERATOR_MANAGER, Label
-
-RUN_AS_USER = 10001
-# SIGTERM to SIGKILL, for workers and routers alike: each drains its requests in flight
-# for all but the last DRAIN_MARGIN_SECONDS (and the router's preStop wait) of it.
-TERMINATION_GRACE_SECONDS = 60
-DRAIN_MARGIN_SECONDS = 10
 
 
 def selector_labels(isvc: InferenceService, **extra: str) -> dict[str, str]:
@@ -54,47 +48,3 @@ def metadata(isvc: InferenceService, name: str, object_labels: dict[str, str]) -
     if owners:
         meta["ownerReferences"] = owners
     return meta
-
-
-def pod_security_context() -> dict[str, Any]:
-    """Non-root, RuntimeDefault seccomp, volumes writable by the run-as group."""
-    return {
-        "runAsNonRoot": True,
-        "runAsUser": RUN_AS_USER,
-        "runAsGroup": RUN_AS_USER,
-        "fsGroup": RUN_AS_USER,
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
-
-
-def container_security_context() -> dict[str, Any]:
-    """No privilege escalation, no capabilities, read-only root (writes go to /tmp)."""
-    return {
-        "allowPrivilegeEscalation": False,
-        "readOnlyRootFilesystem": True,
-        "runAsNonRoot": True,
-        "capabilities": {"drop": ["ALL"]},
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
-
-
-def http_probe(path: str, *, period: int, failures: int, timeout: int = 5) -> dict[str, Any]:
-    """An HTTP GET probe on the container's `http` port."""
-    return {
-        "httpGet": {"path": path, "port": "http"},
-        "periodSeconds": period,
-        "failureThreshold": failures,
-        "timeoutSeconds": timeout,
-    }
-
-
-def tmp_volume() -> tuple[dict[str, Any], dict[str, Any]]:
-    """An emptyDir for /tmp (the root filesystem is read-only)."""
-    return {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}, {"name": "tmp", "mountPath": "/tmp"}
-
-
-# HOME and caches point into /tmp so libraries that write there work on a read-only root.
-WRITABLE_HOME_ENV = [
-    {"name": "HOME", "value": "/tmp"},
-    {"name": "XDG_CACHE_HOME", "value": "/tmp/.cache"},
-]

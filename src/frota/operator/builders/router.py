@@ -5,29 +5,20 @@ from __future__ import annotations
 from typing import Any
 
 from frota.api import InferenceService
-from frota.api.contract import Label
-from frota.operator.builders.common import (
-    DRAIN_MARGIN_SECONDS,
-    TERMINATION_GRACE_SECONDS,
-    WRITABLE_HOME_ENV,
-    container_security_context,
-    http_probe,
-    labels,
-    metadata,
-    pod_security_context,
-    selector_labels,
-    tmp_volume,
-)
+from frota.api.contract import Label, Role
+from frota.operator.builders import pods
+from frota.operator.builders.common import labels, metadata, selector_labels
 from frota.plan.topology import Topology
 
 ROUTER_PORT = 8000
 SERVICE_PORT = 80
 API_KEY_DIR = "/var/run/secrets/frota/api-key"
+RBAC = "rbac.authorization.k8s.io/v1"
 ROUTER_ENDPOINT_DRAIN_SECONDS = 5  # preStop: out of the Service's endpoints before SIGTERM
 # After SIGTERM: requests in flight finish (a long generation included) before the
 # router stops. With the preStop wait it ends when a worker's drain ends (the pod's grace
 # less the margin), so the router never cuts off an answer a worker would have finished.
-ROUTER_DRAIN_SECONDS = TERMINATION_GRACE_SECONDS - ROUTER_ENDPOINT_DRAIN_SECONDS - DRAIN_MARGIN_SECONDS
+ROUTER_DRAIN_SECONDS = pods.DRAIN_SECONDS - ROUTER_ENDPOINT_DRAIN_SECONDS
 
 
 def router_name(isvc: InferenceService) -> str:
@@ -62,41 +53,33 @@ def router_args(isvc: InferenceService, topology: Topology) -> list[str]:
     ]
 
 
+def _router_object(isvc: InferenceService, api_version: str, kind: str, name: str,
+                   **fields: Any) -> dict[str, Any]:
+    """A child of the router's: its API coordinates, metadata with the router's labels, `fields`."""
+    return {"apiVersion": api_version, "kind": kind,
+            "metadata": metadata(isvc, name, labels(isvc, Role.ROUTER)), **fields}
+
+
 def service_account(isvc: InferenceService) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "ServiceAccount",
-        "metadata": metadata(isvc, router_name(isvc), labels(isvc, "router")),
-        "automountServiceAccountToken": True,
-    }
+    return _router_object(isvc, "v1", "ServiceAccount", router_name(isvc),
+                          automountServiceAccountToken=True)
 
 
 def role(isvc: InferenceService) -> dict[str, Any]:
     """Read-only access to EndpointSlices in the namespace, nothing else."""
-    return {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "Role",
-        "metadata": metadata(isvc, router_name(isvc), labels(isvc, "router")),
-        "rules": [{
-            "apiGroups": ["discovery.k8s.io"],
-            "resources": ["endpointslices"],
-            "verbs": ["get", "list", "watch"],
-        }],
-    }
+    rule = {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
+            "verbs": ["get", "list", "watch"]}
+    return _router_object(isvc, RBAC, "Role", router_name(isvc), rules=[rule])
 
 
 def role_binding(isvc: InferenceService) -> dict[str, Any]:
-    meta = metadata(isvc, router_name(isvc), labels(isvc, "router"))
     subject: dict[str, Any] = {"kind": "ServiceAccount", "name": router_name(isvc)}
     if isvc.metadata.namespace:
         subject["namespace"] = isvc.metadata.namespace
-    return {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "RoleBinding",
-        "metadata": meta,
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": router_name(isvc)},
-        "subjects": [subject],
-    }
+    return _router_object(
+        isvc, RBAC, "RoleBinding", router_name(isvc),
+        roleRef={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": router_name(isvc)},
+        subjects=[subject])
 
 
 def deployment(isvc: InferenceService, topology: Topology) -> dict[str, Any]:
@@ -106,8 +89,8 @@ def deployment(isvc: InferenceService, topology: Topology) -> dict[str, Any]:
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
     ]
     env += [{"name": k, "value": v} for k, v in topology.router.env.items()]
-    env += WRITABLE_HOME_ENV
-    tmp, tmp_mount = tmp_volume()
+    env += pods.WRITABLE_HOME_ENV
+    tmp, tmp_mount = pods.tmp_volume()
     volumes, mounts = [tmp], [tmp_mount]
     if router.apiKeySecret is not None:
         # A file, not an env var: the key stays out of `kubectl describe` and process listings.
@@ -116,22 +99,22 @@ def deployment(isvc: InferenceService, topology: Topology) -> dict[str, Any]:
             "secretName": secret.name, "items": [{"key": secret.key, "path": "api-key"}]}})
         mounts.append({"name": "api-key", "mountPath": API_KEY_DIR, "readOnly": True})
         env.append({"name": "FROTA_API_KEY_FILE", "value": f"{API_KEY_DIR}/api-key"})
-    pod_labels = labels(isvc, "router")
+    pod_labels = labels(isvc, Role.ROUTER)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": metadata(isvc, router_name(isvc), pod_labels),
         "spec": {
             "replicas": router.replicas,
-            "selector": {"matchLabels": selector_labels(isvc, **{Label.ROLE: "router"})},
+            "selector": {"matchLabels": selector_labels(isvc, **{Label.ROLE: Role.ROUTER})},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
             "template": {
                 "metadata": {"labels": pod_labels},
                 "spec": {
                     "serviceAccountName": router_name(isvc),
-                    "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+                    "terminationGracePeriodSeconds": pods.TERMINATION_GRACE_SECONDS,
                     "enableServiceLinks": False,
-                    "securityContext": pod_security_context(),
+                    "securityContext": pods.pod_security_context(),
                     "containers": [{
                         "name": "router",
                         "image": isvc.spec.engine.image,
@@ -144,10 +127,10 @@ def deployment(isvc: InferenceService, topology: Topology) -> dict[str, Any]:
                             "requests": {"cpu": router.cpu, "memory": router.memory},
                             "limits": {"memory": router.memory},
                         },
-                        "securityContext": container_security_context(),
-                        "startupProbe": http_probe("/health", period=2, failures=30),
-                        "livenessProbe": http_probe("/health", period=10, failures=3),
-                        "readinessProbe": http_probe("/ready", period=5, failures=2),
+                        "securityContext": pods.container_security_context(),
+                        "startupProbe": pods.http_probe("/health", period=2, failures=30),
+                        "livenessProbe": pods.http_probe("/health", period=10, failures=3),
+                        "readinessProbe": pods.http_probe("/ready", period=5, failures=2),
                         # Leave the Service's endpoints before stopping: kube-proxy on every
                         # node needs a moment to stop sending new connections here.
                         "lifecycle": {"preStop": {"sleep": {"seconds": ROUTER_ENDPOINT_DRAIN_SECONDS}}},
@@ -162,16 +145,11 @@ def deployment(isvc: InferenceService, topology: Topology) -> dict[str, Any]:
 
 def service(isvc: InferenceService) -> dict[str, Any]:
     """The fleet's one endpoint."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": metadata(isvc, router_service_name(isvc), labels(isvc, "router")),
-        "spec": {
-            "type": isvc.spec.router.serviceType,
-            "selector": selector_labels(isvc, **{Label.ROLE: "router"}),
-            "ports": [{"name": "http", "port": SERVICE_PORT, "targetPort": "http", "protocol": "TCP"}],
-        },
-    }
+    return _router_object(isvc, "v1", "Service", router_service_name(isvc), spec={
+        "type": isvc.spec.router.serviceType,
+        "selector": selector_labels(isvc, **{Label.ROLE: Role.ROUTER}),
+        "ports": [{"name": "http", "port": SERVICE_PORT, "targetPort": "http", "protocol": "TCP"}],
+    })
 
 
 def router_children(isvc: InferenceService, topology: Topology) -> list[dict[str, Any]]:

@@ -7,18 +7,8 @@ from typing import Any
 
 from frota.api import EnvVar, InferenceService, Resources
 from frota.api.contract import Label
-from frota.operator.builders.common import (
-    DRAIN_MARGIN_SECONDS,
-    TERMINATION_GRACE_SECONDS,
-    WRITABLE_HOME_ENV,
-    container_security_context,
-    http_probe,
-    labels,
-    metadata,
-    pod_security_context,
-    selector_labels,
-    tmp_volume,
-)
+from frota.operator.builders import pods
+from frota.operator.builders.common import labels, metadata, selector_labels
 from frota.plan.model_shapes import CACHE_DIR, CONVERTED_DIR, MODELS_DIR, ModelLocation
 from frota.plan.topology import MASTER_PORT, WORKER_PORT, ReplicaGroup, Topology
 
@@ -63,7 +53,7 @@ def _filled_by_frota(isvc: InferenceService, name: str, volume: str, path: str,
                      resources: dict[str, Any]) -> tuple[list, list, list]:
     """An emptyDir at `path` that an init container of Frota's image fills (`frota ARGS`),
     mounted read-only in the worker: (volumes, worker mounts, init containers)."""
-    _, tmp_mount = tmp_volume()
+    _, tmp_mount = pods.tmp_volume()
     init = {
         "name": name,
         "image": isvc.spec.engine.image,
@@ -72,7 +62,7 @@ def _filled_by_frota(isvc: InferenceService, name: str, volume: str, path: str,
         "args": args,
         "env": env,
         "resources": resources,
-        "securityContext": container_security_context(),
+        "securityContext": pods.container_security_context(),
         "volumeMounts": [tmp_mount, {"name": volume, "mountPath": path}],
     }
     empty_dir = {"name": volume, "emptyDir": {"sizeLimit": isvc.spec.model.cacheSize}}
@@ -86,7 +76,7 @@ def model_volumes(isvc: InferenceService, location: ModelLocation) -> tuple[list
         return [volume], [{"name": "model", "mountPath": MODELS_DIR, "readOnly": True}], []
     if location.delivery != "download":
         return [], [], []  # baked into the image, or generated (synthetic)
-    env = list(WRITABLE_HOME_ENV)
+    env = list(pods.WRITABLE_HOME_ENV)
     if isvc.spec.model.credentials is not None:
         env.append({"name": "HF_TOKEN",
                     "valueFrom": {"secretKeyRef": isvc.spec.model.credentials.to_wire()}})
@@ -106,7 +96,7 @@ def converted_model(isvc: InferenceService, location: ModelLocation,
     return _filled_by_frota(
         isvc, "convert-model", "converted", CONVERTED_DIR,
         ["convert", location.model_arg, f"{CONVERTED_DIR}/{location.model_arg}"],
-        list(WRITABLE_HOME_ENV),
+        list(pods.WRITABLE_HOME_ENV),
         {"requests": {"cpu": resources.cpu, "memory": resources.memory},
          "limits": {"memory": resources.memory}})
 
@@ -119,16 +109,15 @@ def _rank_env(isvc: InferenceService, group: ReplicaGroup) -> list[dict[str, Any
     ]
     env += [{"name": k, "value": v} for k, v in group.leader.env.items() if k != "FROTA_RANK"]
     if isvc.spec.runtime.engine == "frota":
-        drain = TERMINATION_GRACE_SECONDS - DRAIN_MARGIN_SECONDS
-        env.append({"name": "FROTA_SHUTDOWN_GRACE_PERIOD", "value": str(drain)})
-    env += WRITABLE_HOME_ENV
+        env.append({"name": "FROTA_SHUTDOWN_GRACE_PERIOD", "value": str(pods.DRAIN_SECONDS)})
+    env += pods.WRITABLE_HOME_ENV
     return env + _user_env(isvc.spec.engine.env)
 
 
 def _pod_spec(isvc: InferenceService, topology: Topology, group: ReplicaGroup,
               resources: Resources) -> dict[str, Any]:
     spec = isvc.spec
-    tmp, tmp_mount = tmp_volume()
+    tmp, tmp_mount = pods.tmp_volume()
     volumes, mounts, init = model_volumes(isvc, topology.model)
     more_volumes, more_mounts, more_init = converted_model(isvc, topology.model, resources)
     volumes = [tmp, *volumes, *more_volumes]
@@ -154,17 +143,17 @@ def _pod_spec(isvc: InferenceService, topology: Topology, group: ReplicaGroup,
         "envFrom": [{"configMapRef": {"name": engine_configmap_name(isvc)}}],
         "env": _rank_env(isvc, group),
         "resources": _resources(resources),
-        "securityContext": container_security_context(),
-        "startupProbe": http_probe(launch.live_path, period=STARTUP_PERIOD_SECONDS, failures=STARTUP_FAILURES),
-        "livenessProbe": http_probe(launch.live_path, period=10, failures=3),
-        "readinessProbe": http_probe(launch.ready_path, period=5, failures=3),
+        "securityContext": pods.container_security_context(),
+        "startupProbe": pods.http_probe(launch.live_path, period=STARTUP_PERIOD_SECONDS, failures=STARTUP_FAILURES),
+        "livenessProbe": pods.http_probe(launch.live_path, period=10, failures=3),
+        "readinessProbe": pods.http_probe(launch.ready_path, period=5, failures=3),
         "volumeMounts": mounts,
     }
     pod: dict[str, Any] = {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
-        "securityContext": pod_security_context(),
+        "terminationGracePeriodSeconds": pods.TERMINATION_GRACE_SECONDS,
+        "securityContext": pods.pod_security_context(),
         "containers": [container],
         "volumes": volumes,
     }
