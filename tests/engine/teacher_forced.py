@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from frota.api.memory import ModelShape
 from frota.engine.llm_engine import LLMEngine
 from frota.engine.sampling_params import SamplingParams
 from frota.engine.scheduler import ScheduledBatch
@@ -151,8 +152,10 @@ def compare(reference: list[torch.Tensor], other: list[torch.Tensor],
                      ppl_ratio=math.exp(nll[1] - nll[0]))
 
 
-def assert_within_format(a: Agreement, fmt: Format, num_layers: int, max_k: int, paths: str) -> None:
-    """The three measures within what `fmt` explains; the message names the paths that ran."""
+def assert_within_format(a: Agreement, fmt: Format, cfg: ModelShape, paths: str) -> None:
+    """The three measures within what `fmt` explains for a model of shape `cfg`; the message
+    names the paths that ran."""
+    num_layers, max_k = cfg.num_layers, max(cfg.hidden_size, cfg.intermediate_size)
     bound = fmt.logit_bound(a.max_logit, num_layers, max_k)
     tie = fmt.near_tie(a.max_logit, num_layers, max_k)
     max_ppl = fmt.max_ppl_ratio(a.max_logit, num_layers, max_k)

@@ -69,8 +69,7 @@ def agreement(engine: LLMEngine, forced) -> tf.Agreement:  # type: ignore[no-unt
 
 
 def assert_within(engine: LLMEngine, forced, fmt: tf.Format) -> None:  # type: ignore[no-untyped-def]
-    cfg = engine.model_config
-    tf.assert_within_format(agreement(engine, forced), fmt, cfg.num_layers, cfg.intermediate_size,
+    tf.assert_within_format(agreement(engine, forced), fmt, engine.model_config,
                             paths.describe(engine.runner.model))
 
 
