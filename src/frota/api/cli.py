@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
-from frota.api.yamlio import dump_all
+from frota.api.yamlio import dump_all, write_out
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -16,10 +15,5 @@ def run(args: argparse.Namespace) -> int:
     """Print the CRD generated from the pydantic models (the source of truth)."""
     from frota.api.crd import crd
 
-    text = dump_all([crd()])
-    if args.output:
-        with open(args.output, "w", encoding="utf-8") as fh:
-            fh.write(text)
-    else:
-        sys.stdout.write(text)
+    write_out(dump_all([crd()]), args.output)
     return 0

@@ -20,6 +20,7 @@ from frota.api.contract import API_VERSION, CATEGORIES, KIND, PLURAL, SHORT_NAME
 from frota.api.crd import PRINTER_COLUMNS
 from frota.api.resource import MAX_NAME_LENGTH, InferenceService
 from frota.api.types import PERCENT_PATTERN, QUANTITY_PATTERN
+from frota.api.yamlio import write_out
 
 COMMAND = "python -m frota.api.reference -o docs/api.md"
 # Metadata belongs to the apiserver; the reference says what Frota requires of it in one row.
@@ -246,12 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m frota.api.reference", description=main.__doc__)
     parser.add_argument("-o", "--output", help="write to this file instead of stdout")
     args = parser.parse_args(argv)
-    text = render()
-    if args.output:
-        with open(args.output, "w", encoding="utf-8") as fh:
-            fh.write(text)
-    else:
-        sys.stdout.write(text)
+    write_out(render(), args.output)
     return 0
 
 

@@ -1,4 +1,4 @@
-"""YAML in and out: multi-document, block style, key order kept."""
+"""YAML in and out: multi-document, block style, key order kept; generated text out to a file."""
 
 from __future__ import annotations
 
@@ -45,3 +45,12 @@ def read_all(path: str) -> list[dict[str, Any]]:
         return load_all(sys.stdin.read())
     with open(path, encoding="utf-8") as fh:
         return load_all(fh.read())
+
+
+def write_out(text: str, output: str | None) -> None:
+    """`text` into the file `output` (`-o`), or onto stdout when None."""
+    if output:
+        with open(output, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    else:
+        sys.stdout.write(text)
