@@ -93,7 +93,7 @@ def test_invalid_requests_fail_before_work(loaded):
     with pytest.raises(InvalidRequestError, match="max_tokens") as err:
         llm.generate(["hi"], SamplingParams(max_tokens=0))
     assert err.value.param == "max_tokens"
-    with pytest.raises(InvalidRequestError, match="context window"):
+    with pytest.raises(InvalidRequestError, match="maximum context length"):
         llm.generate(["x" * 40], SamplingParams())
     assert not llm.engine.has_unfinished
 

@@ -11,14 +11,14 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from frota.server.app import ServerOptions, create_app
 from frota.server.engine_api import EngineBindings
-from tests.server.fake_engine import FakeEngine, FakeInvalidRequestError, FakeSamplingParams
+from tests.server.fake_engine import FakeEngine
 from tests.server.harness import WorkerProcess, engine_available, load_tokenizer
 
 MODEL = "fake-model"
 
 
 def bindings(engine: FakeEngine) -> EngineBindings:
-    return EngineBindings(engine, FakeSamplingParams, FakeInvalidRequestError)
+    return EngineBindings(engine)  # no constrained decoding: response_format is refused
 
 
 async def wait_ready(client: TestClient, timeout_s: float = 5.0) -> None:

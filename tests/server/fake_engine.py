@@ -1,4 +1,5 @@
-"""A small test double of `frota.engine.AsyncEngine` (the contract in docs/internals.md).
+"""A small test double of `frota.engine.AsyncEngine` (the contract in docs/internals.md),
+fitting `frota.server.engine_api.Engine` and made of the engine's own torch-free types.
 
 Byte-level tokenizer (vocab 256 + EOS 256); "generation" walks the lowercase
 alphabet from the last prompt byte (greedy) or draws letters from a seeded RNG,
@@ -11,36 +12,17 @@ import asyncio
 import math
 import random
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+
+from frota.engine import (
+    EngineStats,
+    InvalidRequestError,
+    RequestOutput,
+    SamplingParams,
+    TokenLogprob,
+)
 
 EOS = 256
 LETTERS = [ord(c) for c in "abcdefghijklmnopqrstuvwxyz "]
-
-
-class FakeInvalidRequestError(Exception):
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.param = param
-
-
-@dataclass
-class FakeSamplingParams:
-    max_tokens: int = 16
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int | None = None
-    seed: int | None = None
-    stop: list[str] = field(default_factory=list)
-    stop_token_ids: list[int] = field(default_factory=list)
-    ignore_eos: bool = False
-    logprobs: int | None = None
-    prompt_logprobs: int | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    logit_bias: dict[int, float] | None = None
-    min_tokens: int = 0
 
 
 class FakeTokenizer:
@@ -62,37 +44,6 @@ class FakeTokenizer:
         return body + "<assistant>"
 
 
-@dataclass
-class FakeTokenLogprob:
-    token_id: int
-    logprob: float
-    top_logprobs: dict[int, float]
-
-
-@dataclass
-class FakeOutput:
-    new_token_ids: list[int]
-    new_text: str
-    new_logprobs: list[FakeTokenLogprob] | None
-    finished: bool
-    finish_reason: str | None
-    num_prompt_tokens: int
-    num_generated_tokens: int
-    num_cached_tokens: int = 0
-    prompt_logprobs: list[FakeTokenLogprob | None] | None = None
-
-
-@dataclass
-class FakeStats:
-    num_running: int
-    num_waiting: int
-    num_kv_blocks_total: int
-    num_kv_blocks_used: int
-    block_size: int
-    prefix_cache_queries: int
-    prefix_cache_hits: int
-
-
 class FakeEngine:
     """Implements the AsyncEngine surface the server uses."""
 
@@ -108,16 +59,17 @@ class FakeEngine:
         self.running: dict[str, int] = {}  # request id -> blocks held
         self.waiting: list[str] = []
         self.aborted: set[str] = set()
-        self.requests: list[tuple[str, list[int], FakeSamplingParams]] = []
+        self.requests: list[tuple[str, list[int], SamplingParams]] = []
         self.gate = asyncio.Event()  # cleared: every request waits (queue tests)
         self.gate.set()
         self.is_shut_down = False
+        self.is_running = True  # False: the step loop died (the worker turns unhealthy)
         self.reject_next = False  # the next generate raises InvalidRequestError
 
-    def stats(self) -> FakeStats:
+    def stats(self) -> EngineStats:
         used = sum(self.running.values())
-        return FakeStats(len(self.running), len(self.waiting), self.num_kv_blocks_total, used,
-                         self.block_size, 0, 0)
+        return EngineStats(len(self.running), len(self.waiting), self.num_kv_blocks_total, used,
+                           self.block_size, 0, 0)
 
     def abort(self, request_id: str) -> None:
         self.aborted.add(request_id)
@@ -125,23 +77,26 @@ class FakeEngine:
         if request_id in self.waiting:
             self.waiting.remove(request_id)
 
+    async def start(self) -> None:
+        pass
+
     async def shutdown(self) -> None:
         self.is_shut_down = True
 
     async def generate(self, request_id: str, prompt: str | list[int],
-                       params: FakeSamplingParams) -> AsyncIterator[FakeOutput]:
+                       params: SamplingParams) -> AsyncIterator[RequestOutput]:
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if self.reject_next:
             self.reject_next = False
-            raise FakeInvalidRequestError("rejected by the engine", "prompt")
+            raise InvalidRequestError("rejected by the engine", "prompt")
         if any(not 0 <= t < self.tokenizer.vocab_size for t in ids):
-            raise FakeInvalidRequestError("prompt token ids out of range", "prompt")
+            raise InvalidRequestError("prompt token ids out of range", "prompt")
         if len(ids) >= self.max_model_len:
-            raise FakeInvalidRequestError("prompt too long", "prompt")
+            raise InvalidRequestError("prompt too long", "prompt")
         if params.max_tokens < (0 if params.prompt_logprobs is not None else 1):
-            raise FakeInvalidRequestError("max_tokens must be at least 1", "max_tokens")
+            raise InvalidRequestError("max_tokens must be at least 1", "max_tokens")
         if any(not 0 <= t < self.tokenizer.vocab_size for t in params.logit_bias or ()):
-            raise FakeInvalidRequestError("logit_bias token ids out of range", "logit_bias")
+            raise InvalidRequestError("logit_bias token ids out of range", "logit_bias")
         self.requests.append((request_id, ids, params))
         self.waiting.append(request_id)
         try:
@@ -159,17 +114,18 @@ class FakeEngine:
                 self.waiting.remove(request_id)
 
     async def _decode(self, request_id: str, ids: list[int],
-                      params: FakeSamplingParams) -> AsyncIterator[FakeOutput]:
+                      params: SamplingParams) -> AsyncIterator[RequestOutput]:
         rng = random.Random(params.seed)
         last = ids[-1]
         text = ""
         generated: list[int] = []
         # Prompt token i scores -i/10; the first has no score.
         scored = None if params.prompt_logprobs is None else [None] + [
-            FakeTokenLogprob(t, -i / 10, {t: -i / 10} if params.prompt_logprobs else {})
+            TokenLogprob(t, -i / 10, {t: -i / 10} if params.prompt_logprobs else {})
             for i, t in enumerate(ids[1:], start=1)]
         if params.max_tokens == 0:
-            yield FakeOutput([], "", None, True, "length", len(ids), 0, prompt_logprobs=scored)
+            yield RequestOutput(request_id, [], "", None, True, "length", len(ids), 0, 0,
+                                prompt_logprobs=scored)
             return
         while True:
             if self.step_s:
@@ -177,7 +133,7 @@ class FakeEngine:
             else:
                 await asyncio.sleep(0)
             if request_id in self.aborted:
-                yield FakeOutput([], "", None, True, "abort", len(ids), len(generated))
+                yield RequestOutput(request_id, [], "", None, True, "abort", len(ids), len(generated), 0)
                 return
             if params.temperature == 0:
                 token = LETTERS[(LETTERS.index(last) + 1) % len(LETTERS)] if last in LETTERS \
@@ -204,10 +160,11 @@ class FakeEngine:
             logprobs = None
             if params.logprobs is not None:
                 top = {t: -0.5 - i for i, t in enumerate(LETTERS[: max(params.logprobs, 1)])}
-                logprobs = [FakeTokenLogprob(token, -0.1, top)]
+                logprobs = [TokenLogprob(token, -0.1, top)]
             blocks = math.ceil((len(ids) + len(generated)) / self.block_size)
             self.running[request_id] = blocks
-            yield FakeOutput([token], piece, logprobs, reason is not None, reason, len(ids),
-                             len(generated), prompt_logprobs=scored if len(generated) == 1 else None)
+            yield RequestOutput(request_id, [token], piece, logprobs, reason is not None, reason,
+                                len(ids), len(generated), 0,
+                                prompt_logprobs=scored if len(generated) == 1 else None)
             if reason is not None:
                 return

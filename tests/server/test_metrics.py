@@ -5,12 +5,12 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 
 from frota.api.contract import WorkerMetric
+from frota.engine import EngineStats
 from frota.server.metrics import ServerMetrics
-from tests.server.fake_engine import FakeStats
 
 
 def test_every_worker_metric_of_the_contract_is_exported() -> None:
-    metrics = ServerMetrics("m", lambda: FakeStats(1, 2, 64, 8, 16, 10, 4))
+    metrics = ServerMetrics("m", lambda: EngineStats(1, 2, 64, 8, 16, 10, 4))
     metrics.observe_first_token(0.1)
     metrics.observe_finished(0.5, 3, 5, "stop")
     families = {f.name for f in text_string_to_metric_families(metrics.render().decode())}

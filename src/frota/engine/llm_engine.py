@@ -15,6 +15,7 @@ import torch
 from frota.engine import kernels
 from frota.engine.block_manager import BlockManager
 from frota.engine.config import EngineArgs, ModelConfig
+from frota.engine.context import fit_to_context
 from frota.engine.detokenizer import IncrementalDetokenizer
 from frota.engine.errors import InvalidRequestError
 from frota.engine.grammar import Grammars
@@ -188,12 +189,8 @@ class LLMEngine:
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already running", "request_id")
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        if not ids:
-            raise InvalidRequestError("the prompt is empty", "prompt")
-        if len(ids) > self.max_model_len:
-            raise InvalidRequestError(
-                f"the prompt has {len(ids)} tokens, more than the context window of "
-                f"{self.max_model_len} tokens", "prompt")
+        # A prompt may fill the window: it then gets one token, finish_reason "length".
+        fit_to_context(len(ids), self.max_model_len, room=0)
         vocab = self.model_config.vocab_size
         if any(not 0 <= t < vocab for t in ids):
             raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})", "prompt")

@@ -19,8 +19,10 @@ from dataclasses import dataclass
 from aiohttp import web
 from pydantic import ValidationError
 
+from frota.engine.outputs import EngineStats
+from frota.engine.sampling_params import SamplingParams
 from frota.server import errors
-from frota.server.engine_api import EngineBindings, EngineStats
+from frota.server.engine_api import EngineBindings
 from frota.server.generation import Generation, Job
 from frota.server.jobs import chat_job, completion_job
 from frota.server.lifecycle import Lifecycle, Phase
@@ -68,7 +70,7 @@ class WorkerState:
         """False once a loaded engine's step loop has died (the pod should restart)."""
         if self.bindings is None:
             return True
-        return bool(getattr(self.bindings.engine, "is_running", True))
+        return self.bindings.engine.is_running
 
     def abort_all(self) -> None:
         if self.generation is not None:
@@ -112,7 +114,7 @@ async def _start_engine(app: web.Application) -> None:
 async def _warm_up(bindings: EngineBindings) -> None:
     """One tiny request, so the first real request does not pay for lazy initialisation."""
     engine = bindings.engine
-    params = bindings.sampling_params(max_tokens=2, temperature=0.0)
+    params = SamplingParams(max_tokens=2, temperature=0.0)
     async for _ in engine.generate("warmup", engine.tokenizer.encode("Hello"), params):
         pass
 

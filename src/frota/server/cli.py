@@ -155,20 +155,14 @@ def run(args: argparse.Namespace) -> int:
 
     def build() -> EngineBindings:
         # Importing torch takes seconds: keep it off the event loop too.
-        from frota.engine import (
-            AsyncEngine,
-            Constraint,
-            EngineArgs,
-            InvalidRequestError,
-            SamplingParams,
-        )
+        from frota.engine import AsyncEngine, EngineArgs
 
         engine = AsyncEngine(EngineArgs(**engine_kwargs(args)))
-        return EngineBindings(engine, SamplingParams, InvalidRequestError, constraint=Constraint)
+        return EngineBindings(engine, constrained_decoding=True)
 
     async def load() -> EngineBindings:
         bindings = await _in_daemon_thread(build)
-        await bindings.engine.start()  # type: ignore[attr-defined]
+        await bindings.engine.start()
         return bindings
 
     options = ServerOptions(

@@ -1,15 +1,20 @@
-"""What the server needs from the engine (docs/internals.md), as typing protocols.
+"""The engine as the server sees it: one typing protocol over the engine's plain data.
 
-The server never imports `frota.engine` outside `cli.run`: it receives an
-`EngineBindings` (the engine plus the two engine classes it uses), so tests can
-bind a fake engine without torch.
+The server imports only `frota.engine`'s torch-free modules (`SamplingParams`,
+`RequestOutput`, `EngineStats`, `InvalidRequestError`, `Constraint`) and receives a
+started engine that fits `Engine`: `frota.engine.AsyncEngine` in `frota worker`
+(built in `cli.run`), or a test double without torch (tests/server/fake_engine.py).
+tests/server/test_engine_boundary.py checks both against the protocol.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
+
+from frota.engine.outputs import EngineStats, RequestOutput
+from frota.engine.sampling_params import SamplingParams
 
 
 class Tokenizer(Protocol):
@@ -22,53 +27,28 @@ class Tokenizer(Protocol):
     def apply_chat_template(self, messages: list[dict[str, str]]) -> str: ...
 
 
-class EngineOutput(Protocol):
-    """One delta from `AsyncEngine.generate`."""
-
-    new_token_ids: Sequence[int]
-    new_text: str
-    new_logprobs: Any
-    finished: bool
-    finish_reason: str | None
-    num_prompt_tokens: int
-    num_generated_tokens: int
-    num_cached_tokens: int
-
-
-class EngineStats(Protocol):
-    """`AsyncEngine.stats()`."""
-
-    num_running: int
-    num_waiting: int
-    num_kv_blocks_total: int
-    num_kv_blocks_used: int
-    block_size: int
-    prefix_cache_queries: int
-    prefix_cache_hits: int
-
-
 class Engine(Protocol):
     """The online engine (`frota.engine.AsyncEngine`)."""
 
     tokenizer: Tokenizer
     max_model_len: int
 
-    def generate(
-        self, request_id: str, prompt: str | list[int], params: Any
-    ) -> AsyncIterator[EngineOutput]: ...
+    @property
+    def is_running(self) -> bool: ...  # False once the step loop has died: the pod restarts
+
+    def generate(self, request_id: str, prompt: str | list[int],
+                 params: SamplingParams) -> AsyncIterator[RequestOutput]: ...
     def abort(self, request_id: str) -> None: ...
     def stats(self) -> EngineStats: ...
+    async def start(self) -> None: ...
     async def shutdown(self) -> None: ...
 
 
 @dataclass
 class EngineBindings:
-    """A started engine plus the engine classes the server constructs or catches."""
+    """A started engine, and whether it can constrain its output to a grammar."""
 
     engine: Engine
-    sampling_params: Callable[..., Any]
-    invalid_request_error: type[BaseException]
-    model_name: str = ""
-    # (kind, text) -> the engine's grammar constraint (frota.engine.Constraint); None: the
-    # engine has no constrained decoding, and response_format / forced tool calls are refused.
-    constraint: Callable[[str, str], Any] | None = None
+    # False: the engine has no constrained decoding, and response_format / forced tool calls
+    # are refused with a 400.
+    constrained_decoding: bool = False

@@ -9,6 +9,8 @@ from typing import Any
 from aiohttp import web
 from pydantic import ValidationError
 
+from frota.engine.errors import InvalidRequestError
+
 
 class APIError(Exception):
     """An error that reaches the client as an OpenAI-shaped JSON body."""
@@ -47,6 +49,11 @@ class APIError(Exception):
 
 def invalid(message: str, param: str | None = None, code: str | None = None) -> APIError:
     return APIError(400, message, param=param, code=code)
+
+
+def from_engine(exc: InvalidRequestError) -> APIError:
+    """The 400 for a request the engine refused, with the field and code it named."""
+    return invalid(exc.message, param=exc.param, code=exc.code)
 
 
 def model_not_found(name: str) -> APIError:

@@ -10,8 +10,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from frota.engine.errors import InvalidRequestError
+from frota.engine.outputs import RequestOutput
+from frota.engine.sampling_params import SamplingParams
 from frota.server import errors
-from frota.server.engine_api import EngineBindings, EngineOutput
+from frota.server.engine_api import EngineBindings
 from frota.server.formats import Choice, Format, TokenLogprob, usage
 from frota.server.metrics import ServerMetrics
 
@@ -37,7 +40,7 @@ class Job:
 
     request_id: str
     prompts: list[list[int]]
-    params: list[Any]  # one SamplingParams per choice, prompt-major
+    params: list[SamplingParams]  # one per choice, prompt-major
     n: int
     fmt: Format
     include_usage: bool = False
@@ -68,7 +71,7 @@ class _Progress:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def prompt_logprobs(prompt: list[int], out: EngineOutput) -> list[TokenLogprob]:
+def prompt_logprobs(prompt: list[int], out: RequestOutput) -> list[TokenLogprob]:
     """The engine's `prompt_logprobs` (None for the first token) as triples, one per token."""
     scores = getattr(out, "prompt_logprobs", None) or []
     result: list[TokenLogprob] = []
@@ -82,7 +85,7 @@ def prompt_logprobs(prompt: list[int], out: EngineOutput) -> list[TokenLogprob]:
     return result
 
 
-def token_logprobs(out: EngineOutput) -> list[TokenLogprob]:
+def token_logprobs(out: RequestOutput) -> list[TokenLogprob]:
     """The engine's `new_logprobs` (TokenLogprob objects) as (token, logprob, top) triples."""
     result: list[TokenLogprob] = []
     for entry in out.new_logprobs or []:
@@ -157,7 +160,7 @@ class Generation:
             self._release(job, progress)
             self._log(job, progress)
 
-    async def _drive(self, job: Job, events: AsyncIterator[tuple[int, EngineOutput]],
+    async def _drive(self, job: Job, events: AsyncIterator[tuple[int, RequestOutput]],
                      progress: _Progress,
                      start_stream: StartStream | None) -> dict[str, Any] | None:
         sink: ChunkSink | None = None
@@ -199,7 +202,7 @@ class Generation:
             sink.send(job.fmt.usage_chunk(usage_))
         return None
 
-    def _account(self, index: int, out: EngineOutput, progress: _Progress) -> None:
+    def _account(self, index: int, out: RequestOutput, progress: _Progress) -> None:
         now = time.monotonic()
         last = progress.last_output[index]
         if last is None:
@@ -218,7 +221,7 @@ class Generation:
             self.metrics.observe_finished(now - progress.start, out.num_prompt_tokens,
                                           out.num_generated_tokens, out.finish_reason or "abort")
 
-    async def _events(self, job: Job) -> AsyncIterator[tuple[int, EngineOutput]]:
+    async def _events(self, job: Job) -> AsyncIterator[tuple[int, RequestOutput]]:
         """Every choice's outputs, tagged with the choice index, as they arrive."""
         extra = {} if job.kv_seq is None else {"seq": job.kv_seq}
         gens = [self._checked(self.engine.generate(job.engine_id(i), job.prompt_of(i), p, **extra))
@@ -227,9 +230,9 @@ class Generation:
             async for out in gens[0]:
                 yield 0, out
             return
-        queue: asyncio.Queue[tuple[int, EngineOutput | BaseException | None]] = asyncio.Queue()
+        queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
 
-        async def pump(i: int, gen: AsyncIterator[EngineOutput]) -> None:
+        async def pump(i: int, gen: AsyncIterator[RequestOutput]) -> None:
             try:
                 async for out in gen:
                     queue.put_nowait((i, out))
@@ -254,14 +257,13 @@ class Generation:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _checked(self, gen: AsyncIterator[EngineOutput]) -> AsyncIterator[EngineOutput]:
+    async def _checked(self, gen: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOutput]:
         """Engine outputs, with the engine's InvalidRequestError turned into a 400."""
         try:
             async for out in gen:
                 yield out
-        except self.bindings.invalid_request_error as exc:
-            message = getattr(exc, "message", None) or str(exc)
-            raise errors.invalid(message, param=getattr(exc, "param", None)) from exc
+        except InvalidRequestError as exc:
+            raise errors.from_engine(exc) from exc
         finally:
             aclose = getattr(gen, "aclose", None)
             if aclose is not None:

@@ -5,8 +5,11 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from typing import Any
 
+from frota.engine.context import fit_to_context
+from frota.engine.errors import InvalidRequestError
+from frota.engine.grammar import Constraint
+from frota.engine.sampling_params import SamplingParams
 from frota.server import errors, structured, tools
 from frota.server.engine_api import EngineBindings
 from frota.server.formats import ChatFormat, CompletionFormat
@@ -24,37 +27,24 @@ async def _encode(bindings: EngineBindings, text: str) -> list[int]:
     return list(await asyncio.to_thread(tokenizer.encode, text))
 
 
-def _check_length(bindings: EngineBindings, ids: list[int], max_tokens: int | None,
-                  prompt_param: str) -> int:
+def _fit(ids: list[int], max_tokens: int | None, max_len: int, prompt_param: str) -> int:
     """The max_tokens to use; 400 when the prompt (plus max_tokens) exceeds the context."""
-    max_len = bindings.engine.max_model_len
-    if not ids:
-        raise errors.invalid("The prompt is empty; send at least one token.", param=prompt_param)
-    if len(ids) >= max_len:
-        raise errors.invalid(
-            f"This model's maximum context length is {max_len} tokens, but the prompt has "
-            f"{len(ids)} tokens. Shorten the prompt.",
-            param=prompt_param, code="context_length_exceeded")
-    if max_tokens is None:
-        return max_len - len(ids)
-    if len(ids) + max_tokens > max_len:
-        raise errors.invalid(
-            f"This model's maximum context length is {max_len} tokens, but you requested "
-            f"{len(ids) + max_tokens} tokens ({len(ids)} in the prompt, {max_tokens} for the "
-            f"completion). Reduce the prompt or max_tokens.",
-            param="max_tokens", code="context_length_exceeded")
-    return max_tokens
+    try:
+        return fit_to_context(len(ids), max_len, max_tokens, prompt_param=prompt_param)
+    except InvalidRequestError as exc:
+        raise errors.from_engine(exc) from exc
 
 
-def _params(bindings: EngineBindings, req: SamplingFields, max_tokens: int, logprobs: int | None,
-            choice: int, prompt_logprobs: int | None = None, constraint: Any = None) -> Any:
+def _params(req: SamplingFields, max_tokens: int, logprobs: int | None, choice: int,
+            prompt_logprobs: int | None = None,
+            constraint: Constraint | None = None) -> SamplingParams:
     if req.min_tokens and req.min_tokens > max_tokens:
         raise errors.invalid(f"min_tokens ({req.min_tokens}) must not exceed max_tokens "
                              f"({max_tokens}).", param="min_tokens")
     seed = None if req.seed is None else (req.seed + choice) % MAX_SEED
     top_k = req.top_k if req.top_k is not None and req.top_k > 0 else None
     try:
-        return bindings.sampling_params(
+        return SamplingParams(
             max_tokens=max_tokens,
             temperature=1.0 if req.temperature is None else req.temperature,
             top_p=1.0 if req.top_p is None else req.top_p,
@@ -70,9 +60,9 @@ def _params(bindings: EngineBindings, req: SamplingFields, max_tokens: int, logp
             repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
             logit_bias=req.token_biases(),
             min_tokens=req.min_tokens or 0,
-            **({} if constraint is None else {"constraint": constraint}),
+            constraint=constraint,
         )
-    except (ValueError, TypeError, bindings.invalid_request_error) as exc:
+    except (ValueError, TypeError) as exc:  # InvalidRequestError is a ValueError
         raise errors.invalid(f"Invalid sampling parameters: {exc}",
                              param=getattr(exc, "param", None)) from exc
 
@@ -97,12 +87,13 @@ async def completion_job(bindings: EngineBindings, req: CompletionRequest,
         if any(t < 0 for t in prompt):  # the engine checks the upper bound
             raise errors.invalid("Token ids in the prompt must not be negative.", param=param)
         prompts.append(prompt)
-    max_tokens = [_check_length(bindings, ids, req.max_tokens, "prompt") for ids in prompts]
+    max_len = bindings.engine.max_model_len
+    max_tokens = [_fit(ids, req.max_tokens, max_len, "prompt") for ids in prompts]
     # echo: the prompt's own logprobs come from prefill (max_tokens 0 needs them to run at all).
     prompt_logprobs = None
     if req.echo and (req.logprobs is not None or req.max_tokens == 0):
         prompt_logprobs = req.logprobs or 0
-    params = [_params(bindings, req, max_tokens[p], req.logprobs, p * req.n + i, prompt_logprobs)
+    params = [_params(req, max_tokens[p], req.logprobs, p * req.n + i, prompt_logprobs)
               for p in range(len(prompts)) for i in range(req.n)]
     echo_texts = None
     if req.echo:
@@ -117,14 +108,16 @@ async def completion_job(bindings: EngineBindings, req: CompletionRequest,
                echo_texts=echo_texts)
 
 
-def _constraint(bindings: EngineBindings, spec: tuple[str, str] | None, param: str) -> Any:
+def _constraint(bindings: EngineBindings, spec: tuple[str, str] | None,
+                param: str) -> Constraint | None:
     """The engine's constraint for (kind, text); 400 when the engine has no grammars."""
     if spec is None:
         return None
-    if bindings.constraint is None:
+    if not bindings.constrained_decoding:
         raise errors.invalid(f"This engine does not support constrained decoding (`{param}`).",
                              param=param, code="unsupported_parameter")
-    return bindings.constraint(*spec)
+    kind, text = spec
+    return Constraint(kind, text)  # type: ignore[arg-type]  # kinds come from structured/tools
 
 
 async def chat_job(bindings: EngineBindings, req: ChatCompletionRequest, served: str) -> Job:
@@ -141,10 +134,10 @@ async def chat_job(bindings: EngineBindings, req: ChatCompletionRequest, served:
         raise errors.invalid(f"The chat template rejected the messages: {exc}",
                              param="messages") from exc
     ids = await _encode(bindings, text)
-    max_tokens = _check_length(bindings, ids, req.requested_max_tokens(), "messages")
+    max_tokens = _fit(ids, req.requested_max_tokens(), bindings.engine.max_model_len, "messages")
     top = req.top_logprobs or 0
     logprobs = top if req.logprobs else None
-    params = [_params(bindings, req, max_tokens, logprobs, i, constraint=constraint)
+    params = [_params(req, max_tokens, logprobs, i, constraint=constraint)
               for i in range(req.n)]
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     fmt_args = (request_id, served, int(time.time()), bindings.engine.tokenizer.decode,

@@ -41,6 +41,7 @@ from aiohttp import web
 from prometheus_client import Counter, Gauge, Histogram
 from pydantic import ValidationError
 
+from frota.engine.errors import InvalidRequestError
 from frota.server import errors
 from frota.server.app import STATE_KEY, WorkerState, _read_json
 from frota.server.generation import Job
@@ -182,8 +183,8 @@ class KVService:
         request_id = f"kv-{uuid.uuid4().hex}"
         try:
             seq = kv.new_sequence(request_id, job.prompts[0], params, keep_kv=True)
-        except bindings.invalid_request_error as exc:
-            raise errors.invalid(str(exc), param=getattr(exc, "param", None)) from exc
+        except InvalidRequestError as exc:
+            raise errors.from_engine(exc) from exc
         first: int | None = None
         reason: str | None = None
         with state.lifecycle.in_flight():
