@@ -42,11 +42,7 @@ import contextlib
 import json
 import os
 import random
-import re
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import time
 from collections import OrderedDict
@@ -57,6 +53,11 @@ from typing import Any
 import aiohttp
 
 ROOT = Path(__file__).resolve().parent.parent
+# The process harness and the /metrics reader live with the tests, which run the same processes.
+sys.path.insert(0, str(ROOT))
+from tests.metrics_text import prefix_cache_counters, samples  # noqa: E402
+from tests.processes import ServingProcess, free_port, frota_argv  # noqa: E402
+
 STAND_IN_LABEL = ("stand-in worker (fixed tokens at a fixed pace, no model): isolates "
                   "router overhead only")
 
@@ -187,72 +188,9 @@ def serve_stand_in(args: argparse.Namespace) -> None:
 
 # --------------------------------------------------------------------------- processes
 
-def die_with_parent() -> None:
-    """Runs in the child: SIGTERM it when the benchmark dies, however it dies."""
-    import ctypes
-
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Proc:
-    """A child process serving HTTP on `port`, stopped with SIGTERM (then SIGKILL)."""
-
-    def __init__(self, name: str, argv: list[str], port: int, log_dir: Path,
-                 env: dict[str, str] | None = None) -> None:
-        self.name, self.port = name, port
-        self.url = f"http://127.0.0.1:{port}"
-        self.log = open(log_dir / f"{name}.log", "wb")  # noqa: SIM115 (lives with the process)
-        self.popen = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT,
-                                      cwd=ROOT, preexec_fn=die_with_parent,
-                                      env={**os.environ, **(env or {})})
-
-    async def wait_ready(self, timeout: float, path: str = "/ready") -> None:
-        deadline = time.monotonic() + timeout
-        async with aiohttp.ClientSession() as session:
-            while time.monotonic() < deadline:
-                if self.popen.poll() is not None:
-                    raise RuntimeError(f"{self.name} exited ({self.popen.returncode}); "
-                                       f"see {self.log.name}")
-                try:
-                    async with session.get(self.url + path,
-                                           timeout=aiohttp.ClientTimeout(total=2)) as r:
-                        if r.status == 200:
-                            return
-                except (aiohttp.ClientError, TimeoutError):
-                    pass
-                await asyncio.sleep(0.1)
-        raise TimeoutError(f"{self.name} not ready after {timeout:.0f}s; see {self.log.name}")
-
-    def cpu_seconds(self) -> float:
-        """CPU time of the process and its children (a launcher may exec a server)."""
-        import psutil
-        process = psutil.Process(self.popen.pid)
-        total = 0.0
-        for p in [process, *process.children(recursive=True)]:
-            times = p.cpu_times()
-            total += times.user + times.system
-        return total
-
-    def stop(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(15)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
-        self.log.close()
-
-
 def start_worker(args: argparse.Namespace, name: str, log_dir: Path, *,
                  cache_blocks: int = 0, num_kv_blocks: int | None = None,
-                 threads: int | None = None) -> Proc:
+                 threads: int | None = None) -> ServingProcess:
     """A stand-in (`cache_blocks`: its simulated prefix cache) or a real worker
     (`num_kv_blocks`: its KV cache size; None sizes it from memory; `threads`: its
     torch intra-op threads, so that workers sharing the machine do not oversubscribe
@@ -266,23 +204,21 @@ def start_worker(args: argparse.Namespace, name: str, log_dir: Path, *,
                 "--stand-in-cache-blocks", str(cache_blocks),
                 "--stand-in-prefill-us-per-char", str(args.stand_in_prefill_us_per_char)]
     else:
-        argv = [sys.executable, "-m", "frota.cli.main", "worker", "--model", "smollm2",
-                "--host", "127.0.0.1", "--port", str(port),
-                "--max-num-seqs", str(args.max_num_seqs)]
+        argv = frota_argv("worker", "--model", "smollm2", "--max-num-seqs",
+                          str(args.max_num_seqs), port=port)
         if num_kv_blocks:
             argv += ["--num-kv-blocks", str(num_kv_blocks)]
     env = {"OMP_NUM_THREADS": str(threads)} if threads else None
-    return Proc(name, argv, port, log_dir, env)
+    return ServingProcess(name, argv, port, log_dir / f"{name}.log", env)
 
 
-def start_router(workers: list[Proc], policy: str, log_dir: Path, name: str = "router",
-                 extra: list[str] | None = None) -> Proc:
+def start_router(workers: list[ServingProcess], policy: str, log_dir: Path,
+                 name: str = "router", extra: list[str] | None = None) -> ServingProcess:
     port = free_port()
-    argv = [sys.executable, "-m", "frota.cli.main", "router", "--host", "127.0.0.1",
-            "--port", str(port), "--policy", policy, "--max-inflight", "0",
-            "--workers", ",".join(w.url for w in workers), "--log-level", "warning",
-            *(extra or [])]
-    return Proc(name, argv, port, log_dir)
+    argv = frota_argv("router", "--policy", policy, "--max-inflight", "0",
+                      "--workers", ",".join(w.url for w in workers), "--log-level", "warning",
+                      *(extra or []), port=port)
+    return ServingProcess(name, argv, port, log_dir / f"{name}.log")
 
 
 def find_vllm_router(path: str | None) -> str | None:
@@ -294,11 +230,12 @@ def find_vllm_router(path: str | None) -> str | None:
     return None
 
 
-def start_vllm_router(binary: str, workers: list[Proc], log_dir: Path) -> Proc:
+def start_vllm_router(binary: str, workers: list[ServingProcess],
+                      log_dir: Path) -> ServingProcess:
     port = free_port()
     argv = [binary, "--host", "127.0.0.1", "--port", str(port), "--policy", "round_robin",
             "--worker-urls", *[w.url for w in workers]]
-    return Proc("vllm-router", argv, port, log_dir)
+    return ServingProcess("vllm-router", argv, port, log_dir / "vllm-router.log")
 
 
 # --------------------------------------------------------------------------- load
@@ -380,16 +317,16 @@ async def overhead(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     worker = start_worker(args, "worker", log_dir)
     procs = [worker]
     try:
-        await worker.wait_ready(args.ready_timeout)
+        await worker.wait_ready_async(args.ready_timeout)
         router = start_router([worker], "round-robin", log_dir)
         procs.append(router)
-        await router.wait_ready(60)
+        await router.wait_ready_async(60)
         vllm_binary = find_vllm_router(args.vllm_router)
         vllm_router = None
         if vllm_binary:
             vllm_router = start_vllm_router(vllm_binary, [worker], log_dir)
             procs.append(vllm_router)
-            await vllm_router.wait_ready(60, path="/health")
+            await vllm_router.wait_ready_async(60, path="/health")
         body = {"model": args.model_name, "prompt": "Say hello to the router benchmark.",
                 "max_tokens": args.max_tokens, "stream": True, "temperature": 0}
         targets = {"direct": worker.url, "frota": router.url}
@@ -512,28 +449,13 @@ def plot_overhead(ttfts: dict[str, list[float]], out: dict[str, Any], path: str)
 
 # --------------------------------------------------------------------------- --prefix
 
-async def metric_samples(session: aiohttp.ClientSession,
-                         url: str) -> list[tuple[str, str, float]]:
-    """`url`'s Prometheus samples as (name, labels text, value)."""
+async def metrics_page(session: aiohttp.ClientSession, url: str) -> str:
     async with session.get(url + "/metrics") as r:
-        text = await r.text()
-    samples = []
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            series, value = line.rsplit(" ", 1)
-            name, _, labels = series.partition("{")
-            samples.append((name, labels, float(value)))
-    return samples
+        return await r.text()
 
 
 async def scrape_prefix(session: aiohttp.ClientSession, url: str) -> tuple[float, float]:
-    hits = queries = 0.0
-    for name, _, value in await metric_samples(session, url):
-        if name in ("vllm:prefix_cache_hits", "vllm:prefix_cache_hits_total"):
-            hits += value
-        elif name in ("vllm:prefix_cache_queries", "vllm:prefix_cache_queries_total"):
-            queries += value
-    return hits, queries
+    return prefix_cache_counters(await metrics_page(session, url))
 
 
 def words(rng: random.Random, n: int) -> str:
@@ -593,10 +515,10 @@ async def shared_prefix(url: str, args: argparse.Namespace) -> list[Result]:
 async def routing_decisions(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
     """The router's `frota_router_routing_decisions_total`, summed by decision kind."""
     out: dict[str, float] = {}
-    for name, labels, value in await metric_samples(session, url):
-        kind = re.search(r'decision="([^"]*)"', labels)
-        if name == "frota_router_routing_decisions_total" and kind:
-            out[kind[1]] = out.get(kind[1], 0) + value
+    for sample in samples(await metrics_page(session, url)):
+        kind = sample.labels.get("decision")
+        if sample.name == "frota_router_routing_decisions_total" and kind:
+            out[kind] = out.get(kind, 0) + sample.value
     return out
 
 
@@ -650,7 +572,7 @@ async def prefix_one(args: argparse.Namespace, log_dir: Path,
         procs = list(workers)
         try:
             for w in workers:
-                await w.wait_ready(args.ready_timeout)
+                await w.wait_ready_async(args.ready_timeout)
             extra = []
             for flag, value in (("--prefix-balance", args.prefix_balance),
                                 ("--prefix-balance-abs", args.prefix_balance_abs),
@@ -660,7 +582,7 @@ async def prefix_one(args: argparse.Namespace, log_dir: Path,
             router = start_router(workers, policy, log_dir, name=f"router-{policy}",
                                   extra=extra)
             procs.append(router)
-            await router.wait_ready(60)
+            await router.wait_ready_async(60)
             baseline = await warm_up(workers, args)
             started = time.perf_counter()
             load = shared_prefix if args.workload == "shared-prefix" else conversations

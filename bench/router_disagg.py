@@ -22,7 +22,6 @@ import itertools
 import json
 import os
 import random
-import re
 import sys
 import time
 from pathlib import Path
@@ -30,6 +29,11 @@ from types import ModuleType
 from typing import Any
 
 import aiohttp
+
+# The process harness and the /metrics reader live with the tests.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.metrics_text import metric_sum
+from tests.processes import ServingProcess, free_port, frota_argv
 
 WORDS = ["cluster", "node", "pod", "router", "prefill", "decode", "cache", "block", "token", "stream", "latency", "throughput", "replica", "worker", "tensor", "layer", "batch", "queue", "scheduler", "memory"]
 
@@ -110,70 +114,55 @@ def _summary(results: list[dict[str, Any]], bench: ModuleType, wall: float) -> d
     return out
 
 
-async def _metric(url: str, name: str, **labels: str) -> float:
+async def _metrics_page(url: str) -> str:
     async with aiohttp.ClientSession() as s, s.get(url + "/metrics") as r:
-        text = await r.text()
-    total = 0.0
-    for line in text.splitlines():
-        head, _, value = line.rpartition(" ")
-        if head.split("{")[0] != name:
-            continue
-        found = dict(re.findall(r'(\w+)="([^"]*)"', head))
-        if all(found.get(k) == v for k, v in labels.items()):
-            total += float(value)
-    return total
+        return await r.text()
 
 
-def _worker(bench: ModuleType, args: argparse.Namespace, name: str, role: str,
-            log_dir: Path) -> Any:
-    port = bench.free_port()
-    argv = [sys.executable, "-m", "frota.cli.main", "worker", "--model", args.disagg_model,
-            "--host", "127.0.0.1", "--port", str(port), "--role", role,
-            "--max-num-seqs", str(args.max_num_seqs), "--max-model-len", "2048",
-            "--served-model-name", args.model_name]
+def _worker(args: argparse.Namespace, name: str, role: str, log_dir: Path) -> ServingProcess:
+    port = free_port()
+    argv = frota_argv("worker", "--model", args.disagg_model, "--role", role,
+                      "--max-num-seqs", str(args.max_num_seqs), "--max-model-len", "2048",
+                      "--served-model-name", args.model_name, port=port)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    return bench.Proc(name, argv, port, log_dir)
+    return ServingProcess(name, argv, port, log_dir / f"{name}.log")
 
 
-def _router(bench: ModuleType, args: argparse.Namespace, log_dir: Path, name: str,
-            flags: list[str]) -> Any:
-    port = bench.free_port()
-    argv = [sys.executable, "-m", "frota.cli.main", "router", "--host", "127.0.0.1",
-            "--port", str(port), "--policy", "least-load", "--max-inflight", "0",
-            "--log-level", "warning", *flags]
-    return bench.Proc(name, argv, port, log_dir)
+def _router(log_dir: Path, name: str, flags: list[str]) -> ServingProcess:
+    port = free_port()
+    argv = frota_argv("router", "--policy", "least-load", "--max-inflight", "0",
+                      "--log-level", "warning", *flags, port=port)
+    return ServingProcess(name, argv, port, log_dir / f"{name}.log")
 
 
 async def _run_setup(bench: ModuleType, args: argparse.Namespace, log_dir: Path,
                      disaggregated: bool, bodies: list[dict[str, Any]]) -> dict[str, Any]:
     roles = ("prefill", "decode") if disaggregated else ("both", "both")
     tag = "disagg" if disaggregated else "coloc"
-    workers = [_worker(bench, args, f"{tag}-{i}-{role}", role, log_dir)
+    workers = [_worker(args, f"{tag}-{i}-{role}", role, log_dir)
                for i, role in enumerate(roles)]
     procs = list(workers)
     try:
-        await asyncio.gather(*(w.wait_ready(args.ready_timeout) for w in workers))
+        await asyncio.gather(*(w.wait_ready_async(args.ready_timeout) for w in workers))
         urls = [w.url for w in workers]
         flags = (["--prefill-workers", urls[0], "--decode-workers", urls[1],
                   "--disagg-min-prompt-tokens", str(args.disagg_min_prompt_tokens)]
                  if disaggregated else ["--workers", ",".join(urls)])
-        router = _router(bench, args, log_dir, f"{tag}-router", flags)
+        router = _router(log_dir, f"{tag}-router", flags)
         procs.append(router)
-        await router.wait_ready(60)
+        await router.wait_ready_async(60)
         await _load(router.url, bodies[:2], 2)  # warm both paths
         started = time.perf_counter()
         results = await _load(router.url, bodies, args.concurrency)
         out = _summary(results, bench, time.perf_counter() - started)
         if disaggregated:
-            decode, prefill = workers[1].url, workers[0].url
-            received = await _metric(decode, "frota_kv_transfer_bytes_total",
-                                     direction="received")
-            receive_s = await _metric(decode, "frota_kv_transfer_seconds_sum",
-                                      direction="receive")
-            sent = await _metric(prefill, "frota_kv_transfer_bytes_total", direction="sent")
-            send_s = await _metric(prefill, "frota_kv_transfer_seconds_sum", direction="send")
-            transfers = await _metric(decode, "frota_kv_transfer_seconds_count",
-                                      direction="receive")
+            prefill, decode = [await _metrics_page(w.url) for w in workers]
+            received = metric_sum(decode, "frota_kv_transfer_bytes_total", direction="received")
+            receive_s = metric_sum(decode, "frota_kv_transfer_seconds_sum", direction="receive")
+            sent = metric_sum(prefill, "frota_kv_transfer_bytes_total", direction="sent")
+            send_s = metric_sum(prefill, "frota_kv_transfer_seconds_sum", direction="send")
+            transfers = metric_sum(decode, "frota_kv_transfer_seconds_count",
+                                   direction="receive")
             out["kv_transfer"] = {
                 "transfers": int(transfers), "bytes": int(received),
                 "mean_mb": round(received / max(transfers, 1) / 1e6, 3),
@@ -181,8 +170,9 @@ async def _run_setup(bench: ModuleType, args: argparse.Namespace, log_dir: Path,
                 "gb_per_s_send": round(sent / send_s / 1e9, 3) if send_s else None,
                 "mean_transfer_ms": round(receive_s / max(transfers, 1) * 1000, 2),
             }
-            out["routes"] = {k: int(await _metric(router.url, "frota_router_disagg_requests_total",
-                                                   route=k))
+            routes = await _metrics_page(router.url)
+            out["routes"] = {k: int(metric_sum(routes, "frota_router_disagg_requests_total",
+                                               route=k))
                              for k in ("disaggregated", "colocated_short", "colocated_fallback")}
         return out
     finally:
