@@ -204,7 +204,7 @@ async def reconcile(
     if not await _apply_all(api, desired, plans, children, body, outcome, applied):
         outcome.result = "deleting"  # the cached body was behind: the owner is going
         return outcome
-    await _delete_groups(api, desired, plans, groups, children, outcome, applied)
+    await _delete_groups(api, desired.namespace, plans, children, outcome, applied)
     await _restart_groups(api, desired, plans, groups, children, outcome)
 
     router = observe_router(_router_deployment(children, name))
@@ -302,24 +302,17 @@ def _adopted(obj: Mapping[str, Any], owner: Mapping[str, Any]) -> dict[str, Any]
     return copied
 
 
-async def _delete_groups(
-    api: Api,
-    desired: Desired,
-    plans: Mapping[str, RolloutPlan],
-    groups: Sequence[GroupView],
-    children: Children,
-    outcome: Outcome,
-    applied: Applied,
-) -> None:
+async def _delete_groups(api: Api, namespace: str, plans: Mapping[str, RolloutPlan],
+                         children: Children, outcome: Outcome, applied: Applied) -> None:
     """Remove whole groups (scale-down, finished surge, a role the spec dropped)."""
     doomed = []
     for role, plan in plans.items():
         for index in plan.delete:
             for obj in _group_objects(children, role, index):
                 doomed.append(obj)
-    await asyncio.gather(*(api.delete(o, namespace=desired.namespace) for o in doomed))
+    await asyncio.gather(*(api.delete(o, namespace=namespace) for o in doomed))
     for obj in doomed:
-        applied.confirm(obj, desired.namespace)
+        applied.confirm(obj, namespace)
     outcome.deleted.extend(_ref(o) for o in doomed)
     if doomed:
         kinds = ", ".join(sorted({_ref(o) for o in doomed if o["kind"] == "StatefulSet"}))

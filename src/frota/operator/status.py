@@ -215,42 +215,37 @@ def compute_conditions(
                           f"{_summary(counts)} serving revision {intent.revision} behind the router",
                           gen)
 
-    progressing_type = ConditionType.PROGRESSING
-    if observed.image_problems:
+    progressing = _first_that_holds(
+        ConditionType.PROGRESSING, gen,
         # Like a Deployment past its progress deadline: nothing moves until the
         # image (or the registry's answer) changes, so this is not "in progress".
-        progressing = condition(progressing_type, False, Reason.IMAGE_PULL_FAILED,
-                                image_message, gen)
-    elif outdated:
-        progressing = condition(progressing_type, True, Reason.ROLLING_UPDATE,
-                                f"{outdated} replica group(s) still on an older revision; "
-                                "rolling group by group", gen)
-    elif behind:
-        progressing = condition(progressing_type, True, Reason.SCALING,
-                                _behind_message(behind), gen)
-    else:
-        progressing = condition(progressing_type, False, Reason.COMPLETE,
-                                f"all groups at revision {intent.revision}", gen)
-
-    degraded_type = ConditionType.DEGRADED
-    if restarting:
-        degraded = condition(degraded_type, True, Reason.GROUP_RESTARTING,
-                             f"restarting replica group(s) {', '.join(restarting)} as a whole "
-                             "after a rank failed", gen)
-    elif floor_broken:
-        degraded = condition(degraded_type, True, Reason.BELOW_MIN_AVAILABLE,
-                             "fewer groups serve than replicas - maxUnavailable for "
-                             + ", ".join(floor_broken), gen)
-    elif not router.serving and was_serving:
-        degraded = condition(degraded_type, True, Reason.ROUTER_UNAVAILABLE,
-                             "the router has no ready pod", gen)
-    else:
-        degraded = condition(degraded_type, False, Reason.AS_EXPECTED,
-                             "serving capacity is as planned", gen)
+        (observed.image_problems, False, Reason.IMAGE_PULL_FAILED, image_message),
+        (outdated, True, Reason.ROLLING_UPDATE,
+         f"{outdated} replica group(s) still on an older revision; rolling group by group"),
+        (behind, True, Reason.SCALING, _behind_message(behind)),
+        (True, False, Reason.COMPLETE, f"all groups at revision {intent.revision}"),
+    )
+    degraded = _first_that_holds(
+        ConditionType.DEGRADED, gen,
+        (restarting, True, Reason.GROUP_RESTARTING,
+         f"restarting replica group(s) {', '.join(restarting)} as a whole after a rank failed"),
+        (floor_broken, True, Reason.BELOW_MIN_AVAILABLE,
+         "fewer groups serve than replicas - maxUnavailable for " + ", ".join(floor_broken)),
+        (not router.serving and was_serving, True, Reason.ROUTER_UNAVAILABLE,
+         "the router has no ready pod"),
+        (True, False, Reason.AS_EXPECTED, "serving capacity is as planned"),
+    )
 
     spec_valid = condition(ConditionType.SPEC_VALID, True, Reason.VALID,
                            "the spec passed validation", gen)
     return [ready, progressing, degraded, spec_valid]
+
+
+def _first_that_holds(type_: ConditionType, generation: int | None,
+                      *cases: tuple[object, bool, Reason, str]) -> Condition:
+    """The condition of the first (test, status, reason, message) whose test is truthy."""
+    _, status, reason, message = next(case for case in cases if case[0])
+    return condition(type_, status, reason, message, generation)
 
 
 def _undiscovered(intent: Intent, observed: Observed) -> list[str]:
