@@ -16,6 +16,14 @@ from frota.router.app import RouterApp, RouterConfig, build_app
 from frota.router.discovery import StaticDiscovery
 
 
+async def wait_until(predicate: Callable[[], object], timeout: float = 5.0) -> None:
+    """Poll `predicate` until it holds (no fixed sleeps in tests); fail after `timeout` s."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition never became true"
+        await asyncio.sleep(0.01)
+
+
 @dataclass
 class FakeWorker:
     """An in-test worker: streams `num_tokens` chunks, records what it served, and

@@ -19,6 +19,7 @@ from frota.router.discovery import (
     parse_worker_urls,
     ready_urls,
 )
+from tests.router.conftest import wait_until
 
 
 def endpoint_slice(name: str, addresses: dict[str, bool | None], rv: str, port: int = 8000,
@@ -109,13 +110,6 @@ class FakeApiServer:
         for queue in self.watches:
             queue.put_nowait(None)
         self.watches.clear()
-
-
-async def wait_until(predicate, timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "condition never became true"
-        await asyncio.sleep(0.01)
 
 
 @pytest.fixture

@@ -10,13 +10,7 @@ import aiohttp
 
 from frota.router.health import WorkerPool, parse_vllm_load
 from frota.router.metrics import RouterMetrics
-
-
-async def wait_for(predicate, timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "condition never became true"
-        await asyncio.sleep(0.01)
+from tests.router.conftest import wait_until
 
 
 @contextlib.asynccontextmanager
@@ -48,16 +42,16 @@ async def test_workers_join_after_a_ready_probe_and_leave_on_503(start_worker):
     worker = await start_worker(is_ready=False)
     metrics = RouterMetrics()
     async with running_pool([worker.url], probe_interval=0.02, metrics=metrics) as pool:
-        await wait_for(lambda: worker.num_probes >= 2)
+        await wait_until(lambda: worker.num_probes >= 2)
         assert pool.healthy() == []
         worker.is_ready = True
         assert await pool.wait_healthy(5)
         worker.is_ready = False  # draining: out at the first 503
-        await wait_for(lambda: not pool.healthy())
+        await wait_until(lambda: not pool.healthy())
         assert metrics.registry.get_sample_value(
             "frota_router_ejections_total", {"worker": worker.url}) == 1
         worker.is_ready = True
-        await wait_for(lambda: bool(pool.healthy()))
+        await wait_until(lambda: bool(pool.healthy()))
         assert metrics.registry.get_sample_value(
             "frota_router_readmissions_total", {"worker": worker.url}) == 1
 
@@ -82,15 +76,15 @@ async def test_a_vanished_worker_is_ejected_by_probes(start_worker):
     async with running_pool([worker.url], probe_interval=0.02, eject_after=2) as pool:
         assert await pool.wait_healthy(5)
         await worker.server.close()
-        await wait_for(lambda: not pool.healthy())
+        await wait_until(lambda: not pool.healthy())
 
 
 async def test_membership_changes_add_and_drop_workers(start_worker):
     a, b = await start_worker(), await start_worker()
     async with running_pool([a.url], probe_interval=0.02) as pool:
-        await wait_for(lambda: len(pool.healthy()) == 1)
+        await wait_until(lambda: len(pool.healthy()) == 1)
         pool.set_urls([a.url, b.url])
-        await wait_for(lambda: len(pool.healthy()) == 2)
+        await wait_until(lambda: len(pool.healthy()) == 2)
         pool.set_urls([b.url])
         assert [w.url for w in pool.healthy()] == [b.url]
         assert list(pool.workers) == [b.url]
@@ -100,7 +94,7 @@ async def test_scraping_fills_worker_load(start_worker):
     worker = await start_worker(gauges={"vllm:num_requests_waiting": 4,
                                         "vllm:kv_cache_usage_perc": 0.25})
     async with running_pool([worker.url], probe_interval=0.02, scrape_metrics=True) as pool:
-        await wait_for(lambda: pool.workers[worker.url].load.scraped_at > 0)
+        await wait_until(lambda: pool.workers[worker.url].load.scraped_at > 0)
         load = pool.workers[worker.url].load
         assert (load.num_waiting, load.kv_usage) == (4, 0.25)
 
@@ -110,7 +104,7 @@ async def test_a_worker_that_never_answers_is_logged_once_per_reason(start_worke
     caplog.set_level("INFO", logger="frota.router.health")
     # One worker loading, one URL with nothing listening.
     async with running_pool([worker.url, "http://127.0.0.1:9"], probe_interval=0.02):
-        await wait_for(lambda: worker.num_probes >= 5)
+        await wait_until(lambda: worker.num_probes >= 5)
         await asyncio.sleep(0.1)
         kept_out = [r.getMessage() for r in caplog.records if "not in rotation" in r.getMessage()]
         assert sorted(kept_out) == sorted([
