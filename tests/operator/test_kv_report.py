@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 import aiohttp.web
 import pytest
 
+from frota.engine.outputs import EngineStats
 from frota.operator.kv_report import kv_cache_tokens, read
 from frota.server.metrics import ServerMetrics
 from tests.loopback import serving
@@ -17,22 +17,11 @@ from tests.loopback import serving
 VLLM_SCRAPE = Path(__file__).parents[1] / "fixtures" / "vllm-0.32.0-cpu.metrics"
 
 
-@dataclass
-class Stats:
-    """What Frota's engine reports to its worker's /metrics (`EngineStats`)."""
-
-    num_kv_blocks_total: int
-    block_size: int = 16
-    num_running: int = 0
-    num_waiting: int = 0
-    num_kv_blocks_used: int = 0
-    prefix_cache_queries: int = 0
-    prefix_cache_hits: int = 0
-
-
 def frota_worker_metrics(num_blocks: int, block_size: int = 16) -> str:
     """The exposition text Frota's own worker serves on /metrics."""
-    stats = Stats(num_kv_blocks_total=num_blocks, block_size=block_size)
+    stats = EngineStats(num_running=0, num_waiting=0, num_kv_blocks_total=num_blocks,
+                        num_kv_blocks_used=0, block_size=block_size, prefix_cache_queries=0,
+                        prefix_cache_hits=0)
     return ServerMetrics("smollm2", lambda: stats).render().decode()
 
 
