@@ -223,14 +223,21 @@ async def test_http10_request_is_answered_then_closed(serve, connect):
     await assert_closed(reader)
 
 
+async def stream_in_two(request: Request, first: bytes, between: Callable[[], Awaitable[object]],
+                        last: bytes, headers: list[tuple[str, str]] | None = None,
+                        ) -> web.StreamResponse:
+    """Answer with a 200 stream: `first`, then (once `between()` is done) `last`, and end."""
+    stream = await open_stream(request, 200, headers or [], first)
+    await between()
+    stream.write(last)
+    await stream.end()
+    return stream.response
+
+
 async def test_streamed_response_to_http10_is_unchunked_and_ends_with_close(serve, connect):
     async def handler(request: Request) -> web.StreamResponse:
-        stream = await open_stream(request, 200, [("Content-Type", "text/event-stream")],
-                                   b"one ")
-        await asyncio.sleep(0.01)
-        stream.write(b"two")
-        await stream.end()
-        return stream.response
+        return await stream_in_two(request, b"one ", lambda: asyncio.sleep(0.01), b"two",
+                                   [("Content-Type", "text/event-stream")])
 
     _, port = await serve(handler)
     reader, writer = await connect(port)
@@ -585,15 +592,14 @@ async def test_a_stream_begun_before_close_leaves_its_connection_open_for_the_ne
     idle grace like any other, and the next request is answered with a close."""
     begun, finish = asyncio.Event(), asyncio.Event()
 
+    async def held_open() -> None:
+        begun.set()
+        await finish.wait()
+
     async def handler(request: Request) -> web.StreamResponse:
         if request.path != "/stream":
             return text(200, b"after")
-        stream = await open_stream(request, 200, [], b"first ")
-        begun.set()
-        await finish.wait()
-        stream.write(b"last")
-        await stream.end()
-        return stream.response
+        return await stream_in_two(request, b"first ", held_open, b"last")
 
     server, port = await serve(handler)
     reader, writer = await connect(port)
