@@ -11,19 +11,20 @@ from frota.engine.block_manager import BlockManager
 from frota.engine.sampling_params import SamplingParams
 from frota.engine.scheduler import Scheduler
 from frota.engine.sequence import Sequence, SequenceStatus
+from frota.engine.stopping import StopRule
 
 
 def make_seq(rid: str, n: int, max_tokens: int = 4, base: int = 0) -> Sequence:
     return Sequence(rid, [base + i for i in range(n)], SamplingParams(max_tokens=max_tokens))
 
 
-def fake_step(sched: Scheduler) -> list[Sequence]:
-    """Schedule, pretend to compute, sample a fixed token; finish by max_tokens."""
+def fake_step(sched: Scheduler, max_model_len: int = 64) -> list[Sequence]:
+    """Schedule, pretend to compute, sample a fixed token; finish by max_tokens or length."""
     batch = sched.schedule()
     done = []
     for seq in sched.postprocess(batch):
         seq.append_token(7)
-        reason = sched.check_stop_tokens(seq, ())
+        reason = StopRule((), max_model_len).finish_reason(seq)
         if reason:
             sched.finish(seq, reason)
             done.append(seq)
@@ -37,7 +38,7 @@ def assert_no_leaks(bm: BlockManager) -> None:
 
 def test_prefix_cache_hit_shares_full_blocks_and_counts_tokens():
     bm = BlockManager(num_blocks=16, block_size=4)
-    sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64)
+    sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64)
     a = make_seq("a", 10)
     sched.add(a)
     while not a.is_finished:
@@ -54,7 +55,7 @@ def test_prefix_cache_hit_shares_full_blocks_and_counts_tokens():
 
 def test_full_prompt_hit_still_computes_one_token():
     bm = BlockManager(num_blocks=16, block_size=4)
-    sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64)
+    sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64)
     for rid in ("a", "b"):
         seq = make_seq(rid, 8)
         sched.add(seq)
@@ -69,26 +70,26 @@ def test_full_prompt_hit_still_computes_one_token():
 
 def test_freed_cached_blocks_are_evicted_least_recently_used_first():
     bm = BlockManager(num_blocks=4, block_size=2)
-    sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=8)
+    sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64)
     old = make_seq("old", 3, max_tokens=1, base=100)
     sched.add(old)
     while not old.is_finished:
-        fake_step(sched)
+        fake_step(sched, 8)
     cached = set(bm.hash_to_block.values())
     assert cached  # the first block of "old" is cached while free
     new = make_seq("new", 5, max_tokens=1, base=200)  # needs 3 blocks of 4: eviction order matters
     sched.add(new)
     while not new.is_finished:
-        fake_step(sched)
+        fake_step(sched, 8)
     assert_no_leaks(bm)
 
 
 def test_chunked_prefill_splits_long_prompt_and_mixes_with_decode():
     bm = BlockManager(num_blocks=64, block_size=4)
-    sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=8, max_model_len=128)
+    sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=8)
     short = make_seq("short", 3, max_tokens=20)
     sched.add(short)
-    fake_step(sched)
+    fake_step(sched, 128)
     long = make_seq("long", 30, max_tokens=2, base=50)
     sched.add(long)
     batch = sched.schedule()
@@ -99,14 +100,14 @@ def test_chunked_prefill_splits_long_prompt_and_mixes_with_decode():
 
 def test_preemption_when_blocks_run_out_then_everything_finishes():
     bm = BlockManager(num_blocks=6, block_size=4)
-    sched = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=64, max_model_len=24)
+    sched = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=64)
     seqs = [make_seq(f"s{i}", 6, max_tokens=12, base=10 * i) for i in range(3)]
     for s in seqs:
         sched.add(s)
     for _ in range(500):
         if not sched.has_work:
             break
-        fake_step(sched)
+        fake_step(sched, 24)
     assert all(s.is_finished and s.num_generated_tokens == 12 for s in seqs)
     assert sched.num_preemptions > 0
     assert_no_leaks(bm)
@@ -124,8 +125,7 @@ def test_random_arrivals_and_aborts_never_leak_or_deadlock(seed, num_blocks, blo
     rng = random.Random(seed)
     bm = BlockManager(num_blocks, block_size, enable_prefix_caching=caching)
     max_len = num_blocks * block_size
-    sched = Scheduler(bm, max_num_seqs=rng.randint(1, 8), max_num_batched_tokens=budget,
-                      max_model_len=max_len)
+    sched = Scheduler(bm, max_num_seqs=rng.randint(1, 8), max_num_batched_tokens=budget)
     live: list[Sequence] = []
     for step in range(50_000):
         if step < 100 and rng.random() < 0.3:
@@ -138,7 +138,7 @@ def test_random_arrivals_and_aborts_never_leak_or_deadlock(seed, num_blocks, blo
         if live and rng.random() < 0.1:
             victim = rng.choice(live)
             sched.finish(victim, "abort")
-        fake_step(sched)
+        fake_step(sched, max_len)
         live = [s for s in live if not s.is_finished]
         used = sum(1 for b in bm.blocks if b.ref_count > 0)
         assert used == bm.num_used_blocks

@@ -130,18 +130,10 @@ def release(engine: LLMEngine, seq: Sequence) -> None:
 
 def admit_imported(engine: LLMEngine, seq: Sequence) -> RequestOutput:
     """Engine thread: schedule `seq` (prompt KV imported, first token appended) and return the
-    output of that first token, through the same detokenizer and stop checks as `step`."""
+    output of that first token, through the same detokenizer and stop rule as `step`."""
     engine.add_sequence(seq)
-    detok = engine.requests[seq.request_id][1]
-    token = seq.token_ids[-1]
     seq.first_token_time = time.perf_counter()
-    reason = ("stop" if detok.add(token)
-              else engine.scheduler.check_stop_tokens(seq, engine.tokenizer.eos_token_ids))
-    if reason is not None:
-        engine.scheduler.finish(seq, reason)
-        del engine.requests[seq.request_id]
-    text = detok.flush(finished=reason is not None)
-    return engine._output(seq, [token], text, None, reason is not None)
+    return engine.emit(seq)
 
 
 class KVTransfer:

@@ -31,6 +31,7 @@ from frota.engine.sampler import Sampler
 from frota.engine.sampling_params import SamplingParams
 from frota.engine.scheduler import Scheduler
 from frota.engine.sequence import Sequence
+from frota.engine.stopping import StopRule
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _DEFAULT_CPU_KV_FRACTION = 0.2
@@ -148,7 +149,8 @@ class LLMEngine:
         self.max_model_len = max_model_len
         self.block_manager = BlockManager(num_blocks, args.block_size, args.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, args.max_num_seqs,
-                                   args.max_num_batched_tokens, max_model_len)
+                                   args.max_num_batched_tokens)
+        self.stop_rule = StopRule(tokenizer.eos_token_ids, max_model_len)
         self.runner = ModelRunner(model, cfg, num_blocks, args.block_size, self.dtype, self.device,
                                   args.kv_cache_dtype) if self.parallel is None else \
             self.parallel.make_runner(num_blocks, args.block_size, self.dtype)
@@ -241,7 +243,6 @@ class LLMEngine:
             return []
         tokens, logprobs = self.sampler(logits, seqs)
         outputs = []
-        eos = self.tokenizer.eos_token_ids
         for seq, token, lp in zip(seqs, tokens, logprobs, strict=True):
             # The prompt's scores go out once, with the first output.
             first = seq.num_generated_tokens == 0
@@ -254,17 +255,21 @@ class LLMEngine:
             seq.append_token(token)
             if seq.first_token_time is None:
                 seq.first_token_time = time.perf_counter()
-            detok = self.requests[seq.request_id][1]
-            reason = "stop" if detok.add(token) else self.scheduler.check_stop_tokens(seq, eos)
-            if reason is None and seq.matcher is not None and seq.matcher.is_terminated:
-                reason = "stop"
-            if reason is not None:
-                self.scheduler.finish(seq, reason)
-                del self.requests[seq.request_id]
-            text = detok.flush(finished=reason is not None)
-            outputs.append(self._output(seq, [token], text, [lp] if lp else None, reason is not None,
-                                        prompt_lps))
+            outputs.append(self.emit(seq, [lp] if lp else None, prompt_lps))
         return outputs
+
+    def emit(self, seq: Sequence, logprobs: list | None = None,
+             prompt_logprobs: list | None = None) -> RequestOutput:
+        """The output of `seq`'s newest token (already appended): its text, and whether it
+        finishes the sequence (`StopRule`), which then gives its blocks back."""
+        token = seq.token_ids[-1]
+        detok = self.requests[seq.request_id][1]
+        reason = self.stop_rule.finish_reason(seq, stop_string_hit=detok.add(token))
+        if reason is not None:
+            self.scheduler.finish(seq, reason)
+            del self.requests[seq.request_id]
+        text = detok.flush(finished=reason is not None)
+        return self._output(seq, [token], text, logprobs, reason is not None, prompt_logprobs)
 
     def _output(self, seq: Sequence, new_ids: list[int], text: str, logprobs, finished: bool,
                 prompt_logprobs: list | None = None):

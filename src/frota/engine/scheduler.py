@@ -40,12 +40,10 @@ class Scheduler:
         block_manager: BlockManager,
         max_num_seqs: int,
         max_num_batched_tokens: int,
-        max_model_len: int,
     ) -> None:
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.max_model_len = max_model_len
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -141,13 +139,3 @@ class Scheduler:
         seq.finish_reason = reason
         if not seq.keep_kv:  # pinned blocks are freed by frota.engine.kv_transfer
             self.block_manager.deallocate(seq)
-
-    def check_stop_tokens(self, seq: Sequence, eos_token_ids: tuple[int, ...]) -> str | None:
-        """The finish reason a freshly appended token implies, if any."""
-        token = seq.token_ids[-1]
-        params = seq.params
-        if token in params.stop_token_ids or (not params.ignore_eos and token in eos_token_ids):
-            return "stop"
-        if seq.num_generated_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
-            return "length"
-        return None
