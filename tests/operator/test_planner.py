@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from frota.api.contract import Role
+from frota.plan import planner
+from frota.plan.memory import role_budget
 from frota.plan.model_shapes import SMOLLM2_135M, locate
 from frota.plan.planner import plan
 from frota.plan.topology import LocalAddressing
@@ -56,6 +59,36 @@ def test_disaggregated_units_multiply_role_replicas():
     assert len(topo.groups_of("decode")) == 6
     assert topo.groups_of("prefill")[0].leader.args[-1] == "prefill"
     assert topo.engine_env["FROTA_MIN_PREFILL_TOKENS"] == "256"
+
+
+def test_each_role_knows_its_groups_per_unit_and_keeps_them_when_scaled_to_zero():
+    topo = plan(Spec().replicas(0).disaggregated(prefill=1, decode=3).build())
+    assert [(s.role, s.units, s.groups_per_unit, s.groups) for s in topo.role_shapes] == [
+        ("prefill", 0, 1, 0), ("decode", 0, 3, 0)]
+    assert topo.groups == ()
+
+
+def test_the_roles_are_the_contracts_and_the_serving_role_is_decided_by_the_topology():
+    colocated = plan(Spec().build())
+    disaggregated = plan(Spec().disaggregated().build())
+    assert colocated.roles == (Role.WORKER,) and colocated.serving_role is Role.WORKER
+    assert disaggregated.roles == (Role.PREFILL, Role.DECODE)
+    assert disaggregated.serving_role is Role.DECODE
+    assert all(type(g.role) is Role for g in disaggregated.groups)
+    assert disaggregated.serving_budget is disaggregated.groups_of(Role.DECODE)[0].budget
+
+
+def test_each_roles_memory_is_budgeted_once_per_plan(monkeypatch: pytest.MonkeyPatch):
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(args[2])  # the role's parallelism
+        return role_budget(*args, **kwargs)
+
+    monkeypatch.setattr(planner, "role_budget", counted)
+    topo = plan(Spec().replicas(3).disaggregated(prefill=1, decode=2).build())
+    assert len(topo.groups) == 9
+    assert len(calls) == 2  # prefill and decode, not once per group nor per check
 
 
 def test_the_topology_carries_each_roles_shape_and_revision_even_at_zero_groups():

@@ -54,27 +54,29 @@ def revision(spec: InferenceServiceSpec, role: WorkerRole, parallelism: Parallel
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:10]
 
 
+def _shape(spec: InferenceServiceSpec, role: WorkerRole, groups_per_unit: int, parallelism: Parallelism,
+           resources: Resources, parallelism_field: str, resources_field: str) -> RoleShape:
+    return RoleShape(role, spec.replicas, groups_per_unit, parallelism, resources, parallelism_field,
+                     resources_field, revision(spec, role, parallelism, resources))
+
+
 def role_shapes(spec: InferenceServiceSpec) -> tuple[RoleShape, ...]:
-    """The roles of a spec with their effective parallelism, resources and revision."""
+    """The roles of a spec with their effective parallelism, resources, groups and revision."""
     if spec.disaggregation is None:
-        parts = [(Role.WORKER, 1, spec.parallelism, spec.resources, "spec.parallelism", "spec.resources")]
-    else:
-        parts = []
-        for role in (Role.PREFILL, Role.DECODE):
-            override = getattr(spec.disaggregation, role)
-            base = f"spec.disaggregation.{role}"
-            parts.append((
-                role, override.replicas,
-                override.parallelism or spec.parallelism,
-                override.resources or spec.resources,
-                f"{base}.parallelism" if override.parallelism else "spec.parallelism",
-                f"{base}.resources" if override.resources else "spec.resources",
-            ))
-    return tuple(
-        RoleShape(role, spec.replicas, per_unit, parallelism, resources, parallelism_field,
-                  resources_field, revision(spec, role, parallelism, resources))
-        for role, per_unit, parallelism, resources, parallelism_field, resources_field in parts
-    )
+        return (_shape(spec, Role.WORKER, 1, spec.parallelism, spec.resources,
+                       "spec.parallelism", "spec.resources"),)
+    out = []
+    for role in (Role.PREFILL, Role.DECODE):
+        override = getattr(spec.disaggregation, role)
+        base = f"spec.disaggregation.{role}"
+        out.append(_shape(
+            spec, role, override.replicas,
+            override.parallelism or spec.parallelism,
+            override.resources or spec.resources,
+            f"{base}.parallelism" if override.parallelism else "spec.parallelism",
+            f"{base}.resources" if override.resources else "spec.resources",
+        ))
+    return tuple(out)
 
 
 def _check_shape(shape: ModelShape, rs: RoleShape, model: str) -> list[FieldError]:
