@@ -6,10 +6,15 @@ import itertools
 from typing import get_args
 
 import pytest
-
 from pydantic import ValidationError
 
-from frota.api.contract import WORKER_ROLES, ConditionType, EventReason, Role, condition_event_reason
+from frota.api.contract import (
+    WORKER_ROLES,
+    ConditionType,
+    EventReason,
+    Role,
+    condition_event_reason,
+)
 from frota.api.status import Condition, RoleStatus
 
 STATUSES = get_args(Condition.model_fields["status"].annotation)
