@@ -13,7 +13,7 @@ Rows: float32, bfloat16, int8 (per-channel weights, bf16 activations), int4
 - `ppl`: perplexity of the GPL-3 text (at least 4k tokens, windows of 1024),
   `ppl_delta_pct` against bfloat16;
 - `weight_mb`: bytes of every weight the model holds, each tensor once (MB = 1e6);
-- `kv_bytes_per_token`: K and V of one token across layers (frota.engine.quant.accounting);
+- `kv_bytes_per_token`: K and V of one token across layers (frota.api.memory);
 - `decode_tok_per_s_batch1`: one request, tokens after the first / their time
   (best of `--repeats`: the machine may be shared);
 - `throughput_tok_per_s`: generated tokens / wall time on the engine benchmark's
@@ -125,8 +125,8 @@ def measure_engine(engine, row: Row, text: str, args: argparse.Namespace) -> dic
     import torch
     from engine_throughput import make_requests
 
+    from frota.api.memory import kv_bytes_per_token
     from frota.engine.eval import perplexity
-    from frota.engine.quant.accounting import kv_bytes_per_token
 
     t0 = time.perf_counter()
     only = set(args.only.split(","))

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from frota.engine.quant import accounting
+from frota.api import memory as accounting
 from frota.engine.quant.kv import QuantizedKVCache, allocate_kv_pool, dequantize_kv, quantize_kv
 
 
@@ -77,7 +77,7 @@ def test_accounting_weights_shrink_with_the_format() -> None:
 def test_accounting_imports_without_torch() -> None:
     code = (
         "import sys, importlib.util, pathlib\n"
-        "import frota.engine.quant.accounting as a\n"
+        "import frota.api.memory as a\n"
         "assert 'torch' not in sys.modules, 'accounting pulled in torch'\n"
         "print(a.kv_bytes_per_token(30, 3, 64))\n"
     )

@@ -12,6 +12,7 @@ import time
 
 import torch
 
+from frota.api.memory import kv_bytes_per_token
 from frota.engine import kernels
 from frota.engine.block_manager import BlockManager
 from frota.engine.config import EngineArgs, ModelConfig
@@ -101,8 +102,6 @@ def _available_memory(device: torch.device) -> int:
 def num_kv_blocks_for(args: EngineArgs, cfg: ModelConfig, dtype: torch.dtype,
                       device: torch.device, max_model_len: int) -> int:
     """Blocks from an explicit count, a byte budget, or a share of the memory that is left."""
-    from frota.engine.quant.accounting import kv_bytes_per_token
-
     per_token = kv_bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
                                    args.kv_cache_dtype, str(dtype).removeprefix("torch."))
     bytes_per_block = per_token * args.block_size

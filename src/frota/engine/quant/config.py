@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from frota.engine.quant.accounting import KV_CACHE_DTYPES, QUANTIZATIONS
+from frota.api.memory import KV_CACHE_DTYPES, QUANTIZATIONS
 
 INT4_GROUP_SIZES = (32, 64, 128)
 
