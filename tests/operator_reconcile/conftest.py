@@ -385,6 +385,13 @@ class Operator:
         await asyncio.get_running_loop().run_in_executor(None, self.thread.join, 15)
         assert not self.thread.is_alive(), "kopf did not stop"
 
+    async def __aenter__(self) -> Operator:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.stop()
+
 
 @pytest.fixture
 async def apiserver() -> AsyncIterator[FakeApiserver]:
@@ -410,7 +417,5 @@ async def cluster(apiserver: FakeApiserver) -> AsyncIterator[Cluster]:
 
 @pytest.fixture
 async def operator(apiserver: FakeApiserver) -> AsyncIterator[Operator]:
-    op = Operator(apiserver)
-    await op.start()
-    yield op
-    await op.stop()
+    async with Operator(apiserver) as op:
+        yield op

@@ -240,27 +240,20 @@ async def test_the_report_goes_when_no_replica_serves(
 async def test_a_restarted_operator_keeps_the_report_without_rewriting_status(
     cluster: Cluster, apiserver: FakeApiserver
 ) -> None:
-    first = Operator(apiserver)
-    await first.start()
-    try:
+    async with Operator(apiserver) as first:
         serve_role_metrics(apiserver, first, worker=VLLM_SCRAPE)
         await cluster.create_isvc(sample("tiny", replicas=1))
         await converge(cluster, "tiny", 1)
         await wait_for(lambda: reported(cluster, "tiny") == VLLM_TOKENS, what="the report")
         await wait_for(lambda: first.state.pending == 0, what="no reconcile pending")
-    finally:
-        await first.stop()
     writes_before = len(apiserver.writes)
 
     second = Operator(apiserver)
     serve_role_metrics(apiserver, second, worker=VLLM_SCRAPE)
     ticks = counting_ticks(second)
-    await second.start()
-    try:
+    async with second:
         await wait_for(lambda: ticks[0] >= 2, what="the new operator's capacity ticks")
         await wait_for(lambda: second.state.pending == 0, what="no reconcile pending")
-    finally:
-        await second.stop()
     assert reported(cluster, "tiny") == VLLM_TOKENS
     status_writes = [w for w in apiserver.writes[writes_before:] if w[1].endswith("/status")
                      and "/inferenceservices/" in w[1]]

@@ -43,9 +43,22 @@ def pods_of(cluster: Cluster, group: str) -> list[dict]:
     return [p for p in cluster.objects("Pod") if p["metadata"]["name"].startswith(group + "-")]
 
 
+async def groups_created(cluster: Cluster, name: str, groups: int) -> None:
+    """Wait until `name` has `groups` StatefulSets."""
+    await wait_for(lambda: len(owned(cluster, name)["StatefulSet"]) == groups,
+                   what=f"StatefulSets: {groups}")
+
+
+async def create_with_router(cluster: Cluster, name: str, replicas: int) -> None:
+    """Create `name` with `replicas` groups; once they exist, run its router (no pods yet)."""
+    await cluster.create_isvc(sample(name, replicas=replicas))
+    await groups_created(cluster, name, replicas)
+    await cluster.run_router(f"{name}-router")
+
+
 async def converge(cluster: Cluster, name: str, groups: int) -> None:
     """Let every group and the router run, and wait for Ready=True."""
-    await wait_for(lambda: len(owned(cluster, name)["StatefulSet"]) == groups, what="groups")
+    await groups_created(cluster, name, groups)
     await cluster.run_everything(name)
     await wait_for(status_is(cluster, name, "Ready", "True"), what="Ready=True")
 
@@ -75,9 +88,7 @@ async def test_create_renders_every_child_with_owner_references(
 async def test_status_tells_the_truth_while_a_group_is_not_ready(
     cluster: Cluster, operator: Operator
 ) -> None:
-    await cluster.create_isvc(sample("tiny", replicas=2))
-    await wait_for(lambda: len(owned(cluster, "tiny")["StatefulSet"]) == 2, what="groups")
-    await cluster.run_router("tiny-router")
+    await create_with_router(cluster, "tiny", 2)
     await cluster.run_pods("tiny-worker-0", ready=True)
     await cluster.run_pods("tiny-worker-1", ready=False)
 
@@ -103,9 +114,7 @@ async def test_status_tells_the_truth_while_a_group_is_not_ready(
 async def test_an_image_that_cannot_be_pulled_is_named_in_status_until_it_can(
     cluster: Cluster, operator: Operator
 ) -> None:
-    await cluster.create_isvc(sample("tiny", replicas=1))
-    await wait_for(lambda: len(owned(cluster, "tiny")["StatefulSet"]) == 1, what="a group")
-    await cluster.run_router("tiny-router")
+    await create_with_router(cluster, "tiny", 1)
     await cluster.run_pods("tiny-worker-0", ready=False)
     await cluster.set_pod("tiny-worker-0-0", ready=False, phase="Pending", waiting="ImagePullBackOff")
     await wait_for(status_is(cluster, "tiny", "Progressing", "False", "ImagePullFailed"),
@@ -240,27 +249,19 @@ async def test_deleted_or_edited_children_come_back(cluster: Cluster, operator: 
 async def test_restart_converges_without_duplicates_or_writes(
     cluster: Cluster, apiserver: FakeApiserver
 ) -> None:
-    first = Operator(apiserver)
-    await first.start()
-    try:
+    async with Operator(apiserver):
         await cluster.create_isvc(sample("tiny", replicas=2))
         await converge(cluster, "tiny", 2)
-    finally:
-        await first.stop()
     snapshot = {kind: {n: o["metadata"]["uid"] for n, o in objs.items()}
                 for kind, objs in owned(cluster, "tiny").items()}
     writes_before = len(apiserver.writes)
 
-    second = Operator(apiserver)
-    await second.start()
-    try:
+    async with Operator(apiserver) as second:
         await wait_for(
             lambda: second.metric("frota_operator_reconciles_total", result="converged") >= 1,
             what="a reconcile by the new operator")
         # A second pass (pokes from the initial listing of children) changes nothing either.
         await wait_for(lambda: second.state.pending == 0, what="no reconcile pending")
-    finally:
-        await second.stop()
     after = {kind: {n: o["metadata"]["uid"] for n, o in objs.items()}
              for kind, objs in owned(cluster, "tiny").items()}
     assert after == snapshot
@@ -317,7 +318,7 @@ async def test_disaggregated_units_count_prefill_and_decode_groups(
 ) -> None:
     await cluster.create_isvc(sample("pd", replicas=2, disaggregation={
         "prefill": {"replicas": 1}, "decode": {"replicas": 2}}))
-    await wait_for(lambda: len(owned(cluster, "pd")["StatefulSet"]) == 6, what="6 groups")
+    await groups_created(cluster, "pd", 6)
     assert set(owned(cluster, "pd")["StatefulSet"]) == {
         "pd-prefill-0", "pd-prefill-1", "pd-decode-0", "pd-decode-1", "pd-decode-2",
         "pd-decode-3"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from frota.operator import autoscale
 from tests.operator_reconcile.conftest import Cluster, FakeApiserver, Operator, sample, wait_for
-from tests.operator_reconcile.test_handlers import converge, owned, status_is
+from tests.operator_reconcile.test_handlers import converge, groups_created, owned, status_is
 
 RECONCILES = "frota_operator_reconciles_total"
 DECISIONS = "frota_operator_autoscale_decisions_total"
@@ -41,7 +41,7 @@ async def test_autoscaler_scales_up_on_queue_depth_and_says_so(
         "minReplicas": 1, "maxReplicas": 3, "metric": "queueDepth", "target": 2,
         "stabilizationWindowSeconds": 0}))
     await wait_for(lambda: cluster.isvc("tiny")["spec"]["replicas"] == 3, what="scaled to max")
-    await wait_for(lambda: len(owned(cluster, "tiny")["StatefulSet"]) == 3, what="3 groups")
+    await groups_created(cluster, "tiny", 3)
     events = await wait_for(lambda: cluster.events("ScaledUp"), what="a ScaledUp event")
     assert "1 -> 3" in events[0]["message"], [e["message"] for e in events]
     assert len(events) == 1, [e["message"] for e in events]
@@ -131,7 +131,7 @@ async def test_a_roles_metrics_are_found_on_its_ready_rank0_pods(
 ) -> None:
     await cluster.create_isvc(sample("pd", replicas=1, disaggregation={
         "prefill": {"replicas": 1}, "decode": {"replicas": 1}}))
-    await wait_for(lambda: len(owned(cluster, "pd")["StatefulSet"]) == 2, what="2 groups")
+    await groups_created(cluster, "pd", 2)
     await cluster.run_everything("pd")
     for pod in cluster.objects("Pod"):
         ip = "10.0.0.1" if pod["metadata"]["labels"]["frota.dev/role"] == "prefill" else "10.0.0.2"
