@@ -24,11 +24,10 @@ router's contract on the wire:
 - Handlers get a `Request` with the body read and return an aiohttp response.
 - A relayed stream is a `ResponseStream`: aiohttp writes its head (with the first
   chunk) and its end; in between, `write` frames each chunk and hands it to the
-  client's transport without waiting, in the upstream connection's own callback.
-  Awaiting aiohttp's `StreamResponse.write` per chunk instead costs a task wake-up
-  per token: measured, 0.6 ms more CPU per 32-token request (1.7 vs 1.1 ms, see
-  docs/benchmarks.md). When the client reads slower than the worker writes, flow
-  control pauses the source (`set_flow_control`).
+  client's transport without waiting, in the upstream connection's own callback:
+  awaiting aiohttp's `StreamResponse.write` per chunk instead costs a task wake-up
+  per token (measured in docs/benchmarks.md, "Overhead"). When the client reads
+  slower than the worker writes, flow control pauses the source (`set_flow_control`).
 """
 
 from __future__ import annotations
