@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from frota.engine.kernels import build, prebuilt
+from frota.engine.kernels import build, extensions, prebuilt
 from frota.engine.quant import cpu_kernels, linear
 from frota.engine.quant.formats import quantize_fp8, quantize_int4, quantize_int8
 from frota.engine.quant.gguf_native import q4_1_to_int4
@@ -24,11 +24,16 @@ from frota.engine.quant.linear import (
 HAVE_FROTA = cpu_kernels.kernels() is not None
 
 
+def require_frota() -> None:
+    if not HAVE_FROTA:
+        pytest.skip("Frota's C++ CPU kernels could not be built here (no compiler?)")
+
+
 @pytest.fixture(params=["frota", "torch"])
 def kernels(request, monkeypatch):  # type: ignore[no-untyped-def]
     """Each layer test runs with Frota's compiled CPU kernels and with the torch fallback."""
-    if request.param == "frota" and not HAVE_FROTA:
-        pytest.skip("Frota's CPU kernels could not be built here (no compiler?)")
+    if request.param == "frota":
+        require_frota()
     if request.param == "torch":
         monkeypatch.setattr(linear, "frota_kernels", lambda device: None)
     return request.param
@@ -63,18 +68,36 @@ def _expected_int8(kernels: str, x: torch.Tensor, grouped: bool) -> str:
     return "int8pack_mm_grouped" if x.shape[0] <= Int8Linear.GROUPED_MAX_ROWS else "dequant"
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("rows", [1, 3, 5, 8, 33])
-@pytest.mark.parametrize("shape", [*SHAPES, (7, 48)])  # 7 rows, 48 columns: the kernels' tails
-def test_int8_per_channel_matches_dequantized_reference(kernels, dtype, rows, shape) -> None:  # type: ignore[no-untyped-def]
+ROWS = [1, 3, 5, 8, 33]
+PER_CHANNEL_SHAPES = [*SHAPES, (7, 48)]  # 7 rows, 48 columns: the kernels' tails
+
+
+def _per_channel_layer(shape: tuple[int, int], dtype: torch.dtype) -> Int8Linear:
     torch.manual_seed(0)
     layer = Int8Linear(quantize_int8(torch.randn(*shape)), bias=torch.randn(shape[0]))
     layer.prepare(dtype)
+    return layer
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("shape", PER_CHANNEL_SHAPES)
+def test_int8_per_channel_matches_dequantized_reference(kernels, dtype, rows, shape) -> None:  # type: ignore[no-untyped-def]
+    layer = _per_channel_layer(shape, dtype)
     x = _inputs(rows, shape[1], dtype)
-    expected = _expected_int8(kernels, x, grouped=False)
-    if dtype == torch.float16 and expected != "frota_int8":
-        pytest.skip("float16 activations: only Frota's kernels are checked here")
-    assert layer.kernel_name(x) == expected
+    assert layer.kernel_name(x) == _expected_int8(kernels, x, grouped=False)
+    _check(layer, x)
+
+
+@pytest.mark.parametrize("rows", [r for r in ROWS if r <= GEMV_MAX_ROWS])
+@pytest.mark.parametrize("shape", PER_CHANNEL_SHAPES)
+def test_int8_per_channel_float16_activations_take_frotas_kernel(rows, shape) -> None:  # type: ignore[no-untyped-def]
+    """float16 activations are checked on Frota's kernel alone (at decode sizes): elsewhere
+    they are dequantized, as every dtype is."""
+    require_frota()
+    layer = _per_channel_layer(shape, torch.float16)
+    x = _inputs(rows, shape[1], torch.float16)
+    assert layer.kernel_name(x) == "frota_int8"
     _check(layer, x)
 
 
@@ -90,10 +113,10 @@ def test_int8_group_wise_matches_dequantized_reference(kernels, dtype, rows, sha
     _check(layer, x)
 
 
-def test_int8_group_wise_head_is_one_kernel_call(kernels) -> None:  # type: ignore[no-untyped-def]
-    """A GGUF Q8_0 LM head (int8, group 32) at decode is one call of Frota's kernel."""
-    if kernels != "frota":
-        pytest.skip("the torch fallback runs one call per group")
+def test_int8_group_wise_head_is_one_kernel_call() -> None:
+    """A GGUF Q8_0 LM head (int8, group 32) at decode is one call of Frota's kernel (the torch
+    fallback runs one call per group)."""
+    require_frota()
     layer = Int8Linear(quantize_int8(torch.randn(256, 576), group_size=32))
     layer.prepare(torch.bfloat16)
     assert layer.grouped_qweight is None and layer.qweight is not None  # one copy, row-major
@@ -170,8 +193,7 @@ def test_gguf_int4_kernel_layout_is_the_file_and_float16() -> None:
 def test_int4_kernel_layout_falls_back_to_torch_dequant(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """A layer already in Frota's layout still runs (dequantize in torch) where the
     extension is not there, e.g. moved to another device."""
-    if not HAVE_FROTA:
-        pytest.skip("Frota's CPU kernels could not be built here")
+    require_frota()
     torch.manual_seed(0)
     layer = Int4Linear(quantize_int4(torch.randn(64, 128), 32))
     layer.prepare(torch.bfloat16)
@@ -248,7 +270,7 @@ def test_without_a_compiler_the_layers_use_torch(monkeypatch, caplog) -> None:  
 
     monkeypatch.setattr(build, "_loaded", {})
     monkeypatch.setattr(prebuilt, "load", lambda kind: None)  # nor a prebuilt one (FROTA_KERNELS_DIR)
-    monkeypatch.setattr(build, "compile_extension", no_compiler)
+    monkeypatch.setattr(extensions, "compile_extension", no_compiler)
     with caplog.at_level("WARNING", logger="frota.engine.kernels"):
         assert cpu_kernels.kernels() is None
         assert cpu_kernels.kernels() is None
