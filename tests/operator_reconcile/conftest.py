@@ -334,6 +334,12 @@ spec:
     return manifest
 
 
+def disaggregated_sample(replicas: int = 1, prefill: int = 1, decode: int = 1) -> dict:
+    """`pd`: `replicas` units of `prefill` prefill groups and `decode` decode groups."""
+    return sample("pd", replicas=replicas, disaggregation={
+        "prefill": {"replicas": prefill}, "decode": {"replicas": decode}})
+
+
 # Quick enough for tests: the autoscaler and the capacity timer tick twice a second,
 # retries wait a fifth of one.
 SETTINGS = OperatorSettings(namespaces=(NAMESPACE,), autoscale_interval_seconds=0.5,
