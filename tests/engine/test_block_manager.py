@@ -31,31 +31,40 @@ def fake_step(sched: Scheduler, max_model_len: int = 64) -> list[Sequence]:
     return done
 
 
+def run_until_finished(sched: Scheduler, seq: Sequence, max_model_len: int = 64) -> None:
+    """Step until `seq` is finished (the other sequences step along)."""
+    while not seq.is_finished:
+        fake_step(sched, max_model_len)
+
+
+def scheduler(num_blocks: int, block_size: int, *, max_num_seqs: int = 4,
+              max_num_batched_tokens: int = 64) -> tuple[BlockManager, Scheduler]:
+    bm = BlockManager(num_blocks=num_blocks, block_size=block_size)
+    return bm, Scheduler(bm, max_num_seqs=max_num_seqs,
+                         max_num_batched_tokens=max_num_batched_tokens)
+
+
 def assert_no_leaks(bm: BlockManager) -> None:
     assert bm.num_free_blocks == bm.num_blocks
     assert all(b.ref_count == 0 for b in bm.blocks)
 
 
 def test_prefix_cache_hit_shares_full_blocks_and_counts_tokens():
-    bm = BlockManager(num_blocks=16, block_size=4)
-    sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64)
+    bm, sched = scheduler(16, 4)
     a = make_seq("a", 10)
     sched.add(a)
-    while not a.is_finished:
-        fake_step(sched)
+    run_until_finished(sched, a)
     b = make_seq("b", 10)
     sched.add(b)
     fake_step(sched)
     assert b.num_cached_tokens == 8  # two full blocks of the shared 10-token prompt
     assert bm.prefix_cache_queries == 20 and bm.prefix_cache_hits == 8
-    while not b.is_finished:
-        fake_step(sched)
+    run_until_finished(sched, b)
     assert_no_leaks(bm)
 
 
 def test_full_prompt_hit_still_computes_one_token():
-    bm = BlockManager(num_blocks=16, block_size=4)
-    sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64)
+    bm, sched = scheduler(16, 4)
     for rid in ("a", "b"):
         seq = make_seq(rid, 8)
         sched.add(seq)
@@ -63,30 +72,25 @@ def test_full_prompt_hit_still_computes_one_token():
         assert batch.num_new_tokens[0] == (8 if rid == "a" else 4)
         for done in sched.postprocess(batch):
             done.append_token(7)
-        while not seq.is_finished:
-            fake_step(sched)
+        run_until_finished(sched, seq)
     assert_no_leaks(bm)
 
 
 def test_freed_cached_blocks_are_evicted_least_recently_used_first():
-    bm = BlockManager(num_blocks=4, block_size=2)
-    sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64)
+    bm, sched = scheduler(4, 2)
     old = make_seq("old", 3, max_tokens=1, base=100)
     sched.add(old)
-    while not old.is_finished:
-        fake_step(sched, 8)
+    run_until_finished(sched, old, 8)
     cached = set(bm.hash_to_block.values())
     assert cached  # the first block of "old" is cached while free
     new = make_seq("new", 5, max_tokens=1, base=200)  # needs 3 blocks of 4: eviction order matters
     sched.add(new)
-    while not new.is_finished:
-        fake_step(sched, 8)
+    run_until_finished(sched, new, 8)
     assert_no_leaks(bm)
 
 
 def test_chunked_prefill_splits_long_prompt_and_mixes_with_decode():
-    bm = BlockManager(num_blocks=64, block_size=4)
-    sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=8)
+    _, sched = scheduler(64, 4, max_num_batched_tokens=8)
     short = make_seq("short", 3, max_tokens=20)
     sched.add(short)
     fake_step(sched, 128)
@@ -99,8 +103,7 @@ def test_chunked_prefill_splits_long_prompt_and_mixes_with_decode():
 
 
 def test_preemption_when_blocks_run_out_then_everything_finishes():
-    bm = BlockManager(num_blocks=6, block_size=4)
-    sched = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=64)
+    bm, sched = scheduler(6, 4, max_num_seqs=8)
     seqs = [make_seq(f"s{i}", 6, max_tokens=12, base=10 * i) for i in range(3)]
     for s in seqs:
         sched.add(s)
