@@ -63,15 +63,15 @@ class LocalAddressing:
 
 @dataclass(frozen=True)
 class RoleShape:
-    """Sharding, resources and revision of one role, with the field paths they came from.
+    """Sharding, resources, groups and revision of one role, with the field paths they came from.
 
     The planner works these out once per plan; the builders and the reconciler
     read them from the Topology instead of deriving them from the spec again.
     """
 
     role: WorkerRole
-    units: int  # spec.replicas: one unit is groups_per_unit groups of each role
-    groups_per_unit: int
+    units: int  # spec.replicas
+    groups_per_unit: int  # 1 colocated; the role's own replicas when disaggregated
     parallelism: Parallelism
     resources: Resources
     parallelism_field: str
