@@ -7,11 +7,13 @@ in seconds; test_local_up_fleet.py runs the real worker and router.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -44,6 +46,27 @@ def manifest(tmp_path: Path, spec: str, name: str = "m.yaml") -> str:
 
 
 SMOL = "model: {name: smollm2, uri: 'alias:smollm2'}"
+
+
+@contextlib.contextmanager
+def serving_fleet(tmp_path: Path, *argv: str) -> Iterator[tuple[UpProcess, int]]:
+    """`frota up ARGV` with the fake launcher on a free port, once it is serving: the
+    process and its port. Whatever is left of it is killed on the way out."""
+    port = free_port()
+    up = UpProcess(*argv, "--port", str(port), "--launcher", FAKE_LAUNCHER, state_dir=tmp_path)
+    try:
+        up.wait_for(BANNER, 60)
+        yield up, port
+    finally:
+        up.kill_everything()
+
+
+def say_hi(port: int) -> str:
+    """The fleet's answer to one chat message, through the official client."""
+    client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+    reply = client.chat.completions.create(model="smollm2", max_tokens=4,
+                                           messages=[{"role": "user", "content": "hi"}])
+    return reply.choices[0].message.content
 
 
 def test_dry_run_of_the_default_lists_one_worker_and_the_router():
@@ -146,31 +169,20 @@ def test_worker_that_cannot_start_fails_the_fleet_and_leaves_nothing_running(tmp
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
 def test_signal_stops_every_process_frees_the_ports_and_removes_the_state(
         tmp_path: Path, sig: signal.Signals):
-    port = free_port()
-    up = UpProcess("--port", str(port), "--launcher", FAKE_LAUNCHER, state_dir=tmp_path)
-    try:
-        up.wait_for(BANNER, 60)
+    with serving_fleet(tmp_path) as (up, port):
         children = up.children()
         assert len(children) == 2
         state = json.loads((tmp_path / f"up-{port}.json").read_text())
         ports = [p["port"] for p in state["processes"]]
-        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
-        reply = client.chat.completions.create(model="smollm2", max_tokens=4,
-                                               messages=[{"role": "user", "content": "hi"}])
-        assert reply.choices[0].message.content.startswith("hello from")
+        assert say_hi(port).startswith("hello from")
         assert up.stop(sig) == 0
         assert all_gone(children)
         assert all(is_port_free(p) for p in ports)
         assert not (tmp_path / f"up-{port}.json").exists()
-    finally:
-        up.kill_everything()
 
 
 def test_status_shows_readiness_and_metrics_of_the_running_fleet(tmp_path: Path):
-    port = free_port()
-    up = UpProcess("--port", str(port), "--launcher", FAKE_LAUNCHER, state_dir=tmp_path)
-    try:
-        up.wait_for(BANNER, 60)
+    with serving_fleet(tmp_path) as (up, _):
         table = frota("status", "--interval", "0.2", state_dir=tmp_path)
         assert table.returncode == 0, table.stderr
         assert "replicas ready 1/1" in table.stdout
@@ -179,18 +191,13 @@ def test_status_shows_readiness_and_metrics_of_the_running_fleet(tmp_path: Path)
         data = json.loads(frota("status", "--json", "--interval", "0.1",
                                 state_dir=tmp_path).stdout)
         assert data[0]["processes"][0]["kv_usage"] == 0.25
-    finally:
         up.stop()
-        up.kill_everything()
     gone = frota("status", state_dir=tmp_path)
     assert gone.returncode == 1 and "no local fleet is running" in gone.stderr
 
 
 def test_killed_worker_is_restarted_and_traffic_recovers(tmp_path: Path):
-    port = free_port()
-    up = UpProcess("--port", str(port), "--launcher", FAKE_LAUNCHER, state_dir=tmp_path)
-    try:
-        up.wait_for(BANNER, 60)
+    with serving_fleet(tmp_path) as (up, port):
         state_file = tmp_path / f"up-{port}.json"
         worker = json.loads(state_file.read_text())["processes"][0]
         os.kill(worker["pid"], signal.SIGKILL)
@@ -205,35 +212,22 @@ def test_killed_worker_is_restarted_and_traffic_recovers(tmp_path: Path):
         assert isinstance(new, dict) and new["pid"] != worker["pid"]
         assert not psutil.pid_exists(worker["pid"]) or \
             psutil.Process(worker["pid"]).status() == psutil.STATUS_ZOMBIE
-        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
-        reply = client.chat.completions.create(model="smollm2", max_tokens=4,
-                                               messages=[{"role": "user", "content": "hi"}])
-        assert reply.choices[0].message.content == f"hello from {new['pid']}"
-    finally:
+        assert say_hi(port) == f"hello from {new['pid']}"
         up.stop()
-        up.kill_everything()
 
 
 def test_sigkill_of_frota_up_leaves_no_orphans(tmp_path: Path):
-    port = free_port()
-    up = UpProcess("--port", str(port), "--launcher", FAKE_LAUNCHER, state_dir=tmp_path)
-    try:
-        up.wait_for(BANNER, 60)
+    with serving_fleet(tmp_path) as (up, port):
         children = up.children()
         up.stop(signal.SIGKILL)
         wait_until(lambda: all_gone(children), 10, "the children to die with their parent")
         wait_until(lambda: is_port_free(port), 10, "the router port to be freed")
-    finally:
-        up.kill_everything()
 
 
 def test_killing_one_rank_of_a_sharded_replica_restarts_the_whole_group(tmp_path: Path):
     path = manifest(tmp_path, "model: {name: tiny, uri: 'synthetic:dense-tiny'}\n"
                               "parallelism: {tensor: 2}")
-    port = free_port()
-    up = UpProcess(path, "--port", str(port), "--launcher", FAKE_LAUNCHER, state_dir=tmp_path)
-    try:
-        up.wait_for(BANNER, 60)
+    with serving_fleet(tmp_path, path) as (up, port):
         assert "worker-0.1 running (rank 1" in up.output
         state_file = tmp_path / f"up-{port}.json"
         procs = {p["name"]: p for p in json.loads(state_file.read_text())["processes"]}
@@ -247,6 +241,4 @@ def test_killing_one_rank_of_a_sharded_replica_restarts_the_whole_group(tmp_path
                        for n in procs if n.startswith("worker"))
 
         wait_until(both_restarted, 30, "rank 0 and rank 1 to be restarted together")
-    finally:
         up.stop()
-        up.kill_everything()
