@@ -204,6 +204,12 @@ class Cluster:
     async def create_isvc(self, manifest: dict) -> dict:
         return await self.call("POST", ISVC_PATH, manifest, "application/json")
 
+    async def create_disaggregated(self, replicas: int = 1, prefill: int = 1,
+                                   decode: int = 1) -> dict:
+        """Create `pd`: `replicas` units of `prefill` prefill and `decode` decode groups."""
+        return await self.create_isvc(sample("pd", replicas=replicas, disaggregation={
+            "prefill": {"replicas": prefill}, "decode": {"replicas": decode}}))
+
     async def patch_isvc(self, name: str, patch: dict, subresource: str = "") -> dict:
         path = f"{ISVC_PATH}/{name}" + (f"/{subresource}" if subresource else "")
         return await self.call("PATCH", path, patch)
@@ -332,12 +338,6 @@ spec:
 """)
     manifest["spec"].update(spec)
     return manifest
-
-
-def disaggregated_sample(replicas: int = 1, prefill: int = 1, decode: int = 1) -> dict:
-    """`pd`: `replicas` units of `prefill` prefill groups and `decode` decode groups."""
-    return sample("pd", replicas=replicas, disaggregation={
-        "prefill": {"replicas": prefill}, "decode": {"replicas": decode}})
 
 
 # Quick enough for tests: the autoscaler and the capacity timer tick twice a second,

@@ -27,14 +27,7 @@ from frota.operator.state import OperatorState
 from frota.operator.status import compute_status
 from tests.loopback import serving
 from tests.operator.test_kv_report import frota_worker_metrics
-from tests.operator_reconcile.conftest import (
-    Cluster,
-    FakeApiserver,
-    Operator,
-    disaggregated_sample,
-    sample,
-    wait_for,
-)
+from tests.operator_reconcile.conftest import Cluster, FakeApiserver, Operator, sample, wait_for
 from tests.operator_reconcile.test_handlers import converge
 from tests.operator_reconcile.test_retries_and_autoscaling import serve_role_metrics
 from tests.operator_reconcile.test_status import UP, group, intent
@@ -228,7 +221,7 @@ async def test_a_disaggregated_service_reports_its_decode_workers(
 ) -> None:
     serve_role_metrics(apiserver, operator, prefill=VLLM_SCRAPE,
                        decode=frota_worker_metrics(100).encode())
-    await cluster.create_isvc(disaggregated_sample())
+    await cluster.create_disaggregated()
     await wait_for(lambda: reported(cluster, "pd") == 1600, what="decode's KV cache")
 
 

@@ -6,7 +6,6 @@ from tests.operator_reconcile.conftest import (
     Cluster,
     FakeApiserver,
     Operator,
-    disaggregated_sample,
     sample,
     wait_for,
 )
@@ -317,7 +316,7 @@ async def test_a_dead_rank_restarts_its_whole_group(cluster: Cluster, operator: 
 async def test_disaggregated_units_count_prefill_and_decode_groups(
     cluster: Cluster, operator: Operator
 ) -> None:
-    await cluster.create_isvc(disaggregated_sample(replicas=2, prefill=1, decode=2))
+    await cluster.create_disaggregated(replicas=2, prefill=1, decode=2)
     await groups_created(cluster, "pd", 6)
     assert set(owned(cluster, "pd")["StatefulSet"]) == {
         "pd-prefill-0", "pd-prefill-1", "pd-decode-0", "pd-decode-1", "pd-decode-2",

@@ -3,14 +3,7 @@
 from __future__ import annotations
 
 from frota.operator import autoscale
-from tests.operator_reconcile.conftest import (
-    Cluster,
-    FakeApiserver,
-    Operator,
-    disaggregated_sample,
-    sample,
-    wait_for,
-)
+from tests.operator_reconcile.conftest import Cluster, FakeApiserver, Operator, sample, wait_for
 from tests.operator_reconcile.test_handlers import converge, groups_created, owned, status_is
 
 RECONCILES = "frota_operator_reconciles_total"
@@ -136,7 +129,7 @@ async def test_decode_scales_down_only_after_its_stabilization_window(
 async def test_a_roles_metrics_are_found_on_its_ready_rank0_pods(
     cluster: Cluster, operator: Operator
 ) -> None:
-    await cluster.create_isvc(disaggregated_sample())
+    await cluster.create_disaggregated()
     await groups_created(cluster, "pd", 2)
     await cluster.run_everything("pd")
     for pod in cluster.objects("Pod"):
