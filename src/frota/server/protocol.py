@@ -27,18 +27,20 @@ MAX_LOGPROBS = 20
 MAX_LOGIT_BIAS = 1024
 
 
-
-class StreamOptions(BaseModel):
-    """`stream_options`: only `include_usage` changes anything."""
+class _Body(BaseModel):
+    """A part of a request body; fields the server does not know are ignored, as OpenAI's are."""
 
     model_config = ConfigDict(extra="ignore")
+
+
+class StreamOptions(_Body):
+    """`stream_options`: only `include_usage` changes anything."""
+
     include_usage: StrictBool = False
 
 
-class SamplingFields(BaseModel):
+class SamplingFields(_Body):
     """Fields shared by completions and chat completions."""
-
-    model_config = ConfigDict(extra="ignore")
 
     model: str = Field(min_length=1)
     n: StrictInt = Field(1, ge=1, le=MAX_N)
@@ -134,64 +136,56 @@ class CompletionRequest(SamplingFields):
         return super().unsupported()
 
 
-class TextPart(BaseModel):
+class TextPart(_Body):
     """A `{"type": "text", "text": ...}` content part."""
 
-    model_config = ConfigDict(extra="ignore")
     type: Literal["text"]
     text: str
 
 
-class FunctionDef(BaseModel):
+class FunctionDef(_Body):
     """A tool's function: its name and the JSON schema of its arguments."""
 
-    model_config = ConfigDict(extra="ignore")
     name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: StrictBool | None = None
 
 
-class Tool(BaseModel):
+class Tool(_Body):
     """One entry of `tools`."""
 
-    model_config = ConfigDict(extra="ignore")
     type: Literal["function"]
     function: FunctionDef
 
 
-class FunctionName(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class FunctionName(_Body):
     name: str
 
 
-class NamedToolChoice(BaseModel):
+class NamedToolChoice(_Body):
     """`tool_choice: {"type": "function", "function": {"name": ...}}`."""
 
-    model_config = ConfigDict(extra="ignore")
     type: Literal["function"]
     function: FunctionName
 
 
-class ToolCallFunction(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class ToolCallFunction(_Body):
     name: str
     arguments: str  # JSON text, as the API returns it
 
 
-class ToolCall(BaseModel):
+class ToolCall(_Body):
     """A tool call in an assistant message of the history."""
 
-    model_config = ConfigDict(extra="ignore")
     id: str
     type: Literal["function"] = "function"
     function: ToolCallFunction
 
 
-class ChatMessage(BaseModel):
+class ChatMessage(_Body):
     """One chat message; content may be a string or a list of text parts."""
 
-    model_config = ConfigDict(extra="ignore")
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None

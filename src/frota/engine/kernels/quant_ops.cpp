@@ -99,6 +99,17 @@ inline float dot(const float* w, const float* x, int64_t K) {
 inline __m512 i8x16(const int8_t* p) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
+
+// Four consecutive int8 weight rows (row stride K, from q0) times one activation row xr,
+// over columns [k0, k1) in steps of 16, added to acc[0..3] (one accumulator per row).
+__attribute__((always_inline)) inline void dot4_int8(const int8_t* q0, const float* xr, int64_t K,
+                                                     int64_t k0, int64_t k1, __m512 acc[4]) {
+  for (int64_t k = k0; k < k1; k += 16) {
+    _mm_prefetch(reinterpret_cast<const char*>(q0 + PF * R * K + 4 * k), _MM_HINT_T0);
+    const __m512 xv = _mm512_loadu_ps(xr + k);
+    for (int r = 0; r < 4; ++r) acc[r] = _mm512_fmadd_ps(i8x16(q0 + r * K + k), xv, acc[r]);
+  }
+}
 #endif
 
 // ------------------------------------------------------------------ int8
@@ -199,41 +210,18 @@ at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& s
         // one activation row: dequantize in registers, four rows' dot products at once
         const float* xr = xf.data();
         const int8_t* q0 = qp + n0 * K;
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
         if (group == 0) {
-          for (int64_t k = 0; k < K; k += 16) {
-            _mm_prefetch(reinterpret_cast<const char*>(q0 + PF * R * K + 4 * k), _MM_HINT_T0);
-            const __m512 xv = _mm512_loadu_ps(xr + k);
-            a0 = _mm512_fmadd_ps(i8x16(q0 + k), xv, a0);
-            a1 = _mm512_fmadd_ps(i8x16(q0 + K + k), xv, a1);
-            a2 = _mm512_fmadd_ps(i8x16(q0 + 2 * K + k), xv, a2);
-            a3 = _mm512_fmadd_ps(i8x16(q0 + 3 * K + k), xv, a3);
-          }
-          y[n0] = _mm512_reduce_add_ps(a0) * sp[n0];
-          y[n0 + 1] = _mm512_reduce_add_ps(a1) * sp[n0 + 1];
-          y[n0 + 2] = _mm512_reduce_add_ps(a2) * sp[n0 + 2];
-          y[n0 + 3] = _mm512_reduce_add_ps(a3) * sp[n0 + 3];
+          dot4_int8(q0, xr, K, 0, K, a);
+          for (int r = 0; r < 4; ++r) y[n0 + r] = _mm512_reduce_add_ps(a[r]) * sp[n0 + r];
         } else {
           const float* s0 = sp + n0 * G;
           for (int64_t g = 0; g < G; ++g) {
-            __m512 t0 = _mm512_setzero_ps(), t1 = t0, t2 = t0, t3 = t0;
-            for (int64_t k = g * group; k < (g + 1) * group; k += 16) {
-              _mm_prefetch(reinterpret_cast<const char*>(q0 + PF * R * K + 4 * k), _MM_HINT_T0);
-              const __m512 xv = _mm512_loadu_ps(xr + k);
-              t0 = _mm512_fmadd_ps(i8x16(q0 + k), xv, t0);
-              t1 = _mm512_fmadd_ps(i8x16(q0 + K + k), xv, t1);
-              t2 = _mm512_fmadd_ps(i8x16(q0 + 2 * K + k), xv, t2);
-              t3 = _mm512_fmadd_ps(i8x16(q0 + 3 * K + k), xv, t3);
-            }
-            a0 = _mm512_fmadd_ps(t0, _mm512_set1_ps(s0[g]), a0);
-            a1 = _mm512_fmadd_ps(t1, _mm512_set1_ps(s0[G + g]), a1);
-            a2 = _mm512_fmadd_ps(t2, _mm512_set1_ps(s0[2 * G + g]), a2);
-            a3 = _mm512_fmadd_ps(t3, _mm512_set1_ps(s0[3 * G + g]), a3);
+            __m512 t[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+            dot4_int8(q0, xr, K, g * group, (g + 1) * group, t);
+            for (int r = 0; r < 4; ++r) a[r] = _mm512_fmadd_ps(t[r], _mm512_set1_ps(s0[r * G + g]), a[r]);
           }
-          y[n0] = _mm512_reduce_add_ps(a0);
-          y[n0 + 1] = _mm512_reduce_add_ps(a1);
-          y[n0 + 2] = _mm512_reduce_add_ps(a2);
-          y[n0 + 3] = _mm512_reduce_add_ps(a3);
+          for (int r = 0; r < 4; ++r) y[n0 + r] = _mm512_reduce_add_ps(a[r]);
         }
         continue;
       }

@@ -52,25 +52,26 @@ class ParallelConfig:
 
     @property
     def stage(self) -> int:
-        return self.rank // self.tensor
+        """This rank's pipeline stage (`tp_rank`: its place in the stage's tensor group)."""
+        return divmod(self.rank, self.tensor)[0]
 
     @property
     def tp_rank(self) -> int:
-        return self.rank % self.tensor
-
-    @property
-    def ep_rank(self) -> int:
-        """Which expert group this rank belongs to."""
-        return self.tp_rank // (self.tensor // self.expert)
+        return divmod(self.rank, self.tensor)[1]
 
     @property
     def expert_tp(self) -> int:
-        """Ranks an expert is sharded over."""
+        """Ranks an expert is sharded over: the tensor group holds `expert` groups of them."""
         return self.tensor // self.expert
 
     @property
+    def ep_rank(self) -> int:
+        """Which expert group this rank belongs to (`expert_tp_rank`: its place in it)."""
+        return divmod(self.tp_rank, self.expert_tp)[0]
+
+    @property
     def expert_tp_rank(self) -> int:
-        return self.tp_rank % self.expert_tp
+        return divmod(self.tp_rank, self.expert_tp)[1]
 
     def stage_ranks(self, stage: int) -> list[int]:
         return [stage * self.tensor + t for t in range(self.tensor)]

@@ -19,8 +19,9 @@ from torch import nn
 from frota.engine.parallel.comm import Comm
 
 
-class RowParallel(nn.Module):
-    """`inner` computes a partial product from this rank's input columns; all-reduce sums them."""
+class _Wrapper(nn.Module):
+    """One of the engine's modules (`inner`, this rank's shard) and the collective that
+    completes its output; its weight is the shard's."""
 
     def __init__(self, inner: nn.Module, comm: Comm) -> None:
         super().__init__()
@@ -31,22 +32,20 @@ class RowParallel(nn.Module):
     def weight(self) -> torch.Tensor:
         return self.inner.weight
 
+
+class RowParallel(_Wrapper):
+    """`inner` computes a partial product from this rank's input columns; all-reduce sums them."""
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.comm[0].all_reduce(self.inner(x))
 
 
-class VocabParallelEmbedding(nn.Module):
+class VocabParallelEmbedding(_Wrapper):
     """Rows [start, start + n) of the embedding; ids outside the shard contribute zeros."""
 
     def __init__(self, inner: nn.Embedding, start: int, comm: Comm) -> None:
-        super().__init__()
-        self.inner = inner
+        super().__init__(inner, comm)
         self.start = start
-        self.comm = [comm]
-
-    @property
-    def weight(self) -> torch.Tensor:
-        return self.inner.weight
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         n = self.inner.weight.shape[0]
@@ -57,18 +56,12 @@ class VocabParallelEmbedding(nn.Module):
         return self.comm[0].all_reduce(x)
 
 
-class VocabParallelHead(nn.Module):
+class VocabParallelHead(_Wrapper):
     """Logits for this rank's vocabulary rows, gathered over the tensor group (padding dropped)."""
 
     def __init__(self, inner: nn.Module, vocab_size: int, comm: Comm) -> None:
-        super().__init__()
-        self.inner = inner
+        super().__init__(inner, comm)
         self.vocab_size = vocab_size
-        self.comm = [comm]
-
-    @property
-    def weight(self) -> torch.Tensor:
-        return self.inner.weight
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.comm[0].all_gather_last(self.inner(hidden))

@@ -20,6 +20,7 @@ own tiled layouts are derived from it in `linear.py`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -195,13 +196,13 @@ def dequantize_fp8(qw: Fp8Weight, dtype: torch.dtype = torch.float32) -> torch.T
     return (qw.qweight.float() * s).to(dtype)
 
 
+_DEQUANTIZERS: dict[type, Callable[..., torch.Tensor]] = {
+    Int8Weight: dequantize_int8, Int4Weight: dequantize_int4, Fp8Weight: dequantize_fp8}
+
+
 def dequantize(qw: QuantizedWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Dequantize any of the formats."""
-    if isinstance(qw, Int8Weight):
-        return dequantize_int8(qw, dtype)
-    if isinstance(qw, Int4Weight):
-        return dequantize_int4(qw, dtype)
-    return dequantize_fp8(qw, dtype)
+    return _DEQUANTIZERS[type(qw)](qw, dtype)
 
 
 def quantize(

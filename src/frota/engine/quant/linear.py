@@ -28,6 +28,8 @@ Kernels, by device and activation dtype:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -446,13 +448,13 @@ def fp8_scaled_mm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) 
     return y.to(x.dtype)
 
 
+_LAYERS: dict[type, Callable[..., QuantLinear]] = {
+    Int8Weight: Int8Linear, Int4Weight: Int4Linear, Fp8Weight: Fp8Linear}
+
+
 def make_quant_linear(weight: QuantizedWeight, bias: torch.Tensor | None = None) -> QuantLinear:
     """Wrap an already quantized weight in the matching layer."""
-    if isinstance(weight, Int8Weight):
-        return Int8Linear(weight, bias)
-    if isinstance(weight, Int4Weight):
-        return Int4Linear(weight, bias)
-    return Fp8Linear(weight, bias)
+    return _LAYERS[type(weight)](weight, bias)
 
 
 def quantize_linear(
