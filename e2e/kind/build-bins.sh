@@ -82,10 +82,15 @@ build_runc() {
     "github.com/opencontainers/runc@$v"
 }
 
+# go_binary OUTDIR VERSION VAR PKG: PKG@VERSION, pure Go (static) and stripped, with
+# VERSION stamped into the string variable VAR.
+go_binary() {
+  local out=$1 v=$2 var=$3 pkg=$4
+  CGO_ENABLED=0 goinstall "$out" -ldflags "-s -w -X $var=$v" "$pkg@$v"
+}
+
 build_crictl() {
-  local out=$1 v=$2
-  CGO_ENABLED=0 goinstall "$out" -ldflags "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=$v" \
-    "sigs.k8s.io/cri-tools/cmd/crictl@$v"
+  go_binary "$1" "$2" sigs.k8s.io/cri-tools/pkg/version.Version sigs.k8s.io/cri-tools/cmd/crictl
 }
 
 build_cni_plugins() {
@@ -95,15 +100,11 @@ build_cni_plugins() {
 }
 
 build_coredns() {
-  local out=$1 v=$2
-  CGO_ENABLED=0 goinstall "$out" -ldflags "-s -w -X github.com/coredns/coredns/coremain.GitCommit=$v" \
-    "github.com/coredns/coredns@$v"
+  go_binary "$1" "$2" github.com/coredns/coredns/coremain.GitCommit github.com/coredns/coredns
 }
 
 build_local_path() {
-  local out=$1 v=$2
-  CGO_ENABLED=0 goinstall "$out" -ldflags "-s -w -X main.VERSION=$v" \
-    "github.com/rancher/local-path-provisioner@$v"
+  go_binary "$1" "$2" main.VERSION github.com/rancher/local-path-provisioner
 }
 
 # Our own: a pause that reaps zombies, and the CNI agent (stdlib only, so no
