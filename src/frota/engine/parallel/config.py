@@ -50,28 +50,17 @@ class ParallelConfig:
     def is_parallel(self) -> bool:
         return self.world_size > 1
 
-    @property
-    def stage(self) -> int:
-        """This rank's pipeline stage (`tp_rank`: its place in the stage's tensor group)."""
-        return divmod(self.rank, self.tensor)[0]
-
-    @property
-    def tp_rank(self) -> int:
-        return divmod(self.rank, self.tensor)[1]
-
-    @property
-    def expert_tp(self) -> int:
-        """Ranks an expert is sharded over: the tensor group holds `expert` groups of them."""
-        return self.tensor // self.expert
-
-    @property
-    def ep_rank(self) -> int:
-        """Which expert group this rank belongs to (`expert_tp_rank`: its place in it)."""
-        return divmod(self.tp_rank, self.expert_tp)[0]
-
-    @property
-    def expert_tp_rank(self) -> int:
-        return divmod(self.tp_rank, self.expert_tp)[1]
+    # Where this rank sits. Ranks are numbered stage-major; a stage's tensor group splits
+    # into `expert` groups of `expert_tp` ranks.
+    stage = property(lambda self: self.rank // self.tensor, doc="This rank's pipeline stage.")
+    tp_rank = property(lambda self: self.rank % self.tensor,
+                       doc="This rank's place in its stage's tensor group.")
+    expert_tp = property(lambda self: self.tensor // self.expert,
+                         doc="Ranks an expert is sharded over.")
+    ep_rank = property(lambda self: self.tp_rank // self.expert_tp,
+                       doc="Which expert group this rank belongs to.")
+    expert_tp_rank = property(lambda self: self.tp_rank % self.expert_tp,
+                              doc="This rank's place in its expert group.")
 
     def stage_ranks(self, stage: int) -> list[int]:
         return [stage * self.tensor + t for t in range(self.tensor)]
