@@ -13,6 +13,9 @@ them (`frota.engine.quant.formats` and `frota.engine.quant.kv`):
 
 KV: `auto` stores K and V in the model dtype; `int8`/`fp8` store 1 byte per
 element plus a float16 scale per (token, head).
+
+LoRA: one adapter slot holds A and B of every target projection at the pool's max rank,
+in the model dtype (`lora_slot_bytes`).
 """
 
 from __future__ import annotations
@@ -199,3 +202,53 @@ def num_kv_blocks(
         num_layers, num_kv_heads, head_dim, kv_cache_dtype, dtype
     )
     return max(0, memory_bytes // per_block)
+
+
+# PEFT names of the projections a LoRA adapter may target; a slot holds all of them
+LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# the row-parallel projections: their input is split over tensor ranks, their output whole
+LORA_ROW_PARALLEL = ("o_proj", "down_proj")
+
+
+def lora_module_shapes(shape: ModelShape) -> dict[str, tuple[int, int]]:
+    """(out_features, in_features) of each LoRA target projection of one layer, unsharded.
+
+    A mixture of experts is targeted on its attention projections only: its experts'
+    feed-forward projections are not LoRA targets (as in vLLM's default), so they hold no slot.
+    """
+    h = shape.hidden_size
+    q = shape.num_heads * shape.head_dim
+    kv = shape.num_kv_heads * shape.head_dim
+    modules = {"q_proj": (q, h), "k_proj": (kv, h), "v_proj": (kv, h), "o_proj": (h, q)}
+    if not shape.is_moe:
+        ff = shape.intermediate_size
+        modules |= {"gate_proj": (ff, h), "up_proj": (ff, h), "down_proj": (h, ff)}
+    return modules
+
+
+def lora_slot_bytes(shape: ModelShape, max_rank: int, dtype: str, tensor: int = 1, *,
+                    pipeline: int = 1) -> int:
+    """Bytes of one adapter slot on one rank: LoRA A `[r, in]` and B `[out, r]` at rank
+    `max_rank` for every target module of every layer of its pipeline stage, in `dtype`.
+
+    Over `tensor` ranks a slot is split as the base projection is: a column-parallel
+    projection (q, k, v, gate, up) keeps A whole and shards B's rows; a row-parallel one
+    (o, down) shards A's columns and keeps B whole. KV heads are replicated when there are
+    fewer than ranks, as in `layer_projections`. The planner reserves `maxAdapters` of these
+    per rank and the engine's slot pool allocates the same, so the two agree.
+    """
+    if max_rank < 1:
+        raise ValueError(f"LoRA rank {max_rank}: use a rank of 1 or more")
+    elem = dtype_bytes(dtype)
+    kv_per_rank = max(1, shape.num_kv_heads // tensor) * shape.head_dim
+    per_layer = 0
+    for name, (out_features, in_features) in lora_module_shapes(shape).items():
+        if name in LORA_ROW_PARALLEL:
+            in_features //= tensor
+        elif name in ("k_proj", "v_proj"):
+            out_features = kv_per_rank
+        else:
+            out_features //= tensor
+        per_layer += max_rank * (in_features + out_features)
+    num_layers = -(-shape.num_layers // pipeline)
+    return num_layers * per_layer * elem
