@@ -147,6 +147,20 @@ BAD_SPECS = {
         "not both",
     ),
     "cel: name too long": (_with("metadata.name", "a" * 41), "at most 40 characters"),
+    "adapter name with '='": (_with("spec.adapters", [{"name": "a=b", "uri": "hf://org/a"}]), "a=b"),
+    "adapter name with ','": (_with("spec.adapters", [{"name": "a,b", "uri": "hf://org/a"}]), "a,b"),
+    "adapter uri scheme": (_with("spec.adapters", [{"name": "a", "uri": "alias:smollm2"}]), "alias:"),
+    "adapter pvc uri without a path": (_with("spec.adapters", [{"name": "a", "uri": "pvc://claim"}]),
+                                       "pvc://claim"),
+    "lora rank not a slot rank": (_with("spec.engine.lora", {"maxRank": 12}), "12"),
+    "lora without slots": (_with("spec.engine.lora", {"maxAdapters": 0}), "0"),
+    "cel: adapter named as the model": (
+        _with("spec.adapters", [{"name": "smollm2", "uri": "hf://org/a"}]), "must differ from spec.model.name",
+    ),
+    "cel: adapter names repeat": (
+        _with("spec.adapters", [{"name": "a", "uri": "hf://org/a"}, {"name": "a", "uri": "hf://org/b"}]),
+        "adapter names must be unique",
+    ),
 }
 
 
@@ -165,3 +179,19 @@ def test_pydantic_rejects_what_the_apiserver_rejects(case):
     obj, _ = BAD_SPECS[case]
     with pytest.raises(SpecError):
         load(obj)
+
+
+ADAPTERS = [{"name": "sql", "uri": "pvc://adapters/sql"}, {"name": "chat.v2", "uri": "hf://org/chat-lora"},
+            {"name": "tone_1", "uri": "https://example.com/tone.tar"}, {"name": "local", "uri": "file:///opt/a"}]
+
+
+def test_apiserver_admits_adapters_without_a_lora_block():
+    defaulted, errors = admit(SCHEMA, _with("spec.adapters", ADAPTERS))
+    assert errors == []
+    assert "lora" not in defaulted["spec"]["engine"]  # the planner applies LoRA's defaults
+
+
+def test_apiserver_fills_the_lora_blocks_defaults():
+    defaulted, errors = admit(SCHEMA, _with("spec.engine.lora", {"maxRank": 64}))
+    assert errors == []
+    assert defaulted["spec"]["engine"]["lora"] == {"maxAdapters": 4, "maxRank": 64, "allowRuntimeLoading": False}

@@ -1,5 +1,6 @@
 """The InferenceService API (`frota.dev/v1alpha1`): pydantic models, the source of truth of the CRD."""
 
+from frota.api.adapters import Adapter, LoRA
 from frota.api.contract import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from frota.api.engine import (
     Engine,
@@ -26,7 +27,7 @@ from frota.api.fleet import (
 )
 from frota.api.resource import InferenceService, ObjectMeta
 from frota.api.spec import InferenceServiceSpec
-from frota.api.status import Capacity, Condition, InferenceServiceStatus, RoleStatus
+from frota.api.status import AdapterStatus, Capacity, Condition, InferenceServiceStatus, RoleStatus
 
 __all__ = [
     "API_VERSION",
@@ -35,6 +36,8 @@ __all__ = [
     "PLURAL",
     "VERSION",
     "Accelerator",
+    "Adapter",
+    "AdapterStatus",
     "Admission",
     "Autoscaling",
     "Capacity",
@@ -46,6 +49,7 @@ __all__ = [
     "InferenceServiceSpec",
     "InferenceServiceStatus",
     "KVCache",
+    "LoRA",
     "ModelSource",
     "ObjectMeta",
     "Parallelism",

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from frota.api.adapters import LoRA
 from frota.api.types import CelRule, FrotaModel, Quantity, nested_default
 
 URI_PATTERN = r"^(alias:[a-z0-9][a-z0-9._-]*|pvc://[a-z0-9][a-z0-9.-]*(/.*)?|hf://[^/\s]+/[^/\s]+|https://\S+|synthetic:\S+)$"
@@ -157,6 +158,13 @@ class Engine(FrotaModel):
     scheduler: SchedulerLimits = Field(
         default_factory=SchedulerLimits, json_schema_extra=nested_default(SchedulerLimits),
         description="Continuous-batching limits per replica.",
+    )
+    lora: LoRA | None = Field(
+        default=None,
+        description=(
+            "LoRA adapter slots; unset: the defaults when spec.adapters lists any, else LoRA off "
+            "(no slots reserved)."
+        ),
     )
     extraArgs: list[str] = Field(
         default_factory=list, max_length=64,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
+from frota.api.adapters import MAX_ADAPTERS_LISTED, Adapter, LoRA
 from frota.api.engine import Engine, ModelSource
 from frota.api.fleet import (
     Autoscaling,
@@ -60,6 +61,14 @@ class InferenceServiceSpec(FrotaModel):
     placement: Placement = Field(
         default_factory=Placement, json_schema_extra=nested_default(Placement), description="Scheduling of worker pods."
     )
+    adapters: list[Adapter] = Field(
+        default_factory=list, max_length=MAX_ADAPTERS_LISTED,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+        description=(
+            "LoRA adapters every worker loads at start; a request's `model` names one. "
+            "Listing any turns LoRA on (spec.engine.lora's defaults unless set)."
+        ),
+    )
 
     cel_rules = (
         CelRule(
@@ -74,6 +83,16 @@ class InferenceServiceSpec(FrotaModel):
             "prefill and decode must use the same tensor-parallel size (KV blocks move rank to rank)",
             ".disaggregation",
         ),
+        CelRule(
+            "!has(self.adapters) || self.adapters.all(a, a.name != self.model.name)",
+            "an adapter's name must differ from spec.model.name (a request's model picks one or the other)",
+            ".adapters",
+        ),
+        CelRule(
+            "!has(self.adapters) || self.adapters.all(a, self.adapters.exists_one(b, b.name == a.name))",
+            "adapter names must be unique",
+            ".adapters",
+        ),
         *VLLM_RULES,
     )
 
@@ -87,6 +106,11 @@ class InferenceServiceSpec(FrotaModel):
             decode = self.disaggregation.decode.parallelism or self.parallelism
             if prefill.tensor != decode.tensor:
                 raise ValueError(self.cel_rules[1].message)
+        names = [a.name for a in self.adapters]
+        if self.model.name in names:
+            raise ValueError(self.cel_rules[2].message)
+        if len(set(names)) != len(names):
+            raise ValueError(self.cel_rules[3].message)
         if problems := self.vllm_problems():
             raise ValueError(problems[0].message)
         return self
@@ -106,6 +130,14 @@ class InferenceServiceSpec(FrotaModel):
             bool(self.engine.extraArgs),
         )
         return [rule for rule, bad in zip(VLLM_RULES, broken, strict=True) if bad]
+
+    @property
+    def lora(self) -> LoRA | None:
+        """The adapter slots in effect: spec.engine.lora, else the defaults when adapters are
+        listed; None: LoRA off."""
+        if self.engine.lora is not None:
+            return self.engine.lora
+        return LoRA() if self.adapters else None
 
     @property
     def worker_image(self) -> str:

@@ -64,6 +64,25 @@ class Capacity(FrotaModel):
     )
 
 
+class AdapterStatus(FrotaModel):
+    """One LoRA adapter: from the spec, or loaded at run time, and where it is loaded."""
+
+    name: str = Field(min_length=1, max_length=63, description="The adapter's served name.")
+    source: Literal["spec", "runtime"] = Field(
+        description="spec: listed in spec.adapters; runtime: loaded through /v1/load_lora_adapter."
+    )
+    path: str | None = Field(
+        default=None, description="Where the workers read it (a runtime-loaded adapter's lora_path)."
+    )
+    residentReplicas: int = Field(
+        default=0, ge=0, description="Serving replicas that have the adapter loaded (listed in /v1/models)."
+    )
+    lastError: str | None = Field(
+        default=None, max_length=1024,
+        description="Why the adapter is missing from a serving replica that answered; unset when none is.",
+    )
+
+
 class InferenceServiceStatus(FrotaModel):
     """Observed state of an InferenceService."""
 
@@ -90,4 +109,12 @@ class InferenceServiceStatus(FrotaModel):
     revision: str | None = Field(default=None, description="Revision of the pod spec the Ready replicas run.")
     capacity: Capacity | None = Field(
         default=None, description="Memory budget per replica: planned, and as the engines report it."
+    )
+    adapters: list[AdapterStatus] = Field(
+        default_factory=list, max_length=256,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+        description=(
+            "Each LoRA adapter, from the spec or loaded at run time, and how many serving "
+            "replicas have it (read from the workers' /v1/models)."
+        ),
     )
