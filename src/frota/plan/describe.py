@@ -17,6 +17,9 @@ def _budget_lines(budget: MemoryBudget | None) -> list[str]:
         f"    weights per rank: {format_bytes(budget.weight_bytes_per_rank)}",
         f"    KV cache per token per rank: {budget.kv_bytes_per_token_per_rank} B",
     ]
+    if budget.adapter_slots:  # LoRA on; without it the lines (and the golden files) stay as they were
+        lines.append(f"    adapter slots per rank: {budget.adapter_slots} x rank {budget.adapter_rank}"
+                     f" = {format_bytes(budget.adapter_bytes_per_rank)}")
     if budget.rank_memory_bytes is None:
         lines.append("    KV cache: set resources.accelerator.memory to plan it")
         return lines
@@ -38,6 +41,9 @@ def describe(isvc: InferenceService, topology: Topology) -> str:
         f"model {topology.served_model_name} "
         f"from {topology.model.uri} (--model {topology.model.model_arg}, delivered by {topology.model.delivery})",
     ]
+    if topology.adapters:
+        lines.append("  adapters: " + ", ".join(f"{a.name} from {a.uri} ({a.path}, delivered by {a.delivery})"
+                                             for a in topology.adapters))
     for role in topology.roles:
         groups = topology.groups_of(role)
         if not groups:

@@ -32,6 +32,11 @@ class MemoryBudget:
     kv_cache_tokens_per_replica: int | None
     max_model_len: int
     sequences_at_max_model_len: int | None
+    # LoRA: slots x bytes of one slot on this rank (`frota.api.memory.lora_slot_bytes`), taken
+    # from the memory before the KV cache; 0 when LoRA is off.
+    adapter_slots: int = 0
+    adapter_rank: int = 0
+    adapter_bytes_per_rank: int = 0
 
 
 def plan_memory(
@@ -47,6 +52,8 @@ def plan_memory(
     rank_memory_bytes: int | None,
     on_accelerator: bool,
     cpu_runtime_overhead_bytes: int | None = None,
+    adapter_slots: int = 0,
+    adapter_rank: int = 16,
 ) -> MemoryBudget:
     """The memory plan of one replica; kv fields are None when the rank's memory is unknown.
 
@@ -54,7 +61,8 @@ def plan_memory(
     runtime's processes hold on CPU besides weights and KV cache; the vllm runtime passes
     its own. None is Frota's engine: its base, plus the second layout of unsharded bfloat16
     projections on CPUs with AMX (`frota.api.memory.cpu_second_layout_bytes`), as the
-    operator cannot see the node's CPU.
+    operator cannot see the node's CPU. `adapter_slots` LoRA slots of rank `adapter_rank`
+    are reserved on every rank before the KV cache (none: LoRA off).
     """
     p = parallelism
     weights = max(memory.weight_bytes_per_stage(shape, weight_quant, dtype,
@@ -65,9 +73,13 @@ def plan_memory(
         cpu_runtime_overhead_bytes = CPU_RUNTIME_OVERHEAD_BYTES + (
             memory.cpu_second_layout_bytes(shape, weight_quant, dtype) if p == Parallelism() else 0)
     overhead = 0 if on_accelerator else cpu_runtime_overhead_bytes
+    adapters = adapter_slots * memory.lora_slot_bytes(shape, adapter_rank, dtype, p.tensor,
+                                                      pipeline=p.pipeline) if adapter_slots else 0
+    lora = {"adapter_slots": adapter_slots, "adapter_rank": adapter_rank if adapter_slots else 0,
+            "adapter_bytes_per_rank": adapters}
     if rank_memory_bytes is None:
-        return MemoryBudget(weights, per_token, None, overhead, None, None, max_model_len, None)
-    kv_bytes = int(rank_memory_bytes * memory_fraction) - overhead - weights
+        return MemoryBudget(weights, per_token, None, overhead, None, None, max_model_len, None, **lora)
+    kv_bytes = int(rank_memory_bytes * memory_fraction) - overhead - weights - adapters
     tokens = max(0, kv_bytes) // per_token // block_size * block_size
     return MemoryBudget(
         weight_bytes_per_rank=weights,
@@ -78,6 +90,7 @@ def plan_memory(
         kv_cache_tokens_per_replica=tokens,
         max_model_len=max_model_len,
         sequences_at_max_model_len=tokens // max_model_len,
+        **lora,
     )
 
 
@@ -93,7 +106,7 @@ def rank_memory_bytes(resources: Resources) -> int | None:
 def role_budget(spec: InferenceServiceSpec, shape: ModelShape, parallelism: Parallelism,
                 resources: Resources, max_model_len: int) -> MemoryBudget:
     """The memory plan of one replica of a role sharded as `parallelism` on `resources`."""
-    engine = spec.engine
+    engine, lora = spec.engine, spec.lora
     return plan_memory(
         shape, parallelism,
         dtype=resolve_dtype(spec, resources),
@@ -105,4 +118,6 @@ def role_budget(spec: InferenceServiceSpec, shape: ModelShape, parallelism: Para
         rank_memory_bytes=rank_memory_bytes(resources),
         on_accelerator=resources.accelerator is not None,
         cpu_runtime_overhead_bytes=vllm.CPU_RUNTIME_OVERHEAD_BYTES if spec.runtime.engine == "vllm" else None,
+        adapter_slots=lora.maxAdapters if lora else 0,
+        adapter_rank=lora.maxRank if lora else 16,
     )

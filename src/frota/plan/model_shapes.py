@@ -15,10 +15,13 @@ from frota.api import synthetic
 from frota.api.memory import ModelShape
 
 Delivery = Literal["image", "pvc", "download", "synthetic"]
+AdapterDelivery = Literal["pvc", "download", "local"]
 
 MODELS_DIR = "/models"
 CACHE_DIR = "/models/cache"
 CONVERTED_DIR = "/models/converted"  # HF-layout copies of image-baked models (`frota convert`)
+ADAPTERS_DIR = "/adapters"  # claims holding adapters are mounted under ADAPTERS_DIR/pvc/CLAIM
+ADAPTER_CACHE_DIR = "/adapters/cache"  # downloaded adapters, one directory each
 
 
 class UnknownModelError(ValueError):
@@ -81,3 +84,35 @@ def locate(uri: str) -> ModelLocation:
     raise UnknownModelError(
         f"unknown scheme {scheme!r}; use alias:, pvc://, hf://, https:// or synthetic:"
     )
+
+
+@dataclass(frozen=True)
+class AdapterLocation:
+    """How one LoRA adapter reaches a worker: the path in its `--lora-modules name=path`
+    and how the directory gets there (as the model's, into a directory of its own)."""
+
+    name: str
+    uri: str
+    path: str
+    delivery: AdapterDelivery
+    pvc_claim: str | None = None
+
+
+def locate_adapter(name: str, uri: str) -> AdapterLocation:
+    """Map an adapter URI (spec.adapters[].uri) to the worker's local path and its delivery.
+
+    `pvc://CLAIM/PATH` is the claim mounted read-only at ADAPTERS_DIR/pvc/CLAIM;
+    `hf://` and `https://` are downloaded into ADAPTER_CACHE_DIR/NAME; `file:///PATH` is
+    PATH on the worker itself.
+    """
+    scheme, sep, rest = uri.partition("://")
+    if scheme == "pvc" and sep:
+        claim, _, path = rest.partition("/")
+        if not claim or not path:
+            raise UnknownModelError(f"{uri!r}: use pvc://CLAIM/PATH (the adapter's directory in the claim)")
+        return AdapterLocation(name, uri, f"{ADAPTERS_DIR}/pvc/{claim}/{path}".rstrip("/"), "pvc", claim)
+    if scheme in ("hf", "https") and sep:
+        return AdapterLocation(name, uri, f"{ADAPTER_CACHE_DIR}/{name}", "download")
+    if scheme == "file" and sep and rest.startswith("/"):
+        return AdapterLocation(name, uri, rest.rstrip("/") or "/", "local")
+    raise UnknownModelError(f"{uri!r}: use pvc://CLAIM/PATH, hf://ORG/REPO, https://URL or file:///PATH")

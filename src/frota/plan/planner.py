@@ -16,12 +16,14 @@ from frota.api.runtime import Runtime
 from frota.plan.memory import MemoryBudget, role_budget
 from frota.plan.model_shapes import (
     CONVERTED_DIR,
+    AdapterLocation,
     ModelLocation,
     UnknownModelError,
     locate,
+    locate_adapter,
 )
 from frota.plan.quantity import format_bytes
-from frota.plan.runtimes import Launch, vllm, worker_dtype
+from frota.plan.runtimes import Launch, lora_args, vllm, worker_dtype
 from frota.plan.topology import (
     Addressing,
     KubernetesAddressing,
@@ -51,6 +53,8 @@ def revision(spec: InferenceServiceSpec, role: WorkerRole, parallelism: Parallel
     }
     if spec.runtime != Runtime():  # left out by default, so the revisions of frota specs hold
         parts["runtime"] = spec.runtime.to_wire()
+    if spec.adapters:  # likewise: specs without adapters keep their revisions
+        parts["adapters"] = [a.to_wire() for a in spec.adapters]
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:10]
 
 
@@ -112,6 +116,9 @@ def _memory_error(rs: RoleShape, budget: MemoryBudget, memory_fraction: float) -
             else f"{rs.resources_field}.memory")
     runtime = (f" and {format_bytes(budget.runtime_overhead_bytes)} of runtime"
                if budget.runtime_overhead_bytes else "")
+    if budget.adapter_bytes_per_rank:
+        runtime += (f" and {format_bytes(budget.adapter_bytes_per_rank)} of adapter slots "
+                    "(spec.engine.lora)")
     return FieldError(what, (
         f"{format_bytes(budget.rank_memory_bytes)} per rank x memoryFraction "
         f"{memory_fraction} leaves {format_bytes(budget.kv_cache_bytes_per_rank or 0)} "
@@ -154,15 +161,18 @@ def model_path(location: ModelLocation, spec: InferenceServiceSpec, converted_di
 def _vllm_group(
     spec: InferenceServiceSpec, group_name: str, rs: RoleShape, replica: int, ordinal: int,
     path: str, budget: MemoryBudget | None, addressing: Addressing,
+    adapters: tuple[AdapterLocation, ...] = (),
 ) -> ReplicaGroup:
     p = rs.parallelism
     world = p.world_size
     kv = budget.kv_cache_bytes_per_rank if budget is not None else None
+    modules = tuple((a.name, a.path) for a in adapters)
 
     def launch(rank: int | None, port: int) -> Launch:
         return vllm.launch(spec, p, rs.resources, model_path=path, port=port,
                            master_addr=addressing.master_addr(group_name),
-                           master_port=addressing.master_port(ordinal), rank=rank, kv_cache_bytes=kv)
+                           master_port=addressing.master_port(ordinal), rank=rank, kv_cache_bytes=kv,
+                           adapters=modules)
 
     ranks = []
     for index in range(world):
@@ -174,16 +184,37 @@ def _vllm_group(
                         budget, template)
 
 
+def frota_lora_args(spec: InferenceServiceSpec, adapters: tuple[AdapterLocation, ...]) -> list[str]:
+    """`frota worker`'s LoRA flags: vLLM's names, and `--allow-runtime-lora` for runtime loading."""
+    args = lora_args(spec.lora, [(a.name, a.path) for a in adapters])
+    if spec.lora is not None and spec.lora.allowRuntimeLoading:
+        args.append("--allow-runtime-lora")
+    return args
+
+
+def _adapters(spec: InferenceServiceSpec) -> tuple[AdapterLocation, ...]:
+    """Where each worker reads spec.adapters; SpecError naming the adapter's uri."""
+    errors, found = [], []
+    for i, adapter in enumerate(spec.adapters):
+        try:
+            found.append(locate_adapter(adapter.name, adapter.uri))
+        except UnknownModelError as exc:
+            errors.append(FieldError(f"spec.adapters[{i}].uri", str(exc)))
+    if errors:
+        raise SpecError(errors)
+    return tuple(found)
+
+
 def _group(
     spec: InferenceServiceSpec, name: str, rs: RoleShape, replica: int, ordinal: int,
     location: ModelLocation, budget: MemoryBudget | None, addressing: Addressing,
-    converted_dir: str = CONVERTED_DIR,
+    converted_dir: str = CONVERTED_DIR, adapters: tuple[AdapterLocation, ...] = (),
 ) -> ReplicaGroup:
     p = rs.parallelism
     group_name = f"{name}-{rs.role}-{replica}"
     if spec.runtime.engine == "vllm":
         path = model_path(location, spec, converted_dir)
-        return _vllm_group(spec, group_name, rs, replica, ordinal, path, budget, addressing)
+        return _vllm_group(spec, group_name, rs, replica, ordinal, path, budget, addressing, adapters)
     world = p.world_size
     group_env = {
         "FROTA_WORLD_SIZE": str(world),
@@ -201,7 +232,7 @@ def _group(
     for index in range(world):
         port = addressing.http_port(ordinal, index)
         args = ("worker", "--model", location.model_arg, "--port", str(port),
-                "--role", ENGINE_ROLE[rs.role], *spec.engine.extraArgs)
+                "--role", ENGINE_ROLE[rs.role], *frota_lora_args(spec, adapters), *spec.engine.extraArgs)
         ranks.append(Rank(index, args, {**group_env, "FROTA_RANK": str(index)}, port))
     return ReplicaGroup(group_name, rs.role, replica, ordinal, p, tuple(ranks), rs.revision,
                         budget)
@@ -244,6 +275,7 @@ def plan(isvc: InferenceService, addressing: Addressing | None = None,
         location = locate(spec.model.uri)
     except UnknownModelError as exc:
         raise SpecError([FieldError("spec.model.uri", str(exc))]) from None
+    adapters = _adapters(spec)
     shapes = role_shapes(spec)
     budgets = _budgets(spec, shapes, location)
     warnings = () if location.shape else (
@@ -253,7 +285,7 @@ def plan(isvc: InferenceService, addressing: Addressing | None = None,
     for rs in shapes:
         for replica in range(rs.groups):
             groups.append(_group(spec, name, rs, replica, len(groups), location, budgets.get(rs.role),
-                                 addressing, converted_dir))
+                                 addressing, converted_dir, adapters))
     router_env = {
         "FROTA_MAX_INFLIGHT": str(spec.router.admission.maxInflight),
         "FROTA_MAX_QUEUE": str(spec.router.admission.maxQueue),
@@ -270,4 +302,5 @@ def plan(isvc: InferenceService, addressing: Addressing | None = None,
         router=RouterPlan(spec.router.replicas, spec.router.policy, router_env),
         role_shapes=shapes,
         warnings=warnings,
+        adapters=adapters,
     )

@@ -13,7 +13,7 @@ from typing import Literal, Protocol
 from frota.api import Parallelism, Resources
 from frota.api.contract import Role, WorkerRole
 from frota.plan.memory import MemoryBudget
-from frota.plan.model_shapes import ModelLocation
+from frota.plan.model_shapes import AdapterLocation, ModelLocation
 from frota.plan.runtimes import FROTA_COMMAND, Launch
 
 WORKER_PORT = 8000
@@ -152,6 +152,7 @@ class Topology:
     router: RouterPlan
     role_shapes: tuple[RoleShape, ...]  # one per role: prefill, decode; or worker
     warnings: tuple[str, ...] = field(default=())
+    adapters: tuple[AdapterLocation, ...] = ()  # spec.adapters, where each worker reads them
 
     def groups_of(self, role: WorkerRole) -> tuple[ReplicaGroup, ...]:
         return tuple(g for g in self.groups if g.role == role)

@@ -9,12 +9,22 @@ from frota.api import EnvVar, InferenceService, Resources
 from frota.api.contract import Label
 from frota.operator.builders import pods
 from frota.operator.builders.common import labels, metadata, selector_labels
-from frota.plan.model_shapes import CACHE_DIR, CONVERTED_DIR, MODELS_DIR, ModelLocation
+from frota.plan.model_shapes import (
+    ADAPTER_CACHE_DIR,
+    ADAPTERS_DIR,
+    CACHE_DIR,
+    CONVERTED_DIR,
+    MODELS_DIR,
+    AdapterLocation,
+    ModelLocation,
+)
 from frota.plan.topology import MASTER_PORT, WORKER_PORT, ReplicaGroup, Topology
 
 # Model load can take many minutes for large weights; the startup probe allows 30.
 STARTUP_PERIOD_SECONDS = 10
 STARTUP_FAILURES = 180
+# Room for each downloaded adapter (a rank-64 adapter of an 8B model is ~170 MiB in bfloat16).
+ADAPTER_CACHE_SIZE_MIB = 2048
 
 
 def engine_configmap_name(isvc: InferenceService) -> str:
@@ -50,7 +60,7 @@ def _user_env(env: list[EnvVar]) -> list[dict[str, Any]]:
 
 def _filled_by_frota(isvc: InferenceService, name: str, volume: str, path: str,
                      args: list[str], env: list[dict[str, Any]],
-                     resources: dict[str, Any]) -> tuple[list, list, list]:
+                     resources: dict[str, Any], size: str | None = None) -> tuple[list, list, list]:
     """An emptyDir at `path` that an init container of Frota's image fills (`frota ARGS`),
     mounted read-only in the worker: (volumes, worker mounts, init containers)."""
     _, tmp_mount = pods.tmp_volume()
@@ -65,8 +75,19 @@ def _filled_by_frota(isvc: InferenceService, name: str, volume: str, path: str,
         "securityContext": pods.container_security_context(),
         "volumeMounts": [tmp_mount, {"name": volume, "mountPath": path}],
     }
-    empty_dir = {"name": volume, "emptyDir": {"sizeLimit": isvc.spec.model.cacheSize}}
+    empty_dir = {"name": volume, "emptyDir": {"sizeLimit": size or isvc.spec.model.cacheSize}}
     return [empty_dir], [{"name": volume, "mountPath": path, "readOnly": True}], [init]
+
+
+FETCH_RESOURCES = {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}}
+
+
+def _fetch_env(isvc: InferenceService) -> list[dict[str, Any]]:
+    env = list(pods.WRITABLE_HOME_ENV)
+    if isvc.spec.model.credentials is not None:
+        env.append({"name": "HF_TOKEN",
+                    "valueFrom": {"secretKeyRef": isvc.spec.model.credentials.to_wire()}})
+    return env
 
 
 def model_volumes(isvc: InferenceService, location: ModelLocation) -> tuple[list, list, list]:
@@ -76,14 +97,34 @@ def model_volumes(isvc: InferenceService, location: ModelLocation) -> tuple[list
         return [volume], [{"name": "model", "mountPath": MODELS_DIR, "readOnly": True}], []
     if location.delivery != "download":
         return [], [], []  # baked into the image, or generated (synthetic)
-    env = list(pods.WRITABLE_HOME_ENV)
-    if isvc.spec.model.credentials is not None:
-        env.append({"name": "HF_TOKEN",
-                    "valueFrom": {"secretKeyRef": isvc.spec.model.credentials.to_wire()}})
     return _filled_by_frota(
         isvc, "fetch-model", "model-cache", CACHE_DIR,
-        ["fetch", location.uri, "--dest", location.model_arg], env,
-        {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}})
+        ["fetch", location.uri, "--dest", location.model_arg], _fetch_env(isvc), FETCH_RESOURCES)
+
+
+def adapter_volumes(isvc: InferenceService, adapters: tuple[AdapterLocation, ...]) -> tuple[list, list, list]:
+    """(volumes, worker mounts, init containers) that deliver spec.adapters as the model is
+    delivered: each claim mounted read-only once (at ADAPTERS_DIR/pvc/CLAIM), the downloads
+    fetched by one init container each into their own directory of one emptyDir."""
+    volumes: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = []
+    claims = list(dict.fromkeys(a.pvc_claim for a in adapters if a.delivery == "pvc"))
+    for i, claim in enumerate(claims):
+        name = f"adapters-pvc-{i}"  # claim names can outgrow a volume name's 63 characters
+        volumes.append({"name": name, "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
+        mounts.append({"name": name, "mountPath": f"{ADAPTERS_DIR}/pvc/{claim}", "readOnly": True})
+    downloads = [a for a in adapters if a.delivery == "download"]
+    init: list[dict[str, Any]] = []
+    if downloads:
+        size = f"{ADAPTER_CACHE_SIZE_MIB * len(downloads)}Mi"
+        for i, adapter in enumerate(downloads):
+            cache, cache_mount, fetch = _filled_by_frota(
+                isvc, f"fetch-adapter-{i}", "adapter-cache", ADAPTER_CACHE_DIR,
+                ["fetch", adapter.uri, "--dest", adapter.path], _fetch_env(isvc), FETCH_RESOURCES, size)
+            init += fetch
+        volumes += cache
+        mounts += cache_mount
+    return volumes, mounts, init
 
 
 def converted_model(isvc: InferenceService, location: ModelLocation,
@@ -120,9 +161,10 @@ def _pod_spec(isvc: InferenceService, topology: Topology, group: ReplicaGroup,
     tmp, tmp_mount = pods.tmp_volume()
     volumes, mounts, init = model_volumes(isvc, topology.model)
     more_volumes, more_mounts, more_init = converted_model(isvc, topology.model, resources)
-    volumes = [tmp, *volumes, *more_volumes]
-    mounts = [tmp_mount, *mounts, *more_mounts]
-    init = [*init, *more_init]
+    lora_volumes, lora_mounts, lora_init = adapter_volumes(isvc, topology.adapters)
+    volumes = [tmp, *volumes, *more_volumes, *lora_volumes]
+    mounts = [tmp_mount, *mounts, *more_mounts, *lora_mounts]
+    init = [*init, *more_init, *lora_init]
     if resources.accelerator is not None or spec.runtime.engine == "vllm":
         # NCCL, and vLLM's processes, move data through shared memory; the default /dev/shm
         # is 64 MiB.

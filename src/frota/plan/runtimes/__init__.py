@@ -7,10 +7,10 @@ planner puts the result into the Topology; the builders render it into pods, and
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from frota.api import InferenceServiceSpec, Resources
+from frota.api import InferenceServiceSpec, LoRA, Resources
 
 #: Frota's runtime: the worker image's `frota` command (`frota worker ...`).
 FROTA_COMMAND = ("frota",)
@@ -31,6 +31,17 @@ def worker_dtype(spec: InferenceServiceSpec, resources: Resources) -> str:
     if spec.engine.dtype == "auto" and resources.accelerator is None:
         return "auto"
     return resolve_dtype(spec, resources)
+
+
+def lora_args(lora: LoRA | None, adapters: Sequence[tuple[str, str]]) -> list[str]:
+    """The LoRA flags both runtimes share (vLLM's names): slots, rank, and each adapter as
+    `name=path` after one `--lora-modules`; none when LoRA is off."""
+    if lora is None:
+        return []
+    args = ["--enable-lora", "--max-loras", str(lora.maxAdapters), "--max-lora-rank", str(lora.maxRank)]
+    if adapters:
+        args += ["--lora-modules", *(f"{name}={path}" for name, path in adapters)]
+    return args
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,9 @@ Mapped (each a unit test in tests/operator/test_runtime_vllm.py):
 | engine.quantization.kvCache fp8              | `--kv-cache-dtype fp8`                              |
 | ranks over several pods                      | `--nnodes`, `--node-rank`, `--master-addr/-port`, `--headless` off rank 0 |
 | (tools)                                      | `--enable-auto-tool-choice --tool-call-parser hermes` |
+| engine.lora (or spec.adapters' defaults)     | `--enable-lora`, `--max-loras`, `--max-lora-rank`   |
+| spec.adapters (each name, its local path)    | `--lora-modules name=path ...`                      |
+| engine.lora.allowRuntimeLoading              | `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`             |
 | runtime.args                                 | appended last                                       |
 
 `engine.scheduler.maxQueue` has no vLLM flag: the router's admission answers 429 in
@@ -28,9 +31,10 @@ from __future__ import annotations
 
 import math
 import shlex
+from collections.abc import Sequence
 
 from frota.api import InferenceServiceSpec, Parallelism, Resources
-from frota.plan.runtimes import Launch, resolve_dtype
+from frota.plan.runtimes import Launch, lora_args, resolve_dtype
 
 #: vLLM's OpenAI server, as its images name it.
 SERVER = ("vllm", "serve")
@@ -50,7 +54,7 @@ CPU_RUNTIME_OVERHEAD_BYTES = 5 * GIB // 2
 
 
 def serve_args(spec: InferenceServiceSpec, parallelism: Parallelism, resources: Resources,
-               model_path: str, port: int) -> list[str]:
+               model_path: str, port: int, adapters: Sequence[tuple[str, str]] = ()) -> list[str]:
     """The flags every rank of a group shares, from the spec (runtime.args not yet appended)."""
     engine = spec.engine
     args = [
@@ -76,7 +80,14 @@ def serve_args(spec: InferenceServiceSpec, parallelism: Parallelism, resources: 
         args += ["--kv-cache-dtype", "fp8"]
     if resources.accelerator is not None:
         args += ["--gpu-memory-utilization", str(engine.kvCache.memoryFraction)]
-    return args
+    return args + lora_args(spec.lora, adapters)
+
+
+def lora_env(spec: InferenceServiceSpec) -> dict[str, str]:
+    """vLLM reads runtime loading (/v1/load_lora_adapter) from its environment, not a flag."""
+    if spec.lora is not None and spec.lora.allowRuntimeLoading:
+        return {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+    return {}
 
 
 def multi_node_args(world_size: int, rank: int | None, master_addr: str, master_port: int) -> list[str]:
@@ -113,15 +124,16 @@ def cpu_env(resources: Resources, kv_cache_bytes: int | None) -> dict[str, str]:
 def launch(spec: InferenceServiceSpec, parallelism: Parallelism, resources: Resources, *,
            model_path: str, port: int, master_addr: str, master_port: int,
            rank: int | None, kv_cache_bytes: int | None,
-           server: tuple[str, ...] = SERVER) -> Launch:
-    """One rank of a vLLM group; `rank=None` renders the group's shared pod template."""
+           server: tuple[str, ...] = SERVER, adapters: Sequence[tuple[str, str]] = ()) -> Launch:
+    """One rank of a vLLM group; `rank=None` renders the group's shared pod template.
+    `adapters`: (name, local path) of each spec adapter."""
     world = parallelism.tensor * parallelism.pipeline
-    args = (*serve_args(spec, parallelism, resources, model_path, port),
+    args = (*serve_args(spec, parallelism, resources, model_path, port, adapters),
             *multi_node_args(world, rank, master_addr, master_port), *spec.runtime.args)
     command = server
     if rank is None and world > 1:
         command = ("/bin/sh", "-c", HEADLESS_UNLESS_RANK_0, *server)
-    return Launch(command=command, args=args, env=cpu_env(resources, kv_cache_bytes),
+    return Launch(command=command, args=args, env={**cpu_env(resources, kv_cache_bytes), **lora_env(spec)},
                   live_path="/health", ready_path="/health")
 
 
