@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.resources
 import importlib.util
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import yaml
 
 from frota.api import InferenceService
 from frota.plan import planner
+from frota.plan.model_shapes import AdapterLocation
 from frota.plan.runtimes import FROTA_COMMAND
 from frota.plan.topology import ReplicaGroup, Topology
 from frota.plan.validation import SpecError
@@ -106,9 +108,22 @@ def with_runtime(obj: dict, runtime: str, from_default: bool) -> dict:
     return obj
 
 
-def load(path: str | None, runtime: str | None = None) -> InferenceService:
+def with_adapters(obj: dict, adapters: Sequence[tuple[str, str]]) -> dict:
+    """The manifest with each (name, local path) as a `file://` entry of spec.adapters
+    (`frota up --adapter NAME=PATH`); one the manifest already names is replaced."""
+    spec = obj.setdefault("spec", {})
+    given = {name: {"name": name, "uri": "file://" + os.path.abspath(os.path.expanduser(path))}
+             for name, path in adapters}
+    kept = [a for a in spec.get("adapters") or [] if not (isinstance(a, dict) and a.get("name") in given)]
+    spec["adapters"] = [*kept, *given.values()]
+    return obj
+
+
+def load(path: str | None, runtime: str | None = None,
+         adapters: Sequence[tuple[str, str]] = ()) -> InferenceService:
     """Read and validate a manifest file (or the embedded default); `runtime` overrides
-    `spec.runtime.engine` (`frota up --runtime`)."""
+    `spec.runtime.engine` (`frota up --runtime`); `adapters` are added to spec.adapters
+    (`frota up --adapter`)."""
     if path is None:
         text, origin = default_manifest_text(), "the built-in default"
     else:
@@ -128,6 +143,8 @@ def load(path: str | None, runtime: str | None = None) -> InferenceService:
     obj = services[0]
     if runtime is not None:
         obj = with_runtime(obj, runtime, from_default=path is None)
+    if adapters:
+        obj = with_adapters(obj, adapters)
     try:
         return validate(obj)
     except SpecError as exc:
@@ -172,6 +189,7 @@ def plan(isvc: InferenceService) -> LocalTopology:
     except SpecError as exc:
         raise ManifestError(_invalid(isvc.to_wire(), exc)) from exc
     _check_model(topo.model.uri, topo.model.delivery)
+    _check_adapters(topo.adapters)
     extra_env = _engine_env(isvc)
     spec = isvc.spec
     runtime = spec.runtime.engine
@@ -225,6 +243,23 @@ def _check_model(uri: str, delivery: str) -> None:
         f"model {uri}: {scheme}:// models need a cluster; `frota up` serves alias: and "
         "synthetic: models (e.g. alias:smollm2)"
     )
+
+
+def _check_adapters(adapters: Sequence[AdapterLocation]) -> None:
+    """Adapters `frota up` can serve: directories on this machine (`file://`, `--adapter`)."""
+    for adapter in adapters:
+        if adapter.delivery != "local":
+            scheme = adapter.uri.split(":", 1)[0]
+            raise UnsupportedLocally(
+                f"adapter {adapter.name} ({adapter.uri}): {scheme}:// adapters need a cluster; "
+                f"`frota up` serves adapter directories on this machine: --adapter {adapter.name}=PATH "
+                "or a file:///PATH uri"
+            )
+        if not Path(adapter.path).is_dir():
+            raise UnsupportedLocally(
+                f"adapter {adapter.name}: {adapter.path} is not a directory (a PEFT adapter: "
+                "adapter_config.json and adapter_model.safetensors)"
+            )
 
 
 def _engine_env(isvc: InferenceService) -> dict[str, str]:

@@ -37,6 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the engine behind the workers, overriding the manifest's "
                              "spec.runtime.engine (vllm: vLLM's `vllm serve`, found as $FROTA_VLLM "
                              "or on PATH)")
+    parser.add_argument("--adapter", action="append", default=[], type=_adapter, metavar="NAME=PATH",
+                        help="serve the LoRA adapter (a PEFT directory) at PATH as model NAME; "
+                             "repeatable; added to the manifest's spec.adapters")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address the router and workers listen on (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="router port (default: 8000)")
@@ -59,6 +62,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--launcher", default=None, help=argparse.SUPPRESS)
 
 
+def _adapter(value: str) -> tuple[str, str]:
+    """`--adapter NAME=PATH` as (name, path); the name is checked with the manifest."""
+    name, sep, path = value.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"{value!r}: use NAME=PATH (e.g. sql=./adapters/sql)")
+    return name, path
+
+
 def _fail(message: str, code: int = 1) -> int:
     print(f"frota up: {message}", file=sys.stderr, flush=True)
     return code
@@ -67,7 +78,7 @@ def _fail(message: str, code: int = 1) -> int:
 def run(args: argparse.Namespace) -> int:
     """Validate, plan, start the fleet, wait until it is ready, and serve until stopped."""
     try:
-        isvc = load(args.file, runtime=args.runtime)
+        isvc = load(args.file, runtime=args.runtime, adapters=args.adapter)
         if args.print_manifest:
             from frota.api.yamlio import dump_all
 
