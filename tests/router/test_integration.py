@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +18,9 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+
+from tests.metrics_text import prefix_cache_counters
+from tests.processes import ServingProcess, free_port, frota_argv
 
 pytestmark = pytest.mark.slow
 
@@ -41,85 +42,24 @@ def worker_unavailable_reason() -> str | None:
     return None
 
 
-def die_with_parent() -> None:
-    """Runs in the child: SIGTERM it when the test process dies, even when killed."""
-    import ctypes
-
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Proc:
-    """A `frota` child process serving HTTP on a free port."""
-
-    def __init__(self, argv: list[str], port: int, log: Path) -> None:
-        self.argv, self.port, self.log_path = argv, port, log
-        self.url = f"http://127.0.0.1:{port}"
-        self.popen: subprocess.Popen[bytes] | None = None
-        self.start()
-
-    def start(self) -> None:
-        with open(self.log_path, "ab") as log:
-            self.popen = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
-                                          preexec_fn=die_with_parent)
-
-    def wait_ready(self, timeout: float) -> None:
-        import urllib.error
-        import urllib.request
-
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.popen is not None
-            if self.popen.poll() is not None:
-                raise AssertionError(f"{self.argv[3]} exited: {self.log_path.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(self.url + "/ready", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.1)
-        raise AssertionError(f"not ready after {timeout}s: {self.log_path.read_text()[-3000:]}")
-
-    def kill(self) -> None:
-        assert self.popen is not None
-        self.popen.kill()
-        self.popen.wait()
-
-    def stop(self) -> None:
-        if self.popen is not None and self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(20)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-
-def start_worker(tmp: Path, name: str, port: int | None = None) -> Proc:
+def start_worker(tmp: Path, name: str, port: int | None = None) -> ServingProcess:
     port = port or free_port()
-    argv = [sys.executable, "-m", "frota.cli.main", "worker", "--model", "smollm2",
-            "--host", "127.0.0.1", "--port", str(port), "--max-num-seqs", "32",
-            "--num-kv-blocks", "512"]
-    return Proc(argv, port, tmp / f"{name}.log")
+    argv = frota_argv("worker", "--model", "smollm2", "--max-num-seqs", "32",
+                      "--num-kv-blocks", "512", port=port)
+    return ServingProcess(name, argv, port, tmp / f"{name}.log")
 
 
-def start_router(tmp: Path, workers: list[Proc], policy: str, *extra: str) -> Proc:
+def start_router(tmp: Path, workers: list[ServingProcess], policy: str,
+                 *extra: str) -> ServingProcess:
     port = free_port()
-    argv = [sys.executable, "-m", "frota.cli.main", "router", "--host", "127.0.0.1",
-            "--port", str(port), "--policy", policy, "--probe-interval", "0.2",
-            "--workers", ",".join(w.url for w in workers), *extra]
-    router = Proc(argv, port, tmp / f"router-{policy}-{port}.log")
-    router.wait_ready(60)
-    return router
+    argv = frota_argv("router", "--policy", policy, "--probe-interval", "0.2",
+                      "--workers", ",".join(w.url for w in workers), *extra, port=port)
+    name = f"router-{policy}-{port}"
+    return ServingProcess(name, argv, port, tmp / f"{name}.log").wait_ready(60)
 
 
 @pytest.fixture(scope="module")
-def workers(tmp_path_factory) -> Iterator[list[Proc]]:
+def workers(tmp_path_factory) -> Iterator[list[ServingProcess]]:
     reason = worker_unavailable_reason()
     if reason:
         pytest.skip(reason)
@@ -136,9 +76,9 @@ def workers(tmp_path_factory) -> Iterator[list[Proc]]:
 
 @pytest.fixture
 def router_factory(tmp_path, workers):
-    started: list[Proc] = []
+    started: list[ServingProcess] = []
 
-    def make(policy: str, *extra: str) -> Proc:
+    def make(policy: str, *extra: str) -> ServingProcess:
         router = start_router(tmp_path, workers, policy, *extra)
         started.append(router)
         return router
@@ -148,14 +88,14 @@ def router_factory(tmp_path, workers):
         router.stop()
 
 
-def client(router: Proc):
+def client(router: ServingProcess):
     import openai
 
     # No client-side retries: what is tested is the router's own behaviour.
     return openai.OpenAI(base_url=router.url + "/v1", api_key="none", max_retries=0)
 
 
-def served_by(router: Proc, **kwargs) -> tuple[str, str]:
+def served_by(router: ServingProcess, **kwargs) -> tuple[str, str]:
     raw = client(router).completions.with_raw_response.create(
         model="smollm2", max_tokens=kwargs.pop("max_tokens", 2), temperature=0, **kwargs)
     return raw.headers["x-frota-worker"], raw.parse().choices[0].text
@@ -164,15 +104,8 @@ def served_by(router: Proc, **kwargs) -> tuple[str, str]:
 def prefix_counters(url: str) -> tuple[float, float]:
     import urllib.request
 
-    text = urllib.request.urlopen(url + "/metrics", timeout=5).read().decode()
-    hits = queries = 0.0
-    for line in text.splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in ("vllm:prefix_cache_hits", "vllm:prefix_cache_hits_total"):
-            hits += float(line.rsplit(" ", 1)[-1])
-        elif name in ("vllm:prefix_cache_queries", "vllm:prefix_cache_queries_total"):
-            queries += float(line.rsplit(" ", 1)[-1])
-    return hits, queries
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+        return prefix_cache_counters(r.read().decode())
 
 
 def long_prompt(tag: str, n: int = 120) -> str:
@@ -210,7 +143,8 @@ def test_least_load_spreads_concurrent_streams(workers, router_factory):
     assert max(counts.values()) - min(counts.values()) <= 2
 
 
-def prefix_run(router: Proc, workers: list[Proc], tag: str) -> tuple[float, dict[str, set[str]]]:
+def prefix_run(router: ServingProcess, workers: list[ServingProcess],
+               tag: str) -> tuple[float, dict[str, set[str]]]:
     before = [prefix_counters(w.url) for w in workers]
     owners: dict[str, set[str]] = {}
     for round_ in range(3):
