@@ -20,7 +20,6 @@ import argparse
 import copy
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,8 @@ import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from tests.processes import free_port  # noqa: E402 (the tests' process harness)
+
 NAMESPACE = "frota-bench"
 TARGET_SECONDS = 30.0
 TARGET_RSS_MB = 150.0
@@ -192,12 +193,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             log.seek(0)
             result["operator_log_tail"] = log.read()[-3000:]
         return result
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_healthy(port: int, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:

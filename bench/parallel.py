@@ -15,19 +15,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+# free_port comes from the tests' process harness.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.processes import free_port
 
 LAYOUTS = {"1": (1, 1, 1), "TP2": (2, 1, 1), "PP2": (1, 2, 1), "EP2": (2, 1, 2)}
 BATCHES = (1, 32)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rank_main(model: str, tp: int, pp: int, ep: int, steps: int) -> None:
