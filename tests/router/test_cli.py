@@ -4,7 +4,6 @@ import argparse
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 
@@ -13,6 +12,7 @@ import aiohttp
 from frota.router import cli
 from frota.router.app import RouterConfig
 from frota.router.policies import PolicyName, PrefixAwareConfig
+from tests.processes import free_port
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -68,12 +68,6 @@ def test_router_modules_never_import_torch_or_the_engine():
             "print(bad); sys.exit(1 if bad else 0)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def test_frota_router_serves_and_stops_on_sigterm(start_worker):
