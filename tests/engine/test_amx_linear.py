@@ -3,15 +3,32 @@ compute, for every tail of rows and output features, and are chosen only where t
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from frota.engine import kernels
+from frota.engine.kernels import isa
 from frota.engine.kernels import linear as packing
 
 ops = packing.amx_ops()
-pytestmark = pytest.mark.skipif(ops is None, reason="no AMX tiles on this CPU (or the kernels are off)")
+
+
+def _why_not() -> str:
+    """Why no AMX here: the CPU (its amx_bf16 flag), a switch, or no kernels."""
+    if os.environ.get("FROTA_AMX") == "0" or os.environ.get("FROTA_PACKED_LINEAR") == "0":
+        return "switched off (FROTA_AMX=0 or FROTA_PACKED_LINEAR=0)"
+    if kernels.cpu_kernels() is None:
+        return "Frota's C++ kernels cannot be built here"
+    if "amx_bf16" not in (isa.host_cpu_flags() or frozenset()):
+        return "this CPU has no AMX tiles (amx_bf16)"
+    return "this CPU has AMX tiles (amx_bf16) but the OS did not grant them (arch_prctl XCOMP_PERM)"
+
+
+pytestmark = pytest.mark.skipif(ops is None, reason=_why_not())
 
 
 def _onednn(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:

@@ -10,7 +10,8 @@ from torch import nn
 
 from frota.engine.kernels import linear as packing
 
-pytestmark = pytest.mark.skipif(not packing.supported(torch.float32), reason="no oneDNN packing here")
+pytestmark = pytest.mark.skipif(not packing.supported(torch.float32),
+                                reason="no oneDNN packing: FROTA_PACKED_LINEAR=0, or this torch has no oneDNN")
 
 
 @pytest.mark.parametrize("rows", [1, 7, 64, 300])

@@ -9,13 +9,25 @@ import torch.nn.functional as F
 
 from frota.engine import kernels
 from frota.engine.attention import prefill_kernels
+from frota.engine.kernels import isa, paths
 
 ops = kernels.cpu_kernels()
 _q32, _k32 = torch.zeros(1, 9, 64), torch.zeros(1, 3, 64)
+
+
+def _why_not(flag: str) -> str:
+    """Why the kernel does not take this dtype here: the CPU feature it is built for, or no build."""
+    if ops is None:
+        return "Frota's C++ kernels cannot be built here"
+    if flag not in (isa.host_cpu_flags() or frozenset()):
+        return f"this CPU has no {flag}: the C++ prefill attention is built for it"
+    return f"these C++ kernels were built without {flag} ({paths.kernels_summary()})"
+
+
 pytestmark = pytest.mark.skipif(ops is None or not ops.prefill_attention_takes(_q32, _k32),
-                                reason="no C++ kernels built with AVX-512 here")
+                                reason=_why_not("avx512f"))
 BF16 = ops is not None and ops.prefill_attention_takes(_q32.bfloat16(), _k32.bfloat16())
-bf16_only = pytest.mark.skipif(not BF16, reason="no AVX-512 BF16 in this build")
+bf16_only = pytest.mark.skipif(not BF16, reason=_why_not("avx512_bf16"))
 AMX = ops is not None and ops.amx_available()
 
 
