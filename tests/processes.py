@@ -9,6 +9,7 @@ is stopped with SIGTERM, then SIGKILL after a grace period.
 from __future__ import annotations
 
 import asyncio
+import http.client
 import os
 import signal
 import socket
@@ -78,7 +79,8 @@ class ServingProcess:
                 with _DIRECT.open(self.url + path, timeout=2) as r:
                     if r.status == 200:
                         return self
-            except (urllib.error.URLError, OSError):  # not listening yet, or not 2xx
+            # Not listening yet, not 2xx, or a connection cut mid-answer: not ready.
+            except (urllib.error.URLError, OSError, http.client.HTTPException):
                 pass
             time.sleep(0.1)
         raise TimeoutError(f"{self.name} not ready after {timeout_s:.0f}s; {self._log_tail()}")
