@@ -110,11 +110,11 @@ class InferenceServiceStatus(FrotaModel):
     capacity: Capacity | None = Field(
         default=None, description="Memory budget per replica: planned, and as the engines report it."
     )
-    adapters: list[AdapterStatus] = Field(
-        default_factory=list, max_length=256,
+    adapters: list[AdapterStatus] | None = Field(
+        default=None, max_length=256,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
         description=(
             "Each LoRA adapter, from the spec or loaded at run time, and how many serving "
-            "replicas have it (read from the workers' /v1/models)."
+            "replicas have it (read from the workers' /v1/models); unset while LoRA is off."
         ),
     )

@@ -19,7 +19,7 @@ import kopf
 
 from frota.api import contract
 from frota.api.contract import APP_NAME, CHILD_KINDS, ENDPOINT_SLICE, POD, ChildKind, Label
-from frota.operator import autoscale, autoscaler, converge, kv_report, peering
+from frota.operator import adapter_report, autoscale, autoscaler, converge, kv_report, peering
 from frota.operator.desired import InvalidSpec, desired_state
 from frota.operator.observe import IMAGE_PULL_REASONS
 from frota.operator.settings import OperatorSettings
@@ -230,12 +230,15 @@ async def autoscale_inferenceservice(body: kopf.Body, memo: kopf.Memo, logger: k
 
 
 async def report_capacity(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """Read the KV cache the serving workers' engines report (status.capacity);
-    the reconcile loop writes it."""
+    """Read the KV cache the serving workers' engines report (status.capacity) and, with
+    LoRA on, the adapters they have loaded (status.adapters); the reconcile loop writes them."""
     state: OperatorState = memo["state"]
     try:
-        role = desired_state(plain(body)).intent.serving_role
+        intent = desired_state(plain(body)).intent
     except InvalidSpec:
         return  # nothing serves an invalid spec's revision: status says why instead
     key = key_of(body)
-    await kv_report.refresh(state, key, role, state.children(key).pods)
+    pods = state.children(key).pods
+    await kv_report.refresh(state, key, intent.serving_role, pods)
+    if intent.lora:
+        await adapter_report.refresh(state, key, intent.serving_role, pods)

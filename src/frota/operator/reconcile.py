@@ -168,12 +168,14 @@ async def reconcile(
     old_status: InferenceServiceStatus | None = None,
     applied: Applied | None = None,
     reported_kv: int | None = None,
+    reported_adapters: Sequence[Mapping[str, str | None]] | None = None,
 ) -> Outcome:
     """Converge one InferenceService with its spec and write its status.
 
     `old_status` is the status last written, when the caller knows it better
     than the (possibly lagging) body does. `reported_kv` is the KV cache, in
-    tokens per replica, the serving engines last reported (None: not known).
+    tokens per replica, the serving engines last reported (None: not known);
+    `reported_adapters` the LoRA adapters each serving replica lists (None: not known).
     """
     meta = body["metadata"]
     name, namespace = meta["name"], meta.get("namespace") or "default"
@@ -213,7 +215,7 @@ async def reconcile(
     observed = Observed(groups=_after_actions(desired, plans, groups, outcome), router=router,
                         endpoints=endpoints, image_problems=observe_image_problems(children.pods))
     outcome.status = compute_status(desired.intent, observed, old=old_status, now=now(),
-                                    reported_kv=reported_kv)
+                                    reported_kv=reported_kv, reported_adapters=reported_adapters)
     outcome.result = "converged" if is_settled(outcome.status) else "progressing"
     await _write_status(api, body, namespace, name, outcome.status, old_status)
     for type_, reason, message in outcome.events:

@@ -67,6 +67,9 @@ class OperatorState:
     # KV-cache tokens per replica the serving engines last reported (the capacity timer's);
     # None: no replica serves. Absent until the timer has looked.
     reported_kv: dict[Key, int | None] = field(default_factory=dict)
+    # The LoRA adapters each answering serving replica lists (name -> path), read by the same
+    # timer; empty: no replica serves. Absent until the timer has looked.
+    reported_adapters: dict[Key, tuple[Mapping[str, str | None], ...]] = field(default_factory=dict)
     # Where the autoscaler reads metrics (tests point these at their own servers).
     metrics_url: Callable[[InferenceService], str | None] = autoscale.metrics_url
     role_metrics_urls: Callable[[Iterable[Mapping[str, Any]], str], list[str]] = (
@@ -140,10 +143,21 @@ class OperatorState:
         self.reported_kv[key] = tokens
         return news
 
+    def report_adapters(self, key: Key, lists: tuple[Mapping[str, str | None], ...]) -> bool:
+        """Keep the adapters the serving replicas list; True when it is news (the order of
+        the replicas is not)."""
+        def canonical(found: tuple[Mapping[str, str | None], ...]) -> list[list[tuple[str, str]]]:
+            return sorted(sorted((k, v or "") for k, v in one.items()) for one in found)
+
+        news = key not in self.reported_adapters or canonical(self.reported_adapters[key]) != canonical(lists)
+        self.reported_adapters[key] = lists
+        return news
+
     def forget(self, key: Key) -> None:
         """Drop the per-object state of a deleted InferenceService."""
         self.last_status.pop(key, None)
         self.reported_kv.pop(key, None)
+        self.reported_adapters.pop(key, None)
         for scaler in [k for k in self.scalers if k[:2] == key]:
             del self.scalers[scaler]
         self.unwatch(key)

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from frota.api import Capacity, Condition, InferenceServiceStatus, RoleStatus
 from frota.api.contract import ConditionType, Reason
+from frota.operator.adapter_report import Listing, adapter_statuses
 from frota.operator.observe import GroupView, ImageProblem, Observed
 
 TRUE, FALSE = "True", "False"
@@ -46,6 +47,8 @@ class Intent:
     capacity: Capacity | None = None
     serving_role: str = "worker"
     role_services: Mapping[str, str] = field(default_factory=dict)  # role -> Service the router reads
+    lora: bool = False  # LoRA on: status.adapters is kept
+    adapters: tuple[str, ...] = ()  # spec.adapters' names, in order
 
     @property
     def revision(self) -> str:
@@ -296,9 +299,12 @@ def compute_status(
     old: InferenceServiceStatus | None,
     now: str,
     reported_kv: int | None = None,
+    reported_adapters: Sequence[Listing] | None = None,
 ) -> InferenceServiceStatus:
     """The whole status block for a valid spec; `reported_kv` is the KV cache the serving
-    engines report (tokens per replica), shown beside the planned capacity."""
+    engines report (tokens per replica), shown beside the planned capacity;
+    `reported_adapters` what each answering serving replica lists in /v1/models (None:
+    not read yet)."""
     counts = _role_counts(intent, observed.groups)
     old_conditions = old.conditions if old else None
     conditions = merge_conditions(
@@ -319,6 +325,8 @@ def compute_status(
         mode=intent.mode,
         revision=intent.revision,
         capacity=_capacity(intent.capacity, reported_kv),
+        adapters=(adapter_statuses(intent.adapters, reported_adapters, (old.adapters or []) if old else [])
+                  if intent.lora else None),
     )
 
 
