@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from frota.engine.config import EngineArgs
+from frota.engine.errors import InvalidRequestError
 from frota.engine.kv_transfer import KVTransfer, admit_imported
 from frota.engine.llm_engine import LLMEngine
 from frota.engine.outputs import EngineStats, RequestOutput
@@ -56,8 +57,6 @@ class AsyncEngine:
         if self._error is not None:
             raise RuntimeError(f"the engine loop failed: {self._error!r}")
         if request_id in self._streams:
-            from frota.engine.errors import InvalidRequestError
-
             raise InvalidRequestError(f"request id {request_id!r} is already in use", "request_id")
         if seq is None:
             seq = self.engine.make_sequence(request_id, prompt, params)

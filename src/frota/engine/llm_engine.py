@@ -21,7 +21,7 @@ from frota.engine.detokenizer import IncrementalDetokenizer
 from frota.engine.errors import InvalidRequestError
 from frota.engine.grammar import Grammars
 from frota.engine.kernels import isa
-from frota.engine.kernels.linear import pack_linears
+from frota.engine.kernels.linear import amx_ops, pack_linears
 from frota.engine.loader import load_model
 from frota.engine.loader.quantized import quantize_loaded_model
 from frota.engine.model_runner import ModelRunner
@@ -85,8 +85,6 @@ def describe_compute(asked: str, dtype: torch.dtype, device: torch.device) -> st
         name = f"{name} (auto: {device.type})"
     if device.type != "cpu":
         return name
-    from frota.engine.kernels.linear import amx_ops
-
     matmuls = "; bfloat16 matmuls on AMX tiles" if dtype == torch.bfloat16 and amx_ops() else ""
     return f"{name}; {kernels.describe()}{matmuls}"
 

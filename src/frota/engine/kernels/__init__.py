@@ -31,7 +31,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from frota.engine.kernels import build
+from frota.engine.kernels import build, isa
 
 if TYPE_CHECKING:
     import torch
@@ -61,7 +61,5 @@ def describe() -> str:
     module = cpu_kernels()
     if module is None:
         return "PyTorch attention (no C++ kernels)"
-    from frota.engine.kernels import isa
-
     level = next((lv.name for lv in isa.LEVELS if module.__name__.endswith("_" + lv.slug)), None)
     return f"C++ kernels prebuilt for {level}" if level else "C++ kernels built for this CPU"

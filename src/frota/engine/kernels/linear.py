@@ -35,6 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from frota.engine import kernels
+
 log = logging.getLogger(__name__)
 
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
@@ -114,8 +116,6 @@ def amx_ops():
     otherwise."""
     if not enabled():
         return None
-    from frota.engine import kernels
-
     ops = kernels.cpu_kernels()
     return ops if ops is not None and ops.amx_available() else None
 
