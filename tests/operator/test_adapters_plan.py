@@ -148,3 +148,14 @@ def test_pods_with_adapters_stay_restricted_and_valid():
     isvc = with_adapters().build()
     for obj in build_children(isvc, plan(isvc)):
         kubernetes_validate.validate(obj, "1.34.0", strict=True)
+
+
+def test_with_lora_the_network_policy_admits_the_operator_to_read_the_adapters():
+    isvc = with_adapters().build()
+    policy = next(o for o in build_children(isvc, plan(isvc)) if o["kind"] == "NetworkPolicy")
+    *_, from_operator = policy["spec"]["ingress"]
+    assert from_operator["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
+    assert from_operator["ports"] == [{"port": "http", "protocol": "TCP"}]
+    plain = Spec().build()
+    policy = next(o for o in build_children(plain, plan(plain)) if o["kind"] == "NetworkPolicy")
+    assert len(policy["spec"]["ingress"]) == 2

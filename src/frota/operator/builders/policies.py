@@ -4,8 +4,9 @@ No HorizontalPodAutoscaler: `spec.autoscaling` is carried out by the operator
 itself, from the router's metrics, through the scale subresource (no metrics
 adapter needed); `frota render` prints only what the operator applies.
 A disaggregated role with its own `autoscaling` is read from its workers'
-/metrics by the operator, so the NetworkPolicy then admits the operator's pods
-to the workers' HTTP port.
+/metrics by the operator, and with LoRA on the operator reads each serving worker's
+/v1/models (status.adapters), so the NetworkPolicy then admits the operator's pods to the
+workers' HTTP port.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ OPERATOR_POD_LABELS = {Label.NAME: APP_NAME, Label.COMPONENT: "operator"}
 
 def network_policy(isvc: InferenceService) -> dict[str, Any]:
     """Workers accept HTTP only from this fleet's router (and the operator, when it reads a
-    role's metrics to autoscale it), and anything from their own fleet's ranks."""
+    role's metrics to autoscale it or the adapters they list), and anything from their own
+    fleet's ranks."""
     router_pods = {"matchLabels": selector_labels(isvc, **{Label.ROLE: "router"})}
     http = [{"port": "http", "protocol": "TCP"}]
     ingress: list[dict[str, Any]] = [
@@ -52,7 +54,8 @@ def network_policy(isvc: InferenceService) -> dict[str, Any]:
         {"from": [{"podSelector": _worker_pods(isvc)}]},
     ]
     disagg = isvc.spec.disaggregation
-    if disagg is not None and (disagg.prefill.autoscaling or disagg.decode.autoscaling):
+    role_autoscaling = disagg is not None and bool(disagg.prefill.autoscaling or disagg.decode.autoscaling)
+    if role_autoscaling or isvc.spec.lora is not None:
         ingress.append({"from": [{"namespaceSelector": {},
                                   "podSelector": {"matchLabels": dict(OPERATOR_POD_LABELS)}}],
                         "ports": http})
