@@ -269,6 +269,8 @@ def test_without_a_compiler_the_layers_use_torch(monkeypatch, caplog) -> None:  
         raise RuntimeError("g++: command not found")
 
     monkeypatch.setattr(build, "_loaded", {})
+    for switch in (build.SWITCH_ENV, build.QUANT_SWITCH_ENV):  # a build is tried, whatever this run's
+        monkeypatch.delenv(switch, raising=False)
     monkeypatch.setattr(prebuilt, "load", lambda kind: None)  # nor a prebuilt one (FROTA_KERNELS_DIR)
     monkeypatch.setattr(extensions, "compile_extension", no_compiler)
     with caplog.at_level("WARNING", logger="frota.engine.kernels"):
