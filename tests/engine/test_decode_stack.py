@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from frota.engine import EngineArgs, SamplingParams, kernels
+from frota.engine.kernels import paths
 from frota.engine.llm_engine import LLMEngine
 from frota.engine.model import decode_stack
 from frota.engine.quant import cpu_kernels
@@ -68,7 +69,7 @@ def test_fused_decode_gives_the_python_layers_output_bit_for_bit(dtype: str, qua
     assert counting.runs >= PARAMS.max_tokens - 1  # every decode step of the batch went through it
     python = generate(e, False, prompts)
     assert counting.runs < 2 * PARAMS.max_tokens
-    assert fused == python  # token ids and every logprob, exactly
+    assert fused == python, f"paths: {paths.describe(model)}"  # token ids and every logprob, exactly
 
 
 def test_the_stack_declines_weights_it_has_no_kernel_for() -> None:
