@@ -63,8 +63,9 @@ def reference(hf_smollm2, tmp_path_factory: pytest.TempPathFactory) -> Path:
     continuations, logits = [], []
     with torch.inference_mode():
         for ids in prompts:
+            # plain greedy (no min_new_tokens: it would mask EOS, which Frota's argmax may pick)
             out = hf_smollm2.generate(torch.tensor([ids]), max_new_tokens=NUM_TOKENS, do_sample=False,
-                                      min_new_tokens=NUM_TOKENS, pad_token_id=0)[0].tolist()
+                                      pad_token_id=0)[0].tolist()
             continuations.append(out[len(ids):])
             full = hf_smollm2(torch.tensor([out[:-1]])).logits[0].float()
             logits.append(full[len(ids) - 1:])
