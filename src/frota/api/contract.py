@@ -209,6 +209,9 @@ class RouterMetric:
     DISAGG_FALLBACKS = "frota_router_disagg_fallbacks"
     PREFILL_LATENCY_SECONDS = "frota_router_prefill_latency_seconds"
     KV_HANDOFF_SECONDS = "frota_router_kv_handoff_seconds"
+    # LoRA: adapter loads and unloads the router made on workers (by trigger, result).
+    ADAPTER_LOADS = "frota_router_adapter_loads"
+    ADAPTER_UNLOADS = "frota_router_adapter_unloads"
 
 
 class AdmissionDefault:

@@ -2,12 +2,13 @@
 
 `RouterApp` routes requests (served by `frota.router.server`) to its handlers; the
 `Router` holds the parts they share: discovery, the worker pool and its health
-checks, the policy, admission, the proxy and the metrics.
+checks, the policy, admission, the proxy, LoRA adapters and the metrics.
 """
 
 from __future__ import annotations
 
 import hmac
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ import aiohttp
 from aiohttp import web
 
 from frota.api.contract import AdmissionDefault
+from frota.router.adapters import LOAD_PATH, UNLOAD_PATH, AdapterConfig, Adapters
 from frota.router.admission import AdmissionController, Rejected
 from frota.router.discovery import Discovery
 from frota.router.errors import error_response, json_response
@@ -61,6 +63,7 @@ class RouterConfig:
     drain_timeout: float = 30.0
     api_keys: frozenset[str] = frozenset()
     disagg: Any = None  # frota.router.disagg.Disaggregation: prefill pool + thresholds
+    adapters: AdapterConfig = field(default_factory=AdapterConfig)
 
 
 def read_api_keys(path: str | Path) -> frozenset[str]:
@@ -84,6 +87,7 @@ class Router:
         self.admission = AdmissionController(
             self.metrics, max_inflight=config.max_inflight, max_queue=config.max_queue,
             queue_timeout=config.queue_timeout)
+        self.adapters = Adapters(config.adapters, self.metrics)
         self.session: aiohttp.ClientSession | None = None
         self.client: UpstreamClient | None = None
         self.pool: WorkerPool | None = None
@@ -101,12 +105,14 @@ class Router:
             self.session, self.metrics, probe_interval=self.config.probe_interval,
             probe_timeout=self.config.probe_timeout, eject_after=self.config.eject_after,
             scrape_metrics=self.policy.needs_worker_metrics)
+        self.adapters.session = self.session
+        self.adapters.attach(self.pool)
         self.proxy = Proxy(self.client, self.pool, self.policy, self.metrics, self.config.proxy)
         await self.discovery.start(self.session, self.pool.set_urls)
         if self.config.disagg is not None:
             await self.config.disagg.start(
                 self.proxy, self.session, self.config.probe_interval,
-                self.config.probe_timeout, self.config.eject_after)
+                self.config.probe_timeout, self.config.eject_after, self.adapters.attach)
 
     async def close(self) -> None:
         if self.config.disagg is not None:
@@ -131,12 +137,15 @@ class RouterApp:
         proxied = {"POST": self._proxied}
         self.routes: dict[str, dict[str, Handler]] = {
             **{path: proxied for path in OPENAI_POST_PATHS},
-            "/v1/models": {"GET": self._proxied},
+            "/v1/models": {"GET": self._models},
             "/health": {"GET": self._health},
             "/ready": {"GET": self._ready},
             "/metrics": {"GET": self._metrics},
             "/router/workers": {"GET": self._workers},
         }
+        if config.adapters.runtime_loading:  # else 404, as from vLLM's server
+            self.routes[LOAD_PATH] = {"POST": self._load_adapter}
+            self.routes[UNLOAD_PATH] = {"POST": self._unload_adapter}
 
     async def start(self, host: str, port: int, *, backlog: int = 2048) -> int:
         """Start discovery and health checks, then listen; returns the port."""
@@ -200,6 +209,13 @@ class RouterApp:
                 headers={"Retry-After": str(exc.retry_after)})
         try:
             assert router.proxy is not None
+            adapters = router.adapters
+            # Only a fleet with adapters reads the body's `model` (one test otherwise).
+            if adapters.names and (adapter := adapters.requested(route)) is not None:
+                route.adapter = adapter
+                pool = router.proxy.pool
+                if adapters.should_load(adapter, pool.healthy()):
+                    await adapters.ensure_loaded(adapter, pool)
             ctx = RequestContext(request, route, started)
             response = await router.proxy.plan_for(ctx).execute(ctx)
             if not request.client_gone:
@@ -210,6 +226,31 @@ class RouterApp:
             router.metrics.requests.labels(endpoint, status).inc()
             router.metrics.request_latency.labels(endpoint).observe(
                 time.perf_counter() - started)
+
+    async def _models(self, request: Request) -> web.StreamResponse:
+        """A worker's `/v1/models`, plus the adapters only other workers hold."""
+        response = await self._proxied(request)
+        if (not self.router.adapters.names or response.status != 200
+                or not isinstance(response, web.Response) or response.body is None):
+            return response
+        try:
+            payload = json.loads(response.body)  # type: ignore[arg-type]
+        except (ValueError, TypeError):
+            return response
+        if not self.router.adapters.merge_models(payload):
+            return response
+        headers = {k: v for k, v in response.headers.items() if k.lower() != "content-type"}
+        return json_response(payload, headers=headers)
+
+    async def _load_adapter(self, request: Request) -> web.Response:
+        body = _json_object(request.body)
+        return body if isinstance(body, web.Response) else await self.router.adapters.load(body)
+
+    async def _unload_adapter(self, request: Request) -> web.Response:
+        body = _json_object(request.body)
+        if isinstance(body, web.Response):
+            return body
+        return await self.router.adapters.unload(body)
 
     async def _health(self, request: Request) -> web.Response:
         return json_response({"status": "ok"})
@@ -232,7 +273,21 @@ class RouterApp:
         workers = router.pool.workers.values() if router.pool else []
         return json_response({"policy": router.policy.name.value, "workers": [
             {"url": w.url, "healthy": w.is_healthy, "outstanding": w.num_outstanding,
-             "consecutive_failures": w.num_consecutive_failures} for w in workers]})
+             "consecutive_failures": w.num_consecutive_failures,
+             **({"adapters": sorted(w.adapters), "max_lora": w.lora.max_lora}
+                if w.lora is not None else {})} for w in workers]})
+
+
+def _json_object(body: bytes) -> dict[str, Any] | web.Response:
+    """`body` as a JSON object, or the 400 that says it is not one."""
+    try:
+        parsed = json.loads(body) if body else None
+    except (ValueError, UnicodeDecodeError):
+        parsed = None
+    if isinstance(parsed, dict):
+        return parsed
+    return error_response(400, "the request body is not a JSON object",
+                          "invalid_request_error", "invalid_json")
 
 
 def build_app(config: RouterConfig, discovery: Discovery) -> RouterApp:

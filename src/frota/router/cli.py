@@ -2,7 +2,8 @@
 
 Every flag can also come from the environment: `--max-inflight` reads
 `FROTA_MAX_INFLIGHT`, and so on (`FROTA_` + the flag in upper case, dashes as
-underscores). A flag on the command line wins.
+underscores). A flag on the command line wins; a switch's variable is true when it
+is `1`, `true`, `yes` or `on`.
 """
 
 from __future__ import annotations
@@ -101,6 +102,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--session-header", "x-session-id",
         "session: header carrying the session key (else the body's `user`)")
 
+    add = _flag_adder(parser.add_argument_group("LoRA adapters"))
+    add("--lora-runtime-loading", False, "serve /v1/load_lora_adapter and "
+        "/v1/unload_lora_adapter (fanned out to every worker, replayed to workers that "
+        "join later), and load an adapter no worker holds onto the least loaded one when "
+        "a request names it", env_also="VLLM_ALLOW_RUNTIME_LORA_UPDATING",
+        action="store_true")
+    add("--adapters", None, "NAME=PATH,...: adapters the router may load on demand (paths "
+        "as the workers see them; the workers load these at start)")
+    add("--adapter-load-timeout", 60.0, "seconds a worker may take to load an adapter")
+    add("--adapter-refresh", 10.0, "seconds between reads of a LoRA worker's /v1/models "
+        "when its metrics show no change")
+
     add = _flag_adder(parser.add_argument_group("admission and retries"))
     add("--max-inflight", AdmissionDefault.MAX_INFLIGHT,
         "requests in flight across all workers (0: unlimited)")
@@ -169,7 +182,13 @@ def _disaggregation(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     return Disaggregation(config, _kubernetes(args, f"{args.selector},{Label.ROLE}=prefill"))
 
 
+def is_true(value: object) -> bool:
+    """A switch's value: True from the command line, or its environment variable's text."""
+    return value is True or str(value).strip().lower() in ("1", "true", "yes", "on")
+
+
 def config_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from frota.router.adapters import AdapterConfig, parse_adapter_paths
     from frota.router.app import RouterConfig, read_api_keys
     from frota.router.proxy import ProxyConfig
 
@@ -188,7 +207,11 @@ def config_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         probe_interval=args.probe_interval, probe_timeout=args.probe_timeout,
         eject_after=args.eject_after, drain_timeout=args.drain_timeout,
         api_keys=read_api_keys(args.api_key_file) if args.api_key_file else frozenset(),
-        disagg=_disaggregation(args))
+        disagg=_disaggregation(args),
+        adapters=AdapterConfig(
+            runtime_loading=is_true(args.lora_runtime_loading),
+            paths=parse_adapter_paths(args.adapters), load_timeout=args.adapter_load_timeout,
+            refresh_interval=args.adapter_refresh))
 
 
 async def serve(args: argparse.Namespace, app: RouterApp) -> None:

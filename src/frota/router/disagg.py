@@ -25,6 +25,7 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,12 +128,16 @@ class Disaggregation:
         self._next = 0
 
     async def start(self, proxy: Proxy, session: aiohttp.ClientSession, probe_interval: float,
-                    probe_timeout: float, eject_after: int) -> None:
-        """`session` is the router's aiohttp session, for probes, discovery and handle drops."""
+                    probe_timeout: float, eject_after: int,
+                    attach: Callable[[WorkerPool], None] | None = None) -> None:
+        """`session` is the router's aiohttp session, for probes, discovery and handle
+        drops; `attach` sees the prefill pool before its discovery starts (adapters)."""
         self.metrics = DisaggMetrics(proxy.metrics.registry)
         self.session = session
         self.pool = WorkerPool(session, proxy.metrics, probe_interval=probe_interval,
                                probe_timeout=probe_timeout, eject_after=eject_after)
+        if attach is not None:
+            attach(self.pool)
         await self.discovery.start(session, self.pool.set_urls)
         proxy.disagg = self
 
@@ -141,9 +146,12 @@ class Disaggregation:
         if self.pool is not None:
             await self.pool.close()
 
-    def pick_prefill(self) -> Worker | None:
-        """The healthy prefill worker with the fewest requests in flight (ties rotate)."""
+    def pick_prefill(self, adapter: str | None = None) -> Worker | None:
+        """The healthy prefill worker with the fewest requests in flight (ties rotate);
+        for a LoRA adapter, among those that hold it when any does."""
         healthy = self.pool.healthy() if self.pool else []
+        if adapter is not None:
+            healthy = [w for w in healthy if adapter in w.adapters] or healthy
         if not healthy:
             return None
         self._next += 1
@@ -192,7 +200,7 @@ class DisaggPlan(RoutePlan):
 
     async def _prefill(self, ctx: RequestContext) -> tuple[dict[str, Any] | None, Any]:
         """(the KV handle, the prefill worker) or (None, the reason it failed)."""
-        worker = self.disagg.pick_prefill()
+        worker = self.disagg.pick_prefill(ctx.route.adapter)
         if worker is None:
             return None, "no_prefill_worker"
         pool = self.disagg.pool

@@ -8,6 +8,18 @@ leaves rotation. An explicit 503 from `/ready` (loading, draining) takes it out
 at once. The probe keeps running on ejected workers and re-admits them on the
 first 200. When a policy needs the workers' own load, the same loop scrapes
 `/metrics` for the vLLM gauges.
+
+LoRA adapters: before a worker joins (and re-joins) rotation its `/metrics` is read
+once; a worker that exports `vllm:lora_requests_info` (its family is there, vLLM's
+and Frota's workers export it only with LoRA on) is scraped at every probe from then
+on, and its `/v1/models` is read at admission, whenever the metric names an adapter
+the last list lacked or its `max_lora` changes, and every `adapter_refresh` seconds
+otherwise (to see loads and unloads made on the worker directly). A worker's
+`adapters`, what routing reads, are the union of the two: vLLM's metric names only
+the adapters with requests running or waiting, `/v1/models` every loaded one. A
+fleet without LoRA pays one `/metrics` read per admission and nothing per probe.
+The `on_ready` hook runs before a worker is admitted (the router replays its
+recorded adapter loads there, `frota.router.adapters`).
 """
 
 from __future__ import annotations
@@ -15,9 +27,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 
@@ -32,6 +46,18 @@ SCRAPED_GAUGES = {
     WorkerMetric.KV_CACHE_USAGE_PERC: "kv_usage",
 }
 _SCRAPED_NAMES = tuple(SCRAPED_GAUGES)
+# vLLM's gauge of the adapters with requests in flight; labels `running_lora_adapters`,
+# `waiting_lora_adapters` (comma-joined names) and `max_lora`, value a timestamp.
+LORA_INFO = "vllm:lora_requests_info"
+_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+@dataclass(frozen=True)
+class LoraInfo:
+    """A worker's `vllm:lora_requests_info`: adapters running or waiting, and its slots."""
+
+    active: frozenset[str] = frozenset()
+    max_lora: int = 0
 
 
 @dataclass
@@ -42,6 +68,17 @@ class WorkerLoad:
     num_running: float = 0.0
     kv_usage: float = 0.0
     scraped_at: float = 0.0
+    lora: LoraInfo | None = None  # None: the worker does not export the LoRA gauge
+
+
+@dataclass
+class WorkerLora:
+    """What a LoRA worker holds: `loaded` is its `/v1/models` adapters (name -> entry)."""
+
+    max_lora: int = 0
+    active: frozenset[str] = frozenset()
+    loaded: dict[str, dict[str, Any]] = field(default_factory=dict)
+    models_read_at: float = 0.0  # monotonic; 0: read the list at the next scrape
 
 
 @dataclass(eq=False)
@@ -56,10 +93,56 @@ class Worker:
     # Why the worker is out of rotation, as last logged (each new reason is logged once).
     last_failure: str = ""
     load: WorkerLoad = field(default_factory=WorkerLoad)
+    # The adapters a request may be routed here for (loaded or active); routing reads it.
+    adapters: frozenset[str] = frozenset()
+    lora: WorkerLora | None = None  # None: no LoRA on this worker (or not known yet)
+
+
+def parse_lora_info(text: str) -> LoraInfo | None:
+    """The `vllm:lora_requests_info` of an exposition: None when the family is absent.
+
+    vLLM keeps one sample per label set it ever reported, each valued with the time it
+    was set: the newest (largest value) is the current one. A family with no sample
+    yet (vLLM before its first request) is LoRA on, nothing active.
+    """
+    if LORA_INFO not in text:
+        return None
+    best: tuple[float, str] | None = None
+    prefix = LORA_INFO + "{"
+    for line in text.splitlines():
+        if not line.startswith(prefix):
+            continue
+        end = line.rfind("}")
+        try:
+            value = float(line[end + 1:].split()[0])
+        except (ValueError, IndexError):
+            continue
+        if best is None or value >= best[0]:
+            best = (value, line[len(prefix):end])
+    if best is None:
+        return LoraInfo()
+    labels = dict(_LABEL.findall(best[1]))
+    active = {name for key in ("running_lora_adapters", "waiting_lora_adapters")
+              for name in labels.get(key, "").split(",") if name}
+    try:
+        max_lora = int(float(labels.get("max_lora", "0")))
+    except ValueError:
+        max_lora = 0
+    return LoraInfo(frozenset(active), max_lora)
+
+
+def parse_model_adapters(payload: Any) -> dict[str, dict[str, Any]]:
+    """The adapters of a `/v1/models` answer (entries with a `parent`), by name."""
+    data = payload.get("data") if isinstance(payload, dict) else None
+    if not isinstance(data, list):
+        return {}
+    return {m["id"]: m for m in data
+            if isinstance(m, dict) and isinstance(m.get("id"), str) and m.get("parent")}
 
 
 def parse_vllm_load(text: str) -> WorkerLoad:
-    """Sum the vLLM load gauges in a Prometheus text exposition (labels ignored)."""
+    """Sum the vLLM load gauges in a Prometheus text exposition (labels ignored), and
+    read its LoRA gauge (`parse_lora_info`)."""
     values: dict[str, float] = {}
     for line in text.splitlines():
         if not line.startswith(_SCRAPED_NAMES):
@@ -76,7 +159,10 @@ def parse_vllm_load(text: str) -> WorkerLoad:
         except (ValueError, IndexError):
             continue
         values[attr] = values.get(attr, 0.0) + value
-    return WorkerLoad(**values, scraped_at=time.monotonic())
+    return WorkerLoad(**values, scraped_at=time.monotonic(), lora=parse_lora_info(text))
+
+
+ReadyHook = Callable[["Worker"], Awaitable[None]]
 
 
 class WorkerPool:
@@ -91,6 +177,9 @@ class WorkerPool:
         probe_timeout: float = 2.0,
         eject_after: int = 3,
         scrape_metrics: bool = False,
+        adapter_refresh: float = 10.0,
+        on_ready: ReadyHook | None = None,
+        on_adapters: Callable[[Worker], None] | None = None,
     ) -> None:
         self._session = session
         self._metrics = metrics
@@ -98,6 +187,11 @@ class WorkerPool:
         self.probe_timeout = probe_timeout
         self.eject_after = eject_after
         self.scrape_metrics = scrape_metrics
+        self.adapter_refresh = adapter_refresh
+        # Before a LoRA worker is admitted (the router replays its adapter loads there).
+        self.on_ready = on_ready
+        # After a worker's `adapters` changed (the router learns names and paths).
+        self.on_adapters = on_adapters
         self.workers: dict[str, Worker] = {}
         self._probes: dict[str, asyncio.Task[None]] = {}
         self._healthy: list[Worker] = []
@@ -221,9 +315,11 @@ class WorkerPool:
             ok, status = False, 0
             reason = f"probe: {type(exc).__name__}"
         if ok:
-            self.record_success(worker)
-            if self.scrape_metrics:
+            if not worker.is_healthy:
+                await self._before_admission(worker, timeout)
+            elif self.scrape_metrics or worker.lora is not None:
                 await self._scrape(worker, timeout)
+            self.record_success(worker)
             return True
         if status:
             reason = f"probe: {resp.url.path} answered {status}"
@@ -231,10 +327,78 @@ class WorkerPool:
         self.record_failure(worker, reason, eject_now=status == 503)
         return False
 
+    async def _before_admission(self, worker: Worker, timeout: aiohttp.ClientTimeout) -> None:
+        """Learn whether the worker has LoRA and what it holds, then run `on_ready`."""
+        if worker.lora is not None:
+            worker.lora.models_read_at = 0.0  # it may have restarted: read its list afresh
+        await self._scrape(worker, timeout)
+        if worker.lora is None or self.on_ready is None:
+            return
+        try:
+            await self.on_ready(worker)
+        except Exception:  # a failed replay must not keep a serving worker out
+            log.exception("adapter replay to %s failed", worker.url)
+
     async def _scrape(self, worker: Worker, timeout: aiohttp.ClientTimeout) -> None:
         try:
             async with self._session.get(worker.url + "/metrics", timeout=timeout) as resp:
-                if resp.status == 200:
-                    worker.load = parse_vllm_load(await resp.text())
+                if resp.status != 200:
+                    return
+                load = parse_vllm_load(await resp.text())
         except (aiohttp.ClientError, TimeoutError, OSError):
-            pass  # stale load numbers are still better than none; health is /ready's job
+            return  # stale load numbers are still better than none; health is /ready's job
+        worker.load = load
+        await self._track_lora(worker, load.lora, timeout)
+
+    async def _track_lora(self, worker: Worker, info: LoraInfo | None,
+                          timeout: aiohttp.ClientTimeout) -> None:
+        """Update the worker's adapters from its LoRA gauge, reading `/v1/models` when
+        the gauge shows something the last list lacked, or the list is due."""
+        lora = worker.lora
+        if info is None:
+            if lora is not None:  # restarted without LoRA
+                worker.lora = None
+                self._set_adapters(worker, frozenset())
+            return
+        if lora is None:
+            lora = worker.lora = WorkerLora()
+        stale = (not lora.models_read_at or info.max_lora != lora.max_lora
+                 or not info.active <= lora.loaded.keys()
+                 or time.monotonic() - lora.models_read_at >= self.adapter_refresh)
+        lora.max_lora, lora.active = info.max_lora, info.active
+        if stale:
+            await self.read_models(worker, timeout)
+        self._set_adapters(worker, frozenset(lora.loaded) | lora.active)
+
+    async def read_models(self, worker: Worker, timeout: aiohttp.ClientTimeout) -> None:
+        """Read the worker's `/v1/models` into `worker.lora.loaded` (kept on failure)."""
+        lora = worker.lora
+        if lora is None:
+            return
+        try:
+            async with self._session.get(worker.url + "/v1/models", timeout=timeout) as resp:
+                if resp.status != 200:
+                    return
+                payload = await resp.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
+            return
+        lora.loaded = parse_model_adapters(payload)
+        lora.models_read_at = time.monotonic()
+
+    def set_loaded(self, worker: Worker, name: str, entry: dict[str, Any] | None) -> None:
+        """Record a load (`entry`) or an unload (None) the router made on `worker`."""
+        lora = worker.lora
+        if lora is None:
+            lora = worker.lora = WorkerLora()
+        if entry is None:  # new requests for it are refused at once, even while some run
+            lora.loaded.pop(name, None)
+            lora.active = lora.active - {name}
+        else:
+            lora.loaded[name] = entry
+        self._set_adapters(worker, frozenset(lora.loaded) | lora.active)
+
+    def _set_adapters(self, worker: Worker, adapters: frozenset[str]) -> None:
+        if adapters != worker.adapters:
+            worker.adapters = adapters
+            if self.on_adapters is not None:
+                self.on_adapters(worker)

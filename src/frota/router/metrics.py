@@ -68,6 +68,14 @@ class RouterMetrics:
             RouterMetric.INTER_TOKEN_LATENCY_SECONDS,
             "Time between consecutive chunks of a stream, as forwarded by the router.",
             buckets=ITL_BUCKETS)
+        self.adapter_loads = counter(
+            RouterMetric.ADAPTER_LOADS, "LoRA adapter loads the router made on workers, by "
+            "trigger (api: a load through the router, demand: a request for an adapter no "
+            "worker held, replay: a worker joining) and result (ok, error).",
+            ["trigger", "result"])
+        self.adapter_unloads = counter(
+            RouterMetric.ADAPTER_UNLOADS, "LoRA adapter unloads the router made on workers, "
+            "by result.", ["result"])
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -104,8 +104,14 @@ class Proxy:
         return DirectPlan(self)
 
     def pick(self, ctx: RequestContext, exclude: set[str]) -> Worker | None:
-        """Ask the policy for a healthy worker this request has not failed on."""
-        candidates = [w for w in self.pool.healthy() if w.url not in exclude]
+        """Ask the policy for a healthy worker this request has not failed on. A request
+        for a LoRA adapter goes only to workers that hold it, when any does (retries too:
+        another worker would refuse it); else to any (`frota.router.adapters`)."""
+        healthy = self.pool.healthy()
+        adapter = ctx.route.adapter
+        if adapter is not None:
+            healthy = [w for w in healthy if adapter in w.adapters] or healthy
+        candidates = [w for w in healthy if w.url not in exclude]
         if not candidates:
             return None
         decision = self.policy.choose(ctx.route, candidates)

@@ -24,11 +24,15 @@ class PolicyName(StrEnum):
 
 @dataclass
 class RouteRequest:
-    """What a policy may look at: the endpoint, the headers and the (lazily parsed) body."""
+    """What a policy may look at: the endpoint, the headers and the (lazily parsed) body.
+
+    `adapter` is the LoRA adapter the request's `model` names, when the router knows it
+    as one (`frota.router.adapters`); None for the base model."""
 
     path: str
     body: bytes
     headers: Mapping[str, str] = field(default_factory=dict)
+    adapter: str | None = None
 
     @cached_property
     def json(self) -> dict[str, Any]:

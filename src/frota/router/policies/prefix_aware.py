@@ -13,16 +13,27 @@ from frota.router.policies.base import Decision, PolicyName, RouteRequest, Routi
 from frota.router.policies.ring import RingCache
 
 
-def prefix_block_hashes(text: str, block_chars: int, max_blocks: int) -> list[int]:
+def adapter_seed(adapter: str | None) -> bytes:
+    """The start of an adapter's hash chain: KV computed under one adapter never serves
+    another (the workers' prefix caches are keyed the same way), so neither is affinity.
+    Eight bytes, like every later link, so no adapter's chain can match the base's."""
+    if adapter is None:
+        return b""
+    return hashlib.blake2b(b"adapter\0" + adapter.encode(), digest_size=8).digest()
+
+
+def prefix_block_hashes(text: str, block_chars: int, max_blocks: int,
+                        seed: bytes = b"") -> list[int]:
     """Chained hashes of the leading `block_chars`-character blocks of `text`.
 
     Hash i covers characters [0, (i+1) * block_chars), so two prompts share hash
     i exactly when they share that whole prefix. The router has no tokenizer,
     so blocks are characters, not tokens; a trailing partial block is hashed
-    too, so short prompts still have a key.
+    too, so short prompts still have a key. `seed` starts the chain
+    (`adapter_seed`).
     """
     hashes: list[int] = []
-    digest = b""
+    digest = seed
     data = text.encode("utf-8", "surrogatepass")
     step = block_chars  # bytes; equal to characters for ASCII, close enough otherwise
     for start in range(0, min(len(data), step * max_blocks), step):
@@ -60,8 +71,9 @@ class PrefixAwarePolicy(RoutingPolicy):
     """Send a request to the worker that most likely holds its prompt's prefix in KV cache.
 
     The prompt text (see `RouteRequest.prompt_text`) is cut into character blocks
-    and hashed as a chain. The router remembers, for each block hash, the worker
-    that owns that prefix (an LRU table of `max_table_entries`). A request
+    and hashed as a chain, which starts from the request's LoRA adapter (so the same
+    prompt under two adapters shares nothing). The router remembers, for each block
+    hash, the worker that owns that prefix (an LRU table of `max_table_entries`). A request
     goes to the owner of its longest remembered prefix ("prefix_hit") when that
     prefix covers at least `min_match` of the prompt's hashed blocks. Otherwise
     what is cached is worth less than an even load: the request goes to the
@@ -108,6 +120,7 @@ class PrefixAwarePolicy(RoutingPolicy):
         # The prefix keys of the last `hot_window` requests, and how often each occurs.
         self._recent: deque[int] = deque(maxlen=hot_window)
         self._recent_counts: Counter[int] = Counter()
+        self._seeds: dict[str, bytes] = {}  # adapter -> adapter_seed(adapter)
 
     def _bound(self, candidates: Sequence[Worker], hot: bool) -> int:
         """The most requests a worker may hold, this one included."""
@@ -137,7 +150,13 @@ class PrefixAwarePolicy(RoutingPolicy):
         return len(recent) > 1 and self._recent_counts[key] * num_candidates > len(recent)
 
     def choose(self, request: RouteRequest, candidates: Sequence[Worker]) -> Decision:
-        hashes = prefix_block_hashes(request.prompt_text, self.block_chars, self.max_blocks)
+        adapter = request.adapter
+        seed = b""
+        if adapter is not None:
+            seed = self._seeds.get(adapter) or self._seeds.setdefault(
+                adapter, adapter_seed(adapter))
+        hashes = prefix_block_hashes(request.prompt_text, self.block_chars, self.max_blocks,
+                                     seed)
         by_url = {w.url: w for w in candidates}
         owner: Worker | None = None
         ring_key = hashes[-1] if hashes else 0
