@@ -46,6 +46,17 @@ class FakeWorker:
     num_chunks_sent: int = 0
     chunk_padding: int = 0  # bytes of padding in each streamed chunk
     num_probes: int = 0
+    # LoRA, as vLLM's and Frota's workers do it: `vllm:lora_requests_info` on /metrics
+    # (`active` adapters running), adapters in /v1/models, load and unload endpoints.
+    lora: bool = False
+    max_lora: int = 4
+    adapters: dict[str, str] = field(default_factory=dict)  # loaded: name -> path
+    active: list[str] = field(default_factory=list)
+    load_delay: float = 0.0
+    load_status: int | None = None  # answer every load with this status
+    on_load: Callable[[str], None] | None = None  # called with the name as a load starts
+    loads: list[str] = field(default_factory=list)
+    unloads: list[str] = field(default_factory=list)
     server: TestServer | None = None
     url: str = ""  # set once started; kept after the server closes
 
@@ -57,6 +68,8 @@ class FakeWorker:
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/completions", self._generate)
         app.router.add_post("/v1/chat/completions", self._generate)
+        app.router.add_post("/v1/load_lora_adapter", self._load_adapter)
+        app.router.add_post("/v1/unload_lora_adapter", self._unload_adapter)
         return app
 
     async def _ready(self, request: web.Request) -> web.Response:
@@ -68,10 +81,46 @@ class FakeWorker:
 
     async def _metrics(self, request: web.Request) -> web.Response:
         lines = [f"{name} {value}" for name, value in self.gauges.items()]
+        if self.lora:  # vLLM keeps the label sets it reported before: the newest counts
+            lines += ["# HELP vllm:lora_requests_info Running stats on lora requests.",
+                      "# TYPE vllm:lora_requests_info gauge",
+                      f'vllm:lora_requests_info{{max_lora="{self.max_lora}",'
+                      'running_lora_adapters="stale",waiting_lora_adapters=""} 1.0',
+                      f'vllm:lora_requests_info{{max_lora="{self.max_lora}",'
+                      f'running_lora_adapters="{",".join(self.active)}",'
+                      'waiting_lora_adapters=""} 2.0']
         return web.Response(text="\n".join(lines) + "\n")
 
     async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": "fake", "object": "model"}]})
+        data = [{"id": "fake", "object": "model", "root": "/models/fake", "parent": None}]
+        data += [{"id": name, "object": "model", "owned_by": "frota", "root": path,
+                  "parent": "fake"} for name, path in self.adapters.items()]
+        return web.json_response({"object": "list", "data": data})
+
+    async def _load_adapter(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        name = body["lora_name"]
+        if self.on_load is not None:
+            self.on_load(name)
+        self.loads.append(name)
+        if self.load_delay:
+            await asyncio.sleep(self.load_delay)
+        if self.load_status is not None:
+            return _error(self.load_status, f"cannot load {name}", "BadRequestError",
+                          "invalid_adapter")
+        if name in self.adapters:
+            return _error(400, f"The lora adapter '{name}' has already been loaded.",
+                          "BadRequestError", "adapter_exists")
+        self.adapters[name] = body["lora_path"]
+        return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
+
+    async def _unload_adapter(self, request: web.Request) -> web.Response:
+        name = (await request.json())["lora_name"]
+        self.unloads.append(name)
+        if self.adapters.pop(name, None) is None:
+            return _error(404, f"The lora adapter '{name}' cannot be found.", "NotFoundError",
+                          "adapter_not_found")
+        return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
@@ -79,6 +128,10 @@ class FakeWorker:
         self.raw_bodies.append(raw)
         self.bodies.append(body)
         self.headers.append(request.headers.copy())
+        model = body.get("model")
+        if self.lora and model not in (None, "fake") and model not in self.adapters:
+            return _error(404, f"The model `{model}` does not exist.", "NotFoundError",
+                          "model_not_found")
         if self.answer_status is not None:
             return web.json_response(
                 {"error": {"message": "nope", "type": "x", "param": None, "code": None}},
@@ -110,6 +163,11 @@ class FakeWorker:
             self.num_disconnects += 1
             raise
         return response
+
+
+def _error(status: int, message: str, type_: str, code: str) -> web.Response:
+    return web.json_response({"error": {"message": message, "type": type_, "param": None,
+                                        "code": code}}, status=status)
 
 
 StartWorker = Callable[..., Awaitable[FakeWorker]]
