@@ -53,6 +53,7 @@ class FakeWorker:
     adapters: dict[str, str] = field(default_factory=dict)  # loaded: name -> path
     active: list[str] = field(default_factory=list)
     load_delay: float = 0.0
+    metrics_stall: bool = False  # /metrics answers only after 5 s
     load_status: int | None = None  # answer every load with this status
     on_load: Callable[[str], None] | None = None  # called with the name as a load starts
     loads: list[str] = field(default_factory=list)
@@ -80,6 +81,8 @@ class FakeWorker:
         return web.json_response({"status": "ok"})
 
     async def _metrics(self, request: web.Request) -> web.Response:
+        if self.metrics_stall:
+            await asyncio.sleep(5)
         lines = [f"{name} {value}" for name, value in self.gauges.items()]
         if self.lora:  # vLLM keeps the label sets it reported before: the newest counts
             lines += ["# HELP vllm:lora_requests_info Running stats on lora requests.",

@@ -226,6 +226,32 @@ async def test_a_worker_that_joins_later_gets_the_loads_before_it_serves(
     assert later.loads == []
 
 
+async def test_a_worker_that_restarts_gets_the_loads_again(start_worker, start_router):
+    a = await start_worker(lora=True)
+    router = await start_router([a], runtime())
+    assert (await post(router, "/v1/load_lora_adapter",
+                       {"lora_name": "sql", "lora_path": "/adapters/sql"}))[0] == 200
+    pool = router.state.pool
+    a.is_ready = False  # restarting: out of rotation at the first 503
+    await wait_until(lambda: not pool.healthy())
+    a.adapters.clear()  # what a new process holds: only its start-up adapters
+    a.is_ready = True
+    await wait_until(lambda: bool(pool.healthy()))
+    assert a.loads == ["sql", "sql"] and a.adapters == {"sql": "/adapters/sql"}
+    assert pool.healthy()[0].adapters == {"sql"}
+
+
+async def test_a_lora_worker_whose_metrics_fail_at_first_is_tracked_once_they_answer(
+        start_worker, start_router):
+    a = await start_worker(lora=True, adapters={"sql": "/adapters/sql"}, metrics_stall=True)
+    router = await start_router([a], RouterConfig(probe_interval=0.05, probe_timeout=0.2))
+    worker = router.state.pool.healthy()[0]  # admitted: its /metrics is not its health
+    assert worker.lora is None and not worker.metrics_read
+    a.metrics_stall = False
+    await wait_until(lambda: worker.adapters == {"sql"})
+    assert (await complete(router, "sql"))[0] == 200
+
+
 async def test_adapter_endpoints_are_behind_the_api_key(start_worker, start_router):
     a = await start_worker(lora=True)
     router = await start_router([a], RouterConfig(

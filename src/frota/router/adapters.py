@@ -30,7 +30,8 @@ forgets the record and the path first, so nothing loads it back on demand.
 
 **Workers that join later.** Before a LoRA worker enters rotation (re-admission too: it
 may have restarted), the router loads the recorded adapters its `/v1/models` lacks
-(`replay`). Before, not after: it never gets a request it would refuse for a missing
+(`replay`; right after instead when its `/metrics` could not be read then). Before, not
+after: it never gets a request it would refuse for a missing
 load, and only its own start waits (a load reads one adapter file). A failed replay is
 logged and counted, and the worker joins anyway: requests for that adapter skip it.
 Adapters from `--adapters` are not replayed: the workers load those at start.
@@ -142,7 +143,7 @@ class Adapters:
     def attach(self, pool: WorkerPool) -> None:
         """Track `pool`'s workers; call before its discovery starts."""
         pool.adapter_refresh = self.config.refresh_interval
-        pool.on_ready = lambda worker: self.replay(pool, worker)
+        pool.on_lora_worker = lambda worker: self.replay(pool, worker)
         pool.on_adapters = self.learn
         self.pools.append(pool)
 

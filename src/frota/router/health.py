@@ -9,17 +9,19 @@ at once. The probe keeps running on ejected workers and re-admits them on the
 first 200. When a policy needs the workers' own load, the same loop scrapes
 `/metrics` for the vLLM gauges.
 
-LoRA adapters: before a worker joins (and re-joins) rotation its `/metrics` is read
-once; a worker that exports `vllm:lora_requests_info` (its family is there, vLLM's
-and Frota's workers export it only with LoRA on) is scraped at every probe from then
-on, and its `/v1/models` is read at admission, whenever the metric names an adapter
+LoRA adapters: before a worker joins (and re-joins: it may have restarted) rotation,
+what the router knew of its adapters is dropped and its `/metrics` read; a worker that
+exports `vllm:lora_requests_info` (the family is there: vLLM's and Frota's workers
+export it only with LoRA on) is scraped at every probe from then on, and its
+`/v1/models` is read when it is first seen so, whenever the metric names an adapter
 the last list lacked or its `max_lora` changes, and every `adapter_refresh` seconds
 otherwise (to see loads and unloads made on the worker directly). A worker's
-`adapters`, what routing reads, are the union of the two: vLLM's metric names only
-the adapters with requests running or waiting, `/v1/models` every loaded one. A
-fleet without LoRA pays one `/metrics` read per admission and nothing per probe.
-The `on_ready` hook runs before a worker is admitted (the router replays its
-recorded adapter loads there, `frota.router.adapters`).
+`adapters`, what routing reads, are the union of the two: vLLM's metric names only the
+adapters with requests running or waiting, `/v1/models` every loaded one. A fleet
+without LoRA pays one `/metrics` read per admission and nothing per probe (a read that
+fails is retried at each probe until one answers). `on_lora_worker` runs when a worker
+is first seen with LoRA, so before it is admitted unless that first read failed (the
+router replays its recorded adapter loads there, `frota.router.adapters`).
 """
 
 from __future__ import annotations
@@ -96,6 +98,7 @@ class Worker:
     # The adapters a request may be routed here for (loaded or active); routing reads it.
     adapters: frozenset[str] = frozenset()
     lora: WorkerLora | None = None  # None: no LoRA on this worker (or not known yet)
+    metrics_read: bool = False  # a /metrics read got an answer (so `lora` is known)
 
 
 def parse_lora_info(text: str) -> LoraInfo | None:
@@ -162,7 +165,7 @@ def parse_vllm_load(text: str) -> WorkerLoad:
     return WorkerLoad(**values, scraped_at=time.monotonic(), lora=parse_lora_info(text))
 
 
-ReadyHook = Callable[["Worker"], Awaitable[None]]
+WorkerHook = Callable[["Worker"], Awaitable[None]]
 
 
 class WorkerPool:
@@ -178,7 +181,7 @@ class WorkerPool:
         eject_after: int = 3,
         scrape_metrics: bool = False,
         adapter_refresh: float = 10.0,
-        on_ready: ReadyHook | None = None,
+        on_lora_worker: WorkerHook | None = None,
         on_adapters: Callable[[Worker], None] | None = None,
     ) -> None:
         self._session = session
@@ -188,8 +191,8 @@ class WorkerPool:
         self.eject_after = eject_after
         self.scrape_metrics = scrape_metrics
         self.adapter_refresh = adapter_refresh
-        # Before a LoRA worker is admitted (the router replays its adapter loads there).
-        self.on_ready = on_ready
+        # When a worker is first seen with LoRA (the router replays its adapter loads there).
+        self.on_lora_worker = on_lora_worker
         # After a worker's `adapters` changed (the router learns names and paths).
         self.on_adapters = on_adapters
         self.workers: dict[str, Worker] = {}
@@ -317,7 +320,7 @@ class WorkerPool:
         if ok:
             if not worker.is_healthy:
                 await self._before_admission(worker, timeout)
-            elif self.scrape_metrics or worker.lora is not None:
+            elif self.scrape_metrics or worker.lora is not None or not worker.metrics_read:
                 await self._scrape(worker, timeout)
             self.record_success(worker)
             return True
@@ -328,20 +331,17 @@ class WorkerPool:
         return False
 
     async def _before_admission(self, worker: Worker, timeout: aiohttp.ClientTimeout) -> None:
-        """Learn whether the worker has LoRA and what it holds, then run `on_ready`."""
-        if worker.lora is not None:
-            worker.lora.models_read_at = 0.0  # it may have restarted: read its list afresh
+        """Learn afresh whether the worker has LoRA and what it holds (it may have
+        restarted since it was last in rotation)."""
+        worker.lora = None
+        worker.metrics_read = False
+        self._set_adapters(worker, frozenset())
         await self._scrape(worker, timeout)
-        if worker.lora is None or self.on_ready is None:
-            return
-        try:
-            await self.on_ready(worker)
-        except Exception:  # a failed replay must not keep a serving worker out
-            log.exception("adapter replay to %s failed", worker.url)
 
     async def _scrape(self, worker: Worker, timeout: aiohttp.ClientTimeout) -> None:
         try:
             async with self._session.get(worker.url + "/metrics", timeout=timeout) as resp:
+                worker.metrics_read = True  # a worker without /metrics has no LoRA gauge
                 if resp.status != 200:
                     return
                 load = parse_vllm_load(await resp.text())
@@ -355,11 +355,11 @@ class WorkerPool:
         """Update the worker's adapters from its LoRA gauge, reading `/v1/models` when
         the gauge shows something the last list lacked, or the list is due."""
         lora = worker.lora
-        if info is None:
-            if lora is not None:  # restarted without LoRA
-                worker.lora = None
-                self._set_adapters(worker, frozenset())
+        if info is None:  # no LoRA (or restarted without)
+            worker.lora = None
+            self._set_adapters(worker, frozenset())
             return
+        first_seen = lora is None
         if lora is None:
             lora = worker.lora = WorkerLora()
         stale = (not lora.models_read_at or info.max_lora != lora.max_lora
@@ -369,6 +369,11 @@ class WorkerPool:
         if stale:
             await self.read_models(worker, timeout)
         self._set_adapters(worker, frozenset(lora.loaded) | lora.active)
+        if first_seen and self.on_lora_worker is not None:
+            try:
+                await self.on_lora_worker(worker)
+            except Exception:  # a failed replay must not keep a serving worker out
+                log.exception("adapter replay to %s failed", worker.url)
 
     async def read_models(self, worker: Worker, timeout: aiohttp.ClientTimeout) -> None:
         """Read the worker's `/v1/models` into `worker.lora.loaded` (kept on failure)."""
