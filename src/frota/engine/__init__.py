@@ -4,11 +4,14 @@ prefix caching. See docs/internals.md for the contract."""
 from frota.engine.config import EngineArgs, ModelConfig
 from frota.engine.errors import InvalidRequestError, ModelNotFoundError, UnsupportedModelError
 from frota.engine.grammar import Constraint
+from frota.engine.lora.errors import AdapterError, AdapterInfo
 from frota.engine.outputs import CompletionOutput, EngineStats, RequestOutput, TokenLogprob
 from frota.engine.sampling_params import SamplingParams
 
 __all__ = [
     "LLM",
+    "AdapterError",
+    "AdapterInfo",
     "AsyncEngine",
     "CompletionOutput",
     "Constraint",

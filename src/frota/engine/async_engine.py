@@ -13,6 +13,7 @@ from frota.engine.config import EngineArgs
 from frota.engine.errors import InvalidRequestError
 from frota.engine.kv_transfer import KVTransfer, admit_imported
 from frota.engine.llm_engine import LLMEngine
+from frota.engine.lora.errors import AdapterInfo
 from frota.engine.outputs import EngineStats, RequestOutput
 from frota.engine.sampling_params import SamplingParams
 from frota.engine.sequence import Sequence
@@ -47,19 +48,21 @@ class AsyncEngine:
             self._thread = None
 
     async def generate(self, request_id: str, prompt: str | list[int],
-                       params: SamplingParams, *,
+                       params: SamplingParams, *, adapter: str | None = None,
                        seq: Sequence | None = None) -> AsyncIterator[RequestOutput]:
-        """Yield the deltas of one request until it finishes; raises InvalidRequestError up front.
+        """Yield the deltas of one request until it finishes; raises InvalidRequestError (or
+        AdapterError for an `adapter` that is not loaded) up front.
 
+        `adapter`: the name of a loaded LoRA adapter to run under; None, the base model.
         `seq`: an already built sequence (from `kv_transfer.new_sequence`), e.g. one whose
-        prompt KV was imported; `prompt` and `params` are then unused.
+        prompt KV was imported; `prompt`, `params` and `adapter` are then unused.
         """
         if self._error is not None:
             raise RuntimeError(f"the engine loop failed: {self._error!r}")
         if request_id in self._streams:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", "request_id")
         if seq is None:
-            seq = self.engine.make_sequence(request_id, prompt, params)
+            seq = self.engine.make_sequence(request_id, prompt, params, adapter)
         stream: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = (asyncio.get_running_loop(), stream)
         self._send(("add", seq))
@@ -84,6 +87,26 @@ class AsyncEngine:
 
     def stats(self) -> EngineStats:
         return self.engine.stats()
+
+    # -- LoRA adapters: read off the engine thread, registered on it ------------------------
+
+    async def load_adapter(self, name: str, path: str) -> AdapterInfo:
+        """`LLMEngine.load_adapter`; the files are read in a worker thread, so steps go on."""
+        lora = self.engine._lora_on()
+        adapter = await asyncio.to_thread(lora.read, name, path)
+        return await self._on_engine(lambda e: lora.register(adapter))
+
+    async def unload_adapter(self, name: str) -> None:
+        await self._on_engine(lambda e: e.unload_adapter(name))
+
+    async def adapters(self) -> list[AdapterInfo]:
+        return await self._on_engine(lambda e: e.adapters())
+
+    async def _on_engine(self, fn: Callable[[LLMEngine], Any]) -> Any:
+        """`call(fn)` while the loop runs, else `fn` here (no step can race it then)."""
+        if self.is_running and self._error is None:
+            return await self.call(fn)
+        return fn(self.engine)
 
     async def call(self, fn: Callable[[LLMEngine], Any]) -> Any:
         """Run `fn(engine)` on the engine thread between steps (block pool changes); its result."""

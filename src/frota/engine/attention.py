@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 from types import ModuleType
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -60,6 +61,7 @@ class AttentionMetadata:
     decode_block_tables: torch.Tensor | None = None  # [B, max_blocks] int32, rows padded with 0
     decode_context_lens: torch.Tensor | None = None  # [B] int32, tokens with KV incl. this one
     prefills: list[PrefillSpan] = field(default_factory=list)
+    lora: Any = None  # frota.engine.lora.batch.LoRABatch: the rows under an adapter, if any
     _gather: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     def decode_gather(self, block_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

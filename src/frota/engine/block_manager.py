@@ -25,8 +25,15 @@ class Block:
         self.token_ids: tuple[int, ...] = ()
 
 
-def chain_hash(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
+def chain_hash(parent_hash: int | tuple | None, token_ids: tuple[int, ...]) -> int:
     return hash((parent_hash, token_ids))
+
+
+def chain_root(seq: Sequence) -> tuple[str, int] | None:
+    """The parent of a sequence's first block: None for the base model, the adapter's unique
+    load id under LoRA, so KV computed under one adapter never serves another (nor the base,
+    nor a later load under the same name)."""
+    return None if seq.adapter is None else ("lora", seq.adapter.load_id)
 
 
 class BlockManager:
@@ -71,7 +78,7 @@ class BlockManager:
         if not self.enable_prefix_caching or seq.block_table or seq.params.prompt_logprobs is not None:
             return 0
         bs = self.block_size
-        parent: int | None = None
+        parent: int | tuple | None = chain_root(seq)
         hashes: list[int] = []
         for i in range((seq.num_tokens - 1) // bs):
             tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
@@ -124,7 +131,7 @@ class BlockManager:
         while seq.num_hashed_blocks < num_full:
             i = seq.num_hashed_blocks
             tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
-            h = chain_hash(hashes[i - 1] if i else None, tokens)
+            h = chain_hash(hashes[i - 1] if i else chain_root(seq), tokens)
             hashes.append(h)
             if h not in self.hash_to_block:
                 block = self.blocks[seq.block_table[i]]

@@ -36,12 +36,20 @@ class EngineArgs:
     pipeline_parallel_size: int = 1
     expert_parallel_size: int = 1
     expert_capacity_factor: float | None = None  # MoE: None never drops a token
+    # LoRA (frota.engine.lora): slots for this many resident adapters, each up to this rank;
+    # 0 turns LoRA off (no slots allocated, no wrapper installed)
+    max_loras: int = 0
+    max_lora_rank: int = 16
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
             raise ValueError("max_num_seqs must be >= 1")
         if self.max_num_batched_tokens < 1:
             raise ValueError("max_num_batched_tokens must be >= 1")
+        if self.max_loras < 0:
+            raise ValueError("max_loras must be >= 0 (0 turns LoRA off)")
+        if self.max_lora_rank < 1:
+            raise ValueError("max_lora_rank must be >= 1")
         if self.block_size < 1:
             raise ValueError("block_size must be >= 1")
         if self.dtype not in DTYPES:

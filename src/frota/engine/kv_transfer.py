@@ -10,6 +10,10 @@ copies received bytes into them; `admit_imported` hands the sequence to the
 scheduler with the prompt already computed, so the next step computes only the
 first token and samples the second, exactly as the colocated engine would.
 
+LoRA: the header names the adapter the prefill ran under (`adapter`, None for the base
+model); the decode side builds its sequence under the same name (`new_sequence(adapter=)`,
+which fails if it is not loaded there) and `check_adapter` refuses KV of another adapter.
+
 Both sides describe their KV pool with `layout_fingerprint`; a transfer between
 pools whose fingerprints differ is refused (the bytes would be meaningless).
 
@@ -29,6 +33,7 @@ from typing import Any
 import torch
 
 from frota.engine.llm_engine import LLMEngine
+from frota.engine.lora.errors import AdapterError
 from frota.engine.outputs import RequestOutput
 from frota.engine.sampling_params import SamplingParams
 from frota.engine.sequence import Sequence
@@ -111,6 +116,20 @@ def import_part(engine: LLMEngine, part_index: int, block_ids: list[int], data: 
         part.index_copy_(0, index, src.to(part.device))
 
 
+def adapter_name(seq: Sequence) -> str | None:
+    """The LoRA adapter a sequence runs under (None: the base model), as a handle names it."""
+    return seq.adapter.name if seq.adapter is not None else None
+
+
+def check_adapter(header: dict[str, Any], seq: Sequence) -> None:
+    """The decode side: the prefill's KV must be its adapter's (see `KVTransfer.check_adapter`)."""
+    sent, here = header.get("adapter"), adapter_name(seq)
+    if sent != here:
+        raise AdapterError(f"the KV handed over was computed under adapter {sent!r}, but this "
+                           f"request runs under {here!r}: send both sides the same model",
+                           "invalid_adapter")
+
+
 def reserve(engine: LLMEngine, seq: Sequence, num_tokens: int) -> bool:
     """Engine thread: give `seq` blocks for its first `num_tokens` tokens; False when the
     pool cannot spare them (the caller then lets the engine recompute the prompt)."""
@@ -163,10 +182,11 @@ class KVTransfer:
         return len(storage_parts(self._engine))
 
     def new_sequence(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                     *, keep_kv: bool = False) -> Sequence:
-        """A validated sequence for `AsyncEngine.generate(seq=...)`; raises InvalidRequestError.
+                     *, keep_kv: bool = False, adapter: str | None = None) -> Sequence:
+        """A validated sequence for `AsyncEngine.generate(seq=...)`; raises InvalidRequestError,
+        or AdapterError when `adapter` (a LoRA adapter's name) is not loaded here.
         `keep_kv`: a prefill whose blocks stay pinned after it finishes, for `export`."""
-        seq = self._engine.make_sequence(request_id, prompt, params)
+        seq = self._engine.make_sequence(request_id, prompt, params, adapter)
         seq.keep_kv = keep_kv
         return seq
 
@@ -178,6 +198,7 @@ class KVTransfer:
         num_blocks = -(-seq.num_prompt_tokens // self._engine.block_manager.block_size)
         header = {"fingerprint": self.fingerprint(), "layout": self.layout(),
                   "num_prompt_tokens": seq.num_prompt_tokens, "num_blocks": num_blocks,
+                  "adapter": adapter_name(seq),
                   "parts": part_specs(self._engine, num_blocks)}
         return header, export_parts(self._engine, list(seq.block_table[:num_blocks]))
 
@@ -186,6 +207,12 @@ class KVTransfer:
         await self._call(lambda e: release(e, seq))
 
     # -- decode side -----------------------------------------------------------
+
+    @staticmethod
+    def check_adapter(header: dict[str, Any], seq: Sequence) -> None:
+        """Raise AdapterError unless the KV in `header` was computed under the adapter `seq`
+        runs under (both None: the base model); KV under one adapter never serves another."""
+        check_adapter(header, seq)
 
     def holds_blocks(self, seq: Sequence) -> bool:
         return bool(seq.block_table)

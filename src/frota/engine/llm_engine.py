@@ -24,6 +24,9 @@ from frota.engine.kernels import isa
 from frota.engine.kernels.linear import amx_ops, pack_linears
 from frota.engine.loader import load_model
 from frota.engine.loader.quantized import quantize_loaded_model
+from frota.engine.lora.errors import AdapterError, AdapterInfo
+from frota.engine.lora.manager import LoRAManager
+from frota.engine.lora.slots import ShardRanges
 from frota.engine.model_runner import ModelRunner
 from frota.engine.outputs import EngineStats, RequestOutput
 from frota.engine.parallel.runner import ParallelContext, join_group
@@ -132,6 +135,8 @@ class LLMEngine:
         self.loaded = loaded
         self.model_config = cfg
         self.tokenizer = tokenizer
+        # Slots before the KV cache: the cache is sized from the memory they leave.
+        self.lora = self._lora_manager(args, model, cfg) if args.max_loras > 0 else None
         max_model_len = min(args.max_model_len or cfg.max_position, cfg.max_position)
         kv_cfg = cfg if self.parallel is None else self.parallel.local_cfg  # this rank's KV shard
         num_blocks = num_kv_blocks_for(args, kv_cfg, self.dtype, self.device, max_model_len)
@@ -146,16 +151,34 @@ class LLMEngine:
         self.max_model_len = max_model_len
         self.block_manager = BlockManager(num_blocks, args.block_size, args.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, args.max_num_seqs,
-                                   args.max_num_batched_tokens)
+                                   args.max_num_batched_tokens, self.lora)
         self.stop_rule = StopRule(tokenizer.eos_token_ids, max_model_len)
         self.runner = ModelRunner(model, cfg, num_blocks, args.block_size, self.dtype, self.device,
                                   args.kv_cache_dtype) if self.parallel is None else \
             self.parallel.make_runner(num_blocks, args.block_size, self.dtype)
+        self.runner.lora = self.lora
         self.sampler = Sampler(args.seed, tokenizer.eos_token_ids)
         self.requests: dict[str, tuple[Sequence, IncrementalDetokenizer]] = {}
         progress(args.verbose, f"KV cache: {num_blocks} blocks of {args.block_size} tokens; "
                                f"max_model_len {max_model_len}; device {self.device}")
         progress(args.verbose, f"compute: {describe_compute(args.dtype, self.dtype, self.device)}")
+
+    def _lora_manager(self, args: EngineArgs, model: torch.nn.Module,
+                      cfg: ModelConfig) -> LoRAManager:
+        """The adapter slots over this engine's model (or this rank's shard of it)."""
+        layers, shard = None, None
+        if self.parallel is not None:
+            lay = self.parallel.layout
+            d, rank = cfg.head_dim, self.parallel.pc.tp_rank
+            shard = ShardRanges((rank * lay.num_heads * d, lay.num_heads * d),
+                                (lay.kv_head_start * d, lay.num_kv_heads * d),
+                                (rank * lay.intermediate, lay.intermediate))
+            layers = lay.layers
+        manager = LoRAManager(model, cfg, args.max_loras, args.max_lora_rank, self.dtype,
+                              self.device, layers=layers, shard=shard)
+        progress(args.verbose, f"LoRA: {args.max_loras} adapter slots of rank "
+                               f"{args.max_lora_rank}, {manager.pool.nbytes() / 2**20:.1f} MiB")
+        return manager
 
     def _load(self, args: EngineArgs) -> tuple:
         """(model, config, tokenizer); a quantized model is loaded in float32 and quantized
@@ -182,9 +205,12 @@ class LLMEngine:
             progress(verbose, "C++ CPU kernels unavailable: using the PyTorch attention path")
 
     def make_sequence(self, request_id: str, prompt: str | list[int],
-                      params: SamplingParams) -> Sequence:
-        """Validate a request and build its Sequence; raises InvalidRequestError."""
+                      params: SamplingParams, adapter: str | None = None) -> Sequence:
+        """Validate a request and build its Sequence; raises InvalidRequestError, or
+        AdapterError for an `adapter` (a loaded adapter's name; None: the base model) that
+        is not loaded."""
         params.validate()
+        loaded_adapter = self._adapter(adapter) if adapter is not None else None
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already running", "request_id")
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
@@ -199,7 +225,7 @@ class LLMEngine:
             raise InvalidRequestError("prompt logprobs (echo with logprobs) are not supported "
                                       "with tensor or pipeline parallelism yet", "echo")
         generator = None if params.seed is None else torch.Generator().manual_seed(params.seed)
-        seq = Sequence(request_id, ids, params, generator)
+        seq = Sequence(request_id, ids, params, generator, loaded_adapter)
         if params.constraint is not None:  # compiled now, so a bad grammar is a 400, never later
             seq.matcher = self.grammars.matcher(params.constraint)
         return seq
@@ -213,8 +239,33 @@ class LLMEngine:
         self.requests[seq.request_id] = (seq, IncrementalDetokenizer(self.tokenizer, seq.params.stop))
         self.scheduler.add(seq)
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> None:
-        self.add_sequence(self.make_sequence(request_id, prompt, params))
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                    adapter: str | None = None) -> None:
+        self.add_sequence(self.make_sequence(request_id, prompt, params, adapter))
+
+    # -- LoRA adapters (frota.engine.lora) -------------------------------------------------
+
+    def _lora_on(self) -> LoRAManager:
+        if self.lora is None:
+            raise AdapterError("LoRA is not enabled: start the engine with max_loras > 0 "
+                               "(the worker's --enable-lora --max-loras N)", "lora_disabled")
+        return self.lora
+
+    def _adapter(self, name: str):
+        return self._lora_on().get(name)
+
+    def load_adapter(self, name: str, path: str) -> AdapterInfo:
+        """Read and validate the PEFT adapter at `path` into host memory under `name`; it
+        takes a slot when a request needs it. Raises AdapterError (nothing else changes)."""
+        return self._lora_on().load(name, path)
+
+    def unload_adapter(self, name: str) -> None:
+        """New requests for `name` fail from now on; requests already accepted finish under
+        the weights they started with."""
+        self._lora_on().unload(name)
+
+    def adapters(self) -> list[AdapterInfo]:
+        return self.lora.infos() if self.lora is not None else []
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """Finish a request now and free its blocks; None if it is not known."""
@@ -287,4 +338,11 @@ class LLMEngine:
             block_size=bm.block_size, prefix_cache_queries=bm.prefix_cache_queries,
             prefix_cache_hits=bm.prefix_cache_hits, num_preemptions=self.scheduler.num_preemptions,
             expert_tokens=getattr(self.runner, "expert_tokens", dict)(),
+            running_adapters=_adapter_names(self.scheduler.running),
+            waiting_adapters=_adapter_names(self.scheduler.waiting),
+            max_adapters=self.args.max_loras,
         )
+
+
+def _adapter_names(seqs) -> tuple[str, ...]:
+    return tuple(sorted({s.adapter.name for s in list(seqs) if s.adapter is not None}))

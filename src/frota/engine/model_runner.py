@@ -8,6 +8,8 @@ import torch
 from frota.engine import prompt_logprobs
 from frota.engine.attention import AttentionMetadata, PrefillSpan
 from frota.engine.config import ModelConfig
+from frota.engine.lora.batch import build_batch
+from frota.engine.lora.layers import applying
 from frota.engine.quant.kv import allocate_kv_pool
 from frota.engine.scheduler import ScheduledBatch
 from frota.engine.sequence import Sequence
@@ -23,6 +25,7 @@ class ModelRunner:
         self.block_size = block_size
         self.device = device
         self.dtype = dtype
+        self.lora = None  # frota.engine.lora.manager.LoRAManager, when LoRA is on
         shape = (num_blocks, cfg.num_kv_heads, block_size, cfg.head_dim)
         self.kv_caches = [
             (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
@@ -43,6 +46,7 @@ class ModelRunner:
         decode_tables: list[list[int]] = []
         decode_lens: list[int] = []
         prefills: list[PrefillSpan] = []
+        lora_rows: list[tuple[int, int, int | None]] = []
         logits_rows: list[int] = []
         sampling_seqs: list[Sequence] = []
         num_decodes = 0
@@ -51,6 +55,7 @@ class ModelRunner:
             end = start + n
             table = seq.block_table
             row = len(input_ids)
+            lora_rows.append((row, n, seq.lora_slot))
             input_ids.extend(seq.token_ids[start:end])
             positions.extend(range(start, end))
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
@@ -69,6 +74,7 @@ class ModelRunner:
         meta = AttentionMetadata(
             slot_blocks=slot_t // bs, slot_offsets=slot_t % bs, num_decodes=num_decodes,
             prefills=prefills,
+            lora=build_batch(lora_rows, self.device) if self.lora is not None else None,
         )
         if num_decodes:
             width = max(len(t) for t in decode_tables)
@@ -86,7 +92,8 @@ class ModelRunner:
     def run(self, batch: ScheduledBatch) -> tuple[torch.Tensor | None, list[Sequence]]:
         """Compute the batch; return (logits [S, vocab] float32, the S sequences they belong to)."""
         input_ids, positions, meta, logits_rows, seqs = self.prepare(batch)
-        hidden = self.model(input_ids, positions, self.kv_caches, meta)
+        with applying(self.model, self.lora and self.lora.pool, meta.lora):
+            hidden = self.model(input_ids, positions, self.kv_caches, meta)
         scored = prompt_logprobs.spans(self.ordered(batch))
         if scored:  # only requests that asked for prompt logprobs (echo)
             prompt_logprobs.record(scored, hidden, self.model.compute_logits)

@@ -61,6 +61,11 @@ class EngineStats:
     num_preemptions: int = 0
     # MoE under expert parallelism: (layer, expert) -> routed (token, slot) pairs so far
     expert_tokens: dict[tuple[int, int], int] = field(default_factory=dict)
+    # LoRA (vLLM's vllm:lora_requests_info): the adapters of running and of waiting requests,
+    # and the slots (0: LoRA off)
+    running_adapters: tuple[str, ...] = ()
+    waiting_adapters: tuple[str, ...] = ()
+    max_adapters: int = 0
 
     @property
     def kv_cache_usage(self) -> float:

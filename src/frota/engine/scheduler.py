@@ -6,15 +6,25 @@ to the budget); whatever budget is left admits waiting sequences, whose prompts
 may be split over several steps. When the pool runs out of blocks, the most
 recently admitted running sequence is preempted: its blocks are freed and it
 goes back to the front of `waiting`, to be recomputed later.
+
+LoRA: admitting a sequence under an adapter pins a slot for it (`LoRAManager.acquire`);
+finishing or preemption unpins it. When every slot is pinned by other adapters the
+sequence is skipped, not waited on: base-model requests behind it are still admitted. Other
+adapters' requests behind it are not, so the pinned slots drain and it gets the next idle
+one (no starvation); running sequences always finish, so this cannot deadlock.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from frota.engine.block_manager import BlockManager
 from frota.engine.sequence import Sequence, SequenceStatus
+
+if TYPE_CHECKING:
+    from frota.engine.lora.manager import LoRAManager
 
 
 @dataclass
@@ -40,8 +50,10 @@ class Scheduler:
         block_manager: BlockManager,
         max_num_seqs: int,
         max_num_batched_tokens: int,
+        lora: LoRAManager | None = None,
     ) -> None:
         self.block_manager = block_manager
+        self.lora = lora
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
@@ -83,26 +95,33 @@ class Scheduler:
                 batch.num_new_tokens.append(n)
                 budget -= n
                 i += 1
+        waiting_for_slot = False  # a sequence ahead is waiting for an adapter slot
+        i = 0
         while (
             not preempted
-            and self.waiting
+            and i < len(self.waiting)
             and budget > 0
             and len(self.running) < self.max_num_seqs
         ):
-            seq = self.waiting[0]
+            seq = self.waiting[i]
+            if seq.adapter is not None and (waiting_for_slot or not self._pin_adapter(seq)):
+                waiting_for_slot = True
+                i += 1
+                continue
             first_admission = seq.num_preemptions == 0
             num_hit = bm.allocate_cached_prefix(seq)
             n = min(seq.num_uncomputed_tokens, budget)
             spare = self.admission_watermark if self.running else 0
             if bm.num_blocks_needed(seq, n) > bm.num_free_blocks - spare:
                 bm.deallocate(seq)
+                self._unpin_adapter(seq)
                 break
             if first_admission:
                 seq.num_cached_tokens = num_hit
                 bm.record_prefix_query(seq.num_prompt_tokens, num_hit)
             bm.append_slots(seq, n)
             bm.register_computed_blocks(seq, seq.num_computed_tokens + n)
-            self.waiting.popleft()
+            del self.waiting[i]
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             batch.seqs.append(seq)
@@ -110,8 +129,21 @@ class Scheduler:
             budget -= n
         return batch
 
+    def _pin_adapter(self, seq: Sequence) -> bool:
+        if not seq.holds_slot:
+            if self.lora is None or not self.lora.acquire(seq.adapter):
+                return False
+            seq.holds_slot = True
+        return True
+
+    def _unpin_adapter(self, seq: Sequence) -> None:
+        if seq.holds_slot:
+            seq.holds_slot = False
+            self.lora.release(seq.adapter)
+
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.deallocate(seq)
+        self._unpin_adapter(seq)
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
@@ -137,5 +169,6 @@ class Scheduler:
             self.waiting.remove(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
+        self._unpin_adapter(seq)
         if not seq.keep_kv:  # pinned blocks are freed by frota.engine.kv_transfer
             self.block_manager.deallocate(seq)

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import enum
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
 from frota.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from frota.engine.lora.adapter import LoadedAdapter
 
 
 class SequenceStatus(enum.Enum):
@@ -25,12 +29,17 @@ class Sequence:
         prompt_token_ids: list[int],
         params: SamplingParams,
         generator: torch.Generator | None = None,
+        adapter: LoadedAdapter | None = None,
     ) -> None:
         self.request_id = request_id
         self.token_ids: list[int] = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
         self.params = params
         self.generator = generator
+        # The LoRA adapter it runs under, held from the request's arrival to its last token
+        # (an unload or a reload under the same name never changes it); None: the base model.
+        self.adapter = adapter
+        self.holds_slot = False  # admitted: its adapter's slot is pinned for it
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # prompt tokens served by the prefix cache (first admission)
@@ -64,6 +73,11 @@ class Sequence:
     @property
     def num_uncomputed_tokens(self) -> int:
         return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def lora_slot(self) -> int | None:
+        """The pool slot of its adapter while admitted; None for the base model."""
+        return self.adapter.slot if self.adapter is not None and self.holds_slot else None
 
     @property
     def is_finished(self) -> bool:

@@ -30,6 +30,7 @@ from frota.engine import kernels
 from frota.engine.attention import AttentionMetadata
 from frota.engine.config import ModelConfig
 from frota.engine.kernels.linear import AmxLinear, PackedLinear
+from frota.engine.lora.layers import LoRALinear
 from frota.engine.model.layers import RMSNorm, RotaryEmbedding
 from frota.engine.quant import cpu_kernels
 from frota.engine.quant.linear import FROTA_DTYPES, GEMV_MAX_ROWS, Int4Linear
@@ -61,6 +62,8 @@ def projection(linear: nn.Module) -> tuple[str, torch.Tensor, torch.Tensor, torc
     """(kind, weight, d, m, size) for decode_stack.cpp, or None for a layer it cannot run. `size`
     is int4's group size, or an AMX layer's out_features."""
     none = torch.empty(0)
+    if type(linear) is LoRALinear:  # the stack runs only steps without adapter rows
+        linear = linear.base
     if type(linear) is Int4Linear and linear.qs is not None and linear.bias is None:
         return "int4", linear.qs, linear.d, linear.m, linear.group_size
     if type(linear) is AmxLinear and linear.bias is None:

@@ -104,13 +104,17 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = make_linear(cfg.hidden_size, cfg.vocab_size)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+        self.lora_holder = None  # frota.engine.lora.layers.LoRAHolder once adapters are installed
         self.fused_decode = True  # run decode-only steps through decode_stack where it applies
         self._decode_stack: tuple[list, decode_stack.DecodeStack | None] | None = None  # (caches, stack)
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
         stack = self._stack_for(kv_caches, x.dtype)
-        if stack is not None and stack.applies(x, meta):
+        # A step with rows under a LoRA adapter needs the wrappers: the C++ stack runs base
+        # projections only (frota.engine.lora.layers)
+        lora_rows = self.lora_holder is not None and self.lora_holder.active is not None
+        if stack is not None and not lora_rows and stack.applies(x, meta):
             x = stack.run(x, positions, meta)
         else:
             for layer, kv_cache in zip(self.layers, kv_caches, strict=True):

@@ -21,6 +21,7 @@ import time
 import torch
 
 from frota.engine.config import EngineArgs, ModelConfig
+from frota.engine.lora.layers import applying
 from frota.engine.model_runner import ModelRunner
 from frota.engine.parallel.comm import Comm
 from frota.engine.parallel.config import ParallelConfig, ParallelConfigError, validate_model
@@ -46,21 +47,24 @@ class _Window:
 class _RemoteSeq:
     """What `ModelRunner.prepare` reads from a Sequence, rebuilt from rank 0's broadcast."""
 
-    def __init__(self, start: int, tokens: list[int], num_tokens: int, block_table: list[int]) -> None:
+    def __init__(self, start: int, tokens: list[int], num_tokens: int, block_table: list[int],
+                 lora_slot: int | None) -> None:
         self.num_computed_tokens = start
         self.token_ids = _Window(start, tokens)
         self.num_tokens = num_tokens
         self.block_table = block_table
+        self.lora_slot = lora_slot
 
 
 def describe(batch: ScheduledBatch, block_size: int) -> list[tuple]:
-    """The broadcast form of a batch: (start, n, num_tokens, new tokens, block table) per sequence."""
+    """The broadcast form of a batch: (start, n, num_tokens, new tokens, block table, LoRA
+    slot or None) per sequence."""
     out = []
     for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
         start = seq.num_computed_tokens
         end = start + n
         out.append((start, n, seq.num_tokens, seq.token_ids[start:end],
-                    seq.block_table[: -(-end // block_size)]))
+                    seq.block_table[: -(-end // block_size)], seq.lora_slot))
     return out
 
 
@@ -107,6 +111,7 @@ def join_group(args: EngineArgs, device: torch.device, dtype: torch.dtype) -> Pa
         "model": args.model, "dtype": str(dtype), "block_size": args.block_size,
         **pc.fingerprint({}),
         "max_model_len": args.max_model_len, "enable_prefix_caching": args.enable_prefix_caching,
+        "max_loras": args.max_loras, "max_lora_rank": args.max_lora_rank,
     })
     model, layout = load_shard(cfg, weights, pc, comm, dtype, device, args.verbose)
     return ParallelContext(pc, comm, layout, device, (model, cfg, tokenizer))
@@ -130,7 +135,9 @@ class ParallelModelRunner(ModelRunner):
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> tuple[torch.Tensor | None, list[Sequence]]:
-        self._send_command(("step", describe(batch, self.block_size)))
+        # the slots the scheduler just wrote: each follower writes its shard of them first
+        writes = self.lora.take_writes() if self.lora is not None else []
+        self._send_command(("step", describe(batch, self.block_size), writes))
         return self._execute(batch.seqs, batch.num_new_tokens)
 
     def idle(self) -> None:
@@ -160,9 +167,11 @@ class ParallelModelRunner(ModelRunner):
                 self.is_stopped = True
                 return
             if kind == "step":
-                payload = command[1]
-                seqs = [_RemoteSeq(s, toks, nt, table) for s, _, nt, toks, table in payload]
-                self._execute(seqs, [n for _, n, _, _, _ in payload])
+                payload, writes = command[1], command[2]
+                if writes:
+                    self.lora.apply_writes(writes)
+                seqs = [_RemoteSeq(s, toks, nt, table, slot) for s, _, nt, toks, table, slot in payload]
+                self._execute(seqs, [item[1] for item in payload])
 
     # -- every rank ----------------------------------------------------------------------
 
@@ -187,8 +196,9 @@ class ParallelModelRunner(ModelRunner):
                 x = model.embed_tokens(input_ids)
             else:
                 x = comm.recv((input_ids.shape[0], self.hidden_size), self.dtype, pc.rank - pc.tensor)
-            for layer, kv_cache in zip(model.layers, self.kv_caches, strict=True):
-                x = layer(positions, x, kv_cache, meta)
+            with applying(model, self.lora and self.lora.pool, meta.lora):
+                for layer, kv_cache in zip(model.layers, self.kv_caches, strict=True):
+                    x = layer(positions, x, kv_cache, meta)
             if not is_last:
                 sends.append((comm.send(x, pc.rank + pc.tensor), x))
                 continue
