@@ -144,6 +144,28 @@ async def test_concurrent_requests_for_an_unloaded_adapter_wait_on_one_load(
     (await stream).close()
 
 
+async def test_the_path_a_worker_lists_serves_a_load_on_demand_when_it_is_gone(
+        start_worker, start_router):
+    a = await start_worker(name="a", lora=True)
+    b = await start_worker(name="b", lora=True, adapters={"sql": "/adapters/sql"})
+    router = await start_router([a, b], runtime())
+    await wait_until(lambda: router.state.adapters.paths == {"sql": "/adapters/sql"})
+    b.is_ready = False  # the only worker holding it leaves
+    await wait_until(lambda: len(router.state.pool.healthy()) == 1)
+    status, worker, _ = await complete(router, "sql")
+    assert (status, worker) == (200, a.url) and a.adapters == {"sql": "/adapters/sql"}
+
+
+async def test_a_load_made_on_a_worker_directly_is_seen_at_the_next_refresh(
+        start_worker, start_router):
+    a, b = await start_worker(name="a", lora=True), await start_worker(name="b", lora=True)
+    config = RouterConfig(probe_interval=0.02, adapters=AdapterConfig(refresh_interval=0.1))
+    router = await start_router([a, b], config)
+    b.adapters["sql"] = "/adapters/sql"  # nothing in flight: only /v1/models shows it
+    await wait_until(lambda: "sql" in router.state.pool.workers[b.url].adapters)
+    assert {(await complete(router, "sql"))[1] for _ in range(3)} == {b.url}
+
+
 async def test_a_failed_on_demand_load_passes_the_request_on(start_worker, start_router):
     a = await start_worker(lora=True, load_status=400)
     router = await start_router([a], runtime(sql="/adapters/sql"))

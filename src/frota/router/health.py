@@ -368,7 +368,8 @@ class WorkerPool:
         lora.max_lora, lora.active = info.max_lora, info.active
         if stale:
             await self.read_models(worker, timeout)
-        self._set_adapters(worker, frozenset(lora.loaded) | lora.active)
+        # A fresh list is news even when the names stand (the router learns paths there).
+        self._set_adapters(worker, frozenset(lora.loaded) | lora.active, notify=stale)
         if first_seen and self.on_lora_worker is not None:
             try:
                 await self.on_lora_worker(worker)
@@ -402,8 +403,9 @@ class WorkerPool:
             lora.loaded[name] = entry
         self._set_adapters(worker, frozenset(lora.loaded) | lora.active)
 
-    def _set_adapters(self, worker: Worker, adapters: frozenset[str]) -> None:
-        if adapters != worker.adapters:
+    def _set_adapters(self, worker: Worker, adapters: frozenset[str],
+                      notify: bool = False) -> None:
+        if adapters != worker.adapters or notify:
             worker.adapters = adapters
             if self.on_adapters is not None:
                 self.on_adapters(worker)
