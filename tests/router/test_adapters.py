@@ -193,6 +193,7 @@ async def test_a_load_fans_out_to_every_worker_and_an_unload_too(start_worker, s
     status, _, body = await post(router, "/v1/load_lora_adapter",
                                  {"lora_name": "sql", "lora_path": "/adapters/sql"})
     assert status == 400 and body["error"]["code"] == "adapter_exists"
+    assert router.metric("frota_router_adapter_loads_total", trigger="api", result="noop") == 2
 
     status, _, _ = await post(router, "/v1/unload_lora_adapter", {"lora_name": "sql"})
     assert status == 200 and a.adapters == b.adapters == {}

@@ -233,7 +233,7 @@ class Adapters:
                         trigger: str) -> Outcome:
         outcome = await self._call(worker, LOAD_PATH, {"lora_name": name, "lora_path": path})
         ok = outcome.status == 200 or outcome.already_loaded
-        self._metrics.adapter_loads.labels(trigger, "ok" if ok else "error").inc()
+        self._metrics.adapter_loads.labels(trigger, _result(outcome.status, ok)).inc()
         if ok:
             # The worker's own entry (its `parent`, `root`) for /v1/models; until the
             # list is read, one built from what was asked.
@@ -293,7 +293,7 @@ class Adapters:
     async def _unload_one(self, pool: WorkerPool, worker: Worker, name: str) -> Outcome:
         outcome = await self._call(worker, UNLOAD_PATH, {"lora_name": name})
         ok = outcome.status == 200 or outcome.not_loaded
-        self._metrics.adapter_unloads.labels("ok" if ok else "error").inc()
+        self._metrics.adapter_unloads.labels(_result(outcome.status, ok)).inc()
         if ok:
             pool.set_loaded(worker, name, None)
         return outcome
@@ -317,6 +317,11 @@ class Adapters:
                     data.append(entry)
                     added = True
         return added
+
+
+def _result(status: int, ok: bool) -> str:
+    """The `result` label: ok, noop (it was loaded already / was not loaded), error."""
+    return "ok" if status == 200 else "noop" if ok else "error"
 
 
 def _no_workers() -> web.Response:

@@ -71,11 +71,12 @@ class RouterMetrics:
         self.adapter_loads = counter(
             RouterMetric.ADAPTER_LOADS, "LoRA adapter loads the router made on workers, by "
             "trigger (api: a load through the router, demand: a request for an adapter no "
-            "worker held, replay: a worker joining) and result (ok, error).",
+            "worker held, replay: a worker joining) and result (ok, noop: it was loaded "
+            "already, error).",
             ["trigger", "result"])
         self.adapter_unloads = counter(
             RouterMetric.ADAPTER_UNLOADS, "LoRA adapter unloads the router made on workers, "
-            "by result.", ["result"])
+            "by result (ok, noop: it was not loaded, error).", ["result"])
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
