@@ -315,3 +315,26 @@ async def test_models_through_the_router_lists_adapters_any_worker_holds(
         async with router.session.get(router.url + "/v1/models") as r:
             ids = [m["id"] for m in (await r.json())["data"]]
         assert ids == ["fake", "sql"]
+
+
+# -- the flags --------------------------------------------------------------------------
+
+def test_lora_flags_and_their_environment(monkeypatch):
+    import argparse
+
+    from frota.router.cli import add_arguments, config_from_args
+
+    def config(*argv: str) -> AdapterConfig:
+        parser = argparse.ArgumentParser()
+        add_arguments(parser)
+        return config_from_args(parser.parse_args(["--workers", "w:1", *argv])).adapters
+
+    assert config() == AdapterConfig()
+    assert config("--lora-runtime-loading", "--adapters", "sql=/a/sql") == AdapterConfig(
+        runtime_loading=True, paths={"sql": "/a/sql"})
+    monkeypatch.setenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")  # vLLM's name
+    assert config().runtime_loading
+    monkeypatch.setenv("FROTA_LORA_RUNTIME_LOADING", "false")  # the router's own wins
+    assert not config().runtime_loading
+    monkeypatch.setenv("FROTA_ADAPTER_REFRESH", "2.5")
+    assert config().refresh_interval == 2.5
