@@ -53,6 +53,11 @@ USER = [{"role": "user", "content": "hi"}]
     (CHAT, {"model": MODEL, "messages": [*USER, {"content": "x"}]}, "messages[1].role"),
     (CHAT, {"model": MODEL, "messages": [{"role": "user", "content": 3}]},
      "messages[0].content"),
+    (CHAT, {"model": MODEL, "messages": [{"role": "user", "content": None}]},
+     "messages[0].content"),
+    (CHAT, {"model": MODEL, "messages": [{"role": "system", "content": None}, *USER]},
+     "messages[0].content"),
+    (CHAT, {"model": MODEL, "messages": [*USER, {"role": "user"}]}, "messages[1].content"),
     (CHAT, {"model": MODEL, "messages": USER, "max_completion_tokens": -3},
      "max_completion_tokens"),
     (CHAT, {"model": MODEL, "messages": USER, "logprobs": 2}, "logprobs"),
@@ -114,3 +119,32 @@ async def test_numbers_are_not_coerced_from_other_types(client: TestClient, fiel
     resp = await client.post(COMP, json={"model": MODEL, "prompt": "x", field: value})
     assert resp.status == 400
     assert (await resp.json())["error"]["param"] == field
+
+
+async def test_an_assistant_message_with_tool_calls_may_have_null_content(
+        client: TestClient) -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    messages = [*USER, {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "42"}]
+    resp = await client.post(CHAT, json={"model": MODEL, "messages": messages, "max_tokens": 1})
+    assert resp.status == 200, await resp.text()
+
+
+@pytest.mark.parametrize("extra", [{}, {"max_tokens": None},
+                                   {"max_tokens": None, "frobnicate": {"deep": [1, 2]}}])
+async def test_completions_without_max_tokens_generate_openais_default_16(
+        client: TestClient, extra: dict) -> None:
+    # The fake engine never stops by itself: without the default it would run to the context end.
+    resp = await client.post(COMP, json={"model": MODEL, "prompt": "x", **extra})
+    assert resp.status == 200, await resp.text()
+    body = await resp.json()
+    assert body["usage"]["completion_tokens"] == 16
+    assert body["choices"][0]["finish_reason"] == "length"
+
+
+async def test_chat_without_max_tokens_still_runs_to_eos_not_16(engine, client: TestClient) -> None:
+    engine.eos_after = 40
+    resp = await client.post(CHAT, json={"model": MODEL, "messages": USER, "max_tokens": None})
+    body = await resp.json()
+    assert body["usage"]["completion_tokens"] == 41  # 40 letters, then EOS
+    assert body["choices"][0]["finish_reason"] == "stop"

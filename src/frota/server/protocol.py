@@ -16,9 +16,12 @@ from pydantic import (
     StrictBool,
     StrictFloat,
     StrictInt,
+    ValidationInfo,
     field_validator,
 )
 
+# OpenAI's `max_tokens` for /v1/completions when the body leaves it out or sends null.
+DEFAULT_COMPLETION_MAX_TOKENS = 16
 # Seeds feed torch generators, which take 64-bit integers.
 MAX_SEED = 2**63 - 1
 MAX_N = 128
@@ -104,10 +107,16 @@ class CompletionRequest(SamplingFields):
         | list[list[StrictInt]]
     )
     # 0 only with `echo` (scoring the prompt: lm-evaluation-harness loglikelihoods).
-    max_tokens: StrictInt | None = Field(16, ge=0, le=2**31 - 1)
+    max_tokens: StrictInt | None = Field(DEFAULT_COMPLETION_MAX_TOKENS, ge=0, le=2**31 - 1)
     logprobs: StrictInt | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: StrictBool = False
     suffix: str | None = None
+
+    @field_validator("max_tokens")
+    @classmethod
+    def _default_when_null(cls, v: int | None) -> int:
+        # OpenAI reads null as the default, 16: null must not mean "until the context ends".
+        return DEFAULT_COMPLETION_MAX_TOKENS if v is None else v
 
     @field_validator("prompt")
     @classmethod
@@ -183,14 +192,28 @@ class ToolCall(_Body):
     function: ToolCallFunction
 
 
+_CONTENT_REQUIRED = frozenset({"system", "developer", "user", "tool"})
+
+
 class ChatMessage(_Body):
     """One chat message; content may be a string or a list of text parts."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[TextPart] | None = Field(None, validate_default=True)
     name: str | None = None
     tool_calls: list[ToolCall] | None = None  # assistant
     tool_call_id: str | None = None  # tool
+
+    @field_validator("content")
+    @classmethod
+    def _content_required(cls, v: str | list[TextPart] | None,
+                          info: ValidationInfo) -> str | list[TextPart] | None:
+        # OpenAI: only an assistant message (with tool calls, or as a prefill) may go without
+        # content; a null user or system message is a client bug, not an empty turn.
+        role = info.data.get("role")
+        if v is None and role in _CONTENT_REQUIRED:
+            raise ValueError(f"content is required for a {role} message (got null or nothing)")
+        return v
 
     def text(self) -> str:
         if self.content is None:
