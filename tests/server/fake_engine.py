@@ -4,14 +4,22 @@ fitting `frota.server.engine_api.Engine` and made of the engine's own torch-free
 Byte-level tokenizer (vocab 256 + EOS 256); "generation" walks the lowercase
 alphabet from the last prompt byte (greedy) or draws letters from a seeded RNG,
 one token per `step_s`, so tests control timing, stop strings and seeds.
+
+LoRA: `load_adapter(name, path)` reads `path/adapter_config.json` (`r`, `target_modules`)
+and refuses what the real engine refuses in kind (missing or corrupt file, a rank above
+`max_lora_rank`, an unknown target, a name taken) with the engine's `AdapterError`. Under an
+adapter of rank r the greedy walk steps r + 1 letters at a time, so its output differs from
+the base model's deterministically.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import random
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 
 from frota.engine import (
     EngineStats,
@@ -20,9 +28,21 @@ from frota.engine import (
     SamplingParams,
     TokenLogprob,
 )
+from frota.engine.lora import AdapterError, AdapterInfo
 
 EOS = 256
 LETTERS = [ord(c) for c in "abcdefghijklmnopqrstuvwxyz "]
+TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def write_adapter(directory: Path, rank: int = 8,
+                  targets: Sequence[str] = ("q_proj", "v_proj")) -> str:
+    """A directory the fake engine loads as an adapter of `rank`; its path."""
+    directory.mkdir(parents=True, exist_ok=True)
+    config = {"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank,
+              "target_modules": list(targets)}
+    (directory / "adapter_config.json").write_text(json.dumps(config))
+    return str(directory)
 
 
 class FakeTokenizer:
@@ -48,7 +68,8 @@ class FakeEngine:
     """Implements the AsyncEngine surface the server uses."""
 
     def __init__(self, max_model_len: int = 512, max_num_seqs: int = 4, step_s: float = 0.0,
-                 eos_after: int | None = None) -> None:
+                 eos_after: int | None = None, max_loras: int = 0,
+                 max_lora_rank: int = 16) -> None:
         self.tokenizer = FakeTokenizer()
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
@@ -65,11 +86,51 @@ class FakeEngine:
         self.is_shut_down = False
         self.is_running = True  # False: the step loop died (the worker turns unhealthy)
         self.reject_next = False  # the next generate raises InvalidRequestError
+        self.max_loras = max_loras  # 0: LoRA off, as EngineArgs.max_loras
+        self.max_lora_rank = max_lora_rank
+        self.loaded: dict[str, AdapterInfo] = {}
+        self.request_adapters: dict[str, str] = {}  # request id -> adapter (running or waiting)
 
     def stats(self) -> EngineStats:
         used = sum(self.running.values())
+        def names(ids: list[str]) -> tuple[str, ...]:
+            return tuple(sorted({self.request_adapters[i] for i in ids
+                                 if i in self.request_adapters}))
+
         return EngineStats(len(self.running), len(self.waiting), self.num_kv_blocks_total, used,
-                           self.block_size, 0, 0)
+                           self.block_size, 0, 0, running_adapters=names(list(self.running)),
+                           waiting_adapters=names(list(self.waiting)),
+                           max_adapters=self.max_loras)
+
+    async def load_adapter(self, name: str, path: str) -> AdapterInfo:
+        if self.max_loras == 0:
+            raise AdapterError("LoRA is not enabled: start the engine with max_loras > 0",
+                               "lora_disabled")
+        if name in self.loaded:
+            raise AdapterError(f"an adapter named {name!r} is already loaded", "adapter_exists")
+        config_path = Path(path) / "adapter_config.json"
+        if not config_path.is_file():
+            raise AdapterError(f"adapter_config.json is missing from {path!r}")
+        try:
+            config = json.loads(config_path.read_text())
+        except json.JSONDecodeError as exc:
+            raise AdapterError(f"adapter_config.json in {path!r} is not valid JSON: {exc}") from exc
+        rank, targets = int(config["r"]), tuple(config["target_modules"])
+        unsupported = [t for t in targets if t not in TARGETS]
+        if unsupported:
+            raise AdapterError(f"unsupported target module(s) {', '.join(unsupported)}")
+        if rank > self.max_lora_rank:
+            raise AdapterError(f"rank {rank} is above max_lora_rank {self.max_lora_rank}")
+        await asyncio.sleep(0)
+        info = self.loaded[name] = AdapterInfo(name, path, rank, targets, resident=False)
+        return info
+
+    async def unload_adapter(self, name: str) -> None:
+        if self.loaded.pop(name, None) is None:
+            raise AdapterError(f"no adapter named {name!r} is loaded", "adapter_not_found")
+
+    async def adapters(self) -> list[AdapterInfo]:
+        return list(self.loaded.values())
 
     def abort(self, request_id: str) -> None:
         self.aborted.add(request_id)
@@ -83,9 +144,16 @@ class FakeEngine:
     async def shutdown(self) -> None:
         self.is_shut_down = True
 
-    async def generate(self, request_id: str, prompt: str | list[int],
-                       params: SamplingParams) -> AsyncIterator[RequestOutput]:
+    async def generate(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                       *, adapter: str | None = None,
+                       seq: object = None) -> AsyncIterator[RequestOutput]:
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if seq is not None:  # a sequence from a kv_transfer stand-in (tests/server/test_kv_adapters)
+            adapter = getattr(seq, "adapter", None)
+        if adapter is not None and adapter not in self.loaded:
+            raise AdapterError(f"no adapter named {adapter!r} is loaded", "adapter_not_found")
+        # The weights a request starts with are its own till it finishes, as in the engine.
+        step = 1 + (self.loaded[adapter].rank if adapter is not None else 0)
         if self.reject_next:
             self.reject_next = False
             raise InvalidRequestError("rejected by the engine", "prompt")
@@ -98,6 +166,8 @@ class FakeEngine:
         if any(not 0 <= t < self.tokenizer.vocab_size for t in params.logit_bias or ()):
             raise InvalidRequestError("logit_bias token ids out of range", "logit_bias")
         self.requests.append((request_id, ids, params))
+        if adapter is not None:
+            self.request_adapters[request_id] = adapter
         self.waiting.append(request_id)
         try:
             while not self.gate.is_set() or len(self.running) >= self.max_num_seqs:
@@ -106,15 +176,16 @@ class FakeEngine:
                 await asyncio.sleep(0.005)
             self.waiting.remove(request_id)
             self.running[request_id] = math.ceil(len(ids) / self.block_size)
-            async for out in self._decode(request_id, ids, params):
+            async for out in self._decode(request_id, ids, params, step):
                 yield out
         finally:
+            self.request_adapters.pop(request_id, None)
             self.running.pop(request_id, None)
             if request_id in self.waiting:
                 self.waiting.remove(request_id)
 
-    async def _decode(self, request_id: str, ids: list[int],
-                      params: SamplingParams) -> AsyncIterator[RequestOutput]:
+    async def _decode(self, request_id: str, ids: list[int], params: SamplingParams,
+                      step: int = 1) -> AsyncIterator[RequestOutput]:
         rng = random.Random(params.seed)
         last = ids[-1]
         text = ""
@@ -136,7 +207,7 @@ class FakeEngine:
                 yield RequestOutput(request_id, [], "", None, True, "abort", len(ids), len(generated), 0)
                 return
             if params.temperature == 0:
-                token = LETTERS[(LETTERS.index(last) + 1) % len(LETTERS)] if last in LETTERS \
+                token = LETTERS[(LETTERS.index(last) + step) % len(LETTERS)] if last in LETTERS \
                     else LETTERS[0]
             else:
                 token = rng.choice(LETTERS)

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from frota.engine import EngineStats, RequestOutput, SamplingParams
+from frota.engine.lora import AdapterError
 from frota.server.engine_api import Engine, Tokenizer
 from tests.server.fake_engine import FakeEngine
 
@@ -79,12 +80,12 @@ async def _one_request(engine: Engine) -> tuple[list[RequestOutput], EngineStats
         await engine.shutdown()
 
 
-def _real_engine() -> Engine:
+def _real_engine(max_loras: int = 0) -> Engine:
     pytest.importorskip("torch")
     from frota.engine import AsyncEngine, EngineArgs
 
     return AsyncEngine(EngineArgs(model="synthetic:dense-tiny", dtype="float32", num_kv_blocks=32,
-                                  block_size=4, verbose=False))
+                                  block_size=4, verbose=False, max_loras=max_loras))
 
 
 @pytest.mark.parametrize("make", [FakeEngine, _real_engine], ids=["fake", "real"])
@@ -115,8 +116,12 @@ def test_the_check_names_what_does_not_fit() -> None:
         "generate: a function, the protocol's is a async generator",
         "generate: parameter 1 should be prompt (POSITIONAL_OR_KEYWORD)",
         "generate: parameter 2 should be params (POSITIONAL_OR_KEYWORD)",
+        "generate: parameter 3 should be adapter (KEYWORD_ONLY)",
         "abort: a coroutine, the protocol's is a function",
         "stats: missing",
+        "load_adapter: missing",
+        "unload_adapter: missing",
+        "adapters: missing",
         "start: missing",
         "shutdown: missing",
     ]
@@ -126,3 +131,34 @@ def test_the_server_imports_no_torch() -> None:
     code = ("import sys, frota.server.app, frota.server.kv_routes, frota.server.cli; "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
+
+
+async def _refusals(engine: Engine) -> tuple[list[object], list[str]]:
+    """What an engine with LoRA on says to adapters it does not have."""
+    await engine.start()
+    codes = []
+    try:
+        listed = list(await engine.adapters())
+        params = SamplingParams(max_tokens=1, temperature=0.0)
+        with pytest.raises(AdapterError) as refused:
+            async for _ in engine.generate("x", engine.tokenizer.encode("Hi"), params,
+                                           adapter="nope"):
+                pass
+        codes.append(refused.value.code)
+        with pytest.raises(AdapterError) as refused:
+            await engine.unload_adapter("nope")
+        codes.append(refused.value.code)
+        with pytest.raises(AdapterError) as refused:
+            await engine.load_adapter("bad", "/nonexistent/adapter")
+        codes.append(refused.value.code)
+        return listed, codes
+    finally:
+        await engine.shutdown()
+
+
+@pytest.mark.parametrize("make", [lambda: FakeEngine(max_loras=2), lambda: _real_engine(2)],
+                         ids=["fake", "real"])
+def test_both_engines_refuse_unknown_adapters_with_the_engines_adapter_error(make) -> None:
+    listed, codes = asyncio.run(_refusals(make()))
+    assert listed == []
+    assert codes == ["adapter_not_found", "adapter_not_found", "invalid_adapter"]

@@ -4,12 +4,15 @@
 the background (`load` returns `EngineBindings`), so `/health` answers while
 `/ready` and the generation routes answer 503 until the model is loaded and
 warmed up. Later roles (prefill/decode, `/internal/kv/...`) add route groups
-beside `add_openai_routes`.
+beside `add_openai_routes`. With LoRA (`ServerOptions.lora`) the `--lora-modules` adapters
+load before the worker turns ready, `model` may name an adapter, and runtime loading adds
+vLLM's load/unload routes (`frota.server.adapters`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import time
@@ -21,7 +24,8 @@ from pydantic import ValidationError
 
 from frota.engine.outputs import EngineStats
 from frota.engine.sampling_params import SamplingParams
-from frota.server import errors
+from frota.server import adapters, errors
+from frota.server.adapters import AdapterRegistry, LoRAOptions, StartupAdapterError
 from frota.server.engine_api import EngineBindings
 from frota.server.generation import Generation, Job
 from frota.server.jobs import chat_job, completion_job
@@ -45,6 +49,9 @@ class ServerOptions:
     max_queue: int | None = 256
     shutdown_grace_period_s: float = 30.0
     warmup: bool = True
+    lora: LoRAOptions | None = None  # None: LoRA off (no adapter routes, no LoRA metric)
+    # Set: every /v1/ route asks for `Authorization: Bearer <api_key>` (vLLM's --api-key).
+    api_key: str | None = None
 
 
 class WorkerState:
@@ -58,6 +65,7 @@ class WorkerState:
         self.generation: Generation | None = None
         self.metrics = ServerMetrics(options.served_model_name, self.stats)
         self.created = int(time.time())
+        self.adapters = AdapterRegistry(options.served_model_name)
         # Decode role: turns a request's KV handle header into `job.kv_seq` (kv_routes).
         self.kv_import: Callable[[web.Request, Job], Awaitable[None]] | None = None
 
@@ -95,10 +103,16 @@ async def _start_engine(app: web.Application) -> None:
     try:
         state.bindings = await state.load()
         generation = Generation(state.bindings, state.metrics, state.options.max_queue)
+        if state.options.lora is not None:
+            await state.adapters.load_modules(state.bindings.engine, state.options.lora.modules)
         if state.options.warmup:
             await _warm_up(state.bindings)
     except asyncio.CancelledError:
         raise
+    except StartupAdapterError as exc:
+        log.error("%s", exc)
+        state.lifecycle.fail()
+        return
     except Exception:
         log.exception("the engine failed to load")
         state.lifecycle.fail()
@@ -136,6 +150,23 @@ async def _on_cleanup(app: web.Application) -> None:
 
 
 LOAD_TASK_KEY: web.AppKey[asyncio.Task[None]] = web.AppKey("load_task", asyncio.Task)
+
+
+def auth_middleware(api_key: str):  # type: ignore[no-untyped-def]
+    """401 for a /v1/ request without `Authorization: Bearer <api_key>`, as vLLM's --api-key."""
+    expected = f"Bearer {api_key}".encode()
+
+    @web.middleware
+    async def check(request: web.Request, handler):  # type: ignore[no-untyped-def]
+        if request.path.startswith("/v1/"):
+            given = request.headers.get("Authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                message = ("Missing API key: send 'Authorization: Bearer <key>'."
+                           if not given else "Incorrect API key provided.")
+                raise errors.APIError(401, message, code="invalid_api_key")
+        return await handler(request)
+
+    return check
 
 
 @web.middleware
@@ -184,7 +215,7 @@ async def _generate(request: web.Request, job_builder, model_cls) -> web.StreamR
         raise errors.from_validation_error(exc) from exc
     except RecursionError as exc:
         raise errors.invalid("The request body is nested too deeply.", param="body") from exc
-    job: Job = await job_builder(bindings, req, state.options.served_model_name)
+    job: Job = await job_builder(bindings, req, state.adapters)
     generation.admit(job.num_choices)
     if state.kv_import is not None:
         await state.kv_import(request, job)
@@ -220,9 +251,26 @@ async def models(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
     card = {"id": state.options.served_model_name, "object": "model", "created": state.created,
             "owned_by": "frota"}
+    max_model_len = None
     if state.bindings is not None:
-        card["max_model_len"] = state.bindings.engine.max_model_len
-    return web.json_response({"object": "list", "data": [card]})
+        max_model_len = card["max_model_len"] = state.bindings.engine.max_model_len
+    cards = [card, *state.adapters.model_cards(state.created, max_model_len)]
+    return web.json_response({"object": "list", "data": cards})
+
+
+async def load_lora_adapter(request: web.Request) -> web.Response:
+    state = request.app[STATE_KEY]
+    bindings, _ = state.ready_generation()
+    text = await adapters.load_from_body(state.adapters, bindings.engine, await _read_json(request))
+    return web.Response(text=text)
+
+
+async def unload_lora_adapter(request: web.Request) -> web.Response:
+    state = request.app[STATE_KEY]
+    bindings, _ = state.ready_generation()
+    text = await adapters.unload_from_body(state.adapters, bindings.engine,
+                                           await _read_json(request))
+    return web.Response(text=text)
 
 
 async def health(request: web.Request) -> web.Response:
@@ -251,6 +299,12 @@ def add_openai_routes(app: web.Application) -> None:
     app.router.add_get("/v1/models", models)
 
 
+def add_adapter_routes(app: web.Application) -> None:
+    """vLLM's runtime LoRA loading; only with runtime loading on (else 404, as vLLM)."""
+    app.router.add_post(adapters.LOAD_PATH, load_lora_adapter)
+    app.router.add_post(adapters.UNLOAD_PATH, unload_lora_adapter)
+
+
 def add_ops_routes(app: web.Application) -> None:
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)
@@ -266,10 +320,15 @@ def create_app(options: ServerOptions, load: Loader | EngineBindings) -> web.App
             return bindings
 
         load = loaded
-    app = web.Application(middlewares=[error_middleware], client_max_size=MAX_BODY_BYTES)
+    middlewares = [error_middleware]
+    if options.api_key:
+        middlewares.append(auth_middleware(options.api_key))
+    app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY_BYTES)
     app[STATE_KEY] = WorkerState(options, load)
     add_ops_routes(app)
     add_openai_routes(app)
+    if options.lora is not None and options.lora.runtime_loading:
+        add_adapter_routes(app)
     app.on_startup.append(_on_startup)
     app.on_cleanup.append(_on_cleanup)
     return app

@@ -3,12 +3,20 @@
 Every flag can also come from the environment, `FROTA_` + the flag in upper
 case with dashes as underscores (`--max-num-seqs` <- `FROTA_MAX_NUM_SEQS`);
 a flag on the command line wins. torch and the engine load only inside `run`.
+
+LoRA takes vLLM's flags, so the operator's arguments for either runtime read alike:
+`--enable-lora`, `--max-loras N` (default 4), `--max-lora-rank R` (default 16),
+`--lora-modules name=path ...` (or vLLM's JSON form `{"name": ..., "path": ...}` per item;
+loaded at start, a bad one fails the start naming it), and runtime loading
+(`/v1/load_lora_adapter`) with `--allow-runtime-lora` or vLLM's environment variable
+`VLLM_ALLOW_RUNTIME_LORA_UPDATING=true`.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import re
 import threading
@@ -41,6 +49,29 @@ def parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"not a boolean: {text!r}")
 
 
+DEFAULT_MAX_LORAS = 4
+RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"  # vLLM's switch for runtime loading
+
+
+def parse_lora_module(text: str) -> tuple[str, str]:
+    """(name, path) from `name=path` or vLLM's `{"name": ..., "path": ...}`."""
+    if text.lstrip().startswith("{"):
+        try:
+            item = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise argparse.ArgumentTypeError(f"not a JSON object: {text!r} ({exc})") from exc
+        name, path = item.get("name"), item.get("path")
+        if not (isinstance(name, str) and name and isinstance(path, str) and path):
+            raise argparse.ArgumentTypeError(f"{text!r}: the object needs string \"name\" and "
+                                             "\"path\"")
+        return name, path
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"{text!r} is not name=path (or a JSON object with "
+                                         "name and path)")
+    return name, path
+
+
 def env_name(flag: str) -> str:
     return "FROTA_" + flag.lstrip("-").upper().replace("-", "_")
 
@@ -58,6 +89,37 @@ def _flag(parser: argparse.ArgumentParser, flag: str, *, type: Callable[[str], A
         required = False
     parser.add_argument(flag, type=type, default=default, required=required,
                         help=f"{help} [env {env}]", **kw)
+
+
+def _switch(parser: argparse.ArgumentParser, flag: str, *, help: str) -> None:
+    """A bare on-switch (vLLM's style), also on when its FROTA_* variable is true."""
+    env = env_name(flag)
+    raw = os.environ.get(env)
+    try:
+        default = parse_bool(raw) if raw else False
+    except argparse.ArgumentTypeError as exc:
+        raise SystemExit(f"frota worker: bad {env}={raw!r}: {exc}") from exc
+    parser.add_argument(flag, action="store_true", default=default, help=f"{help} [env {env}]")
+
+
+def add_lora_arguments(parser: argparse.ArgumentParser) -> None:
+    _switch(parser, "--enable-lora", help="serve LoRA adapters: a request's `model` names one")
+    _flag(parser, "--max-loras", type=int,
+          help=f"adapters resident at once (slots), default {DEFAULT_MAX_LORAS} with --enable-lora")
+    _flag(parser, "--max-lora-rank", type=int, default=16, help="the highest adapter rank")
+    env = env_name("--lora-modules")
+    raw = os.environ.get(env)
+    try:
+        default = [parse_lora_module(item) for item in raw.split()] if raw else None
+    except argparse.ArgumentTypeError as exc:
+        raise SystemExit(f"frota worker: bad {env}={raw!r}: {exc}") from exc
+    parser.add_argument("--lora-modules", nargs="+", type=parse_lora_module, default=default,
+                        metavar="NAME=PATH",
+                        help="adapters (PEFT directories) to load at start, each name=path or "
+                        f'{{"name": ..., "path": ...}} [env {env}, space-separated]')
+    _switch(parser, "--allow-runtime-lora",
+            help="enable POST /v1/load_lora_adapter and /v1/unload_lora_adapter "
+            f"(also on with {RUNTIME_LORA_ENV}=true)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -108,12 +170,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _flag(parser, "--expert-capacity-factor", type=float,
           help="MoE: most (token, slot) pairs per expert per step, as a multiple of the even "
           "share; overflow pairs are dropped (default: no limit)")
+    _flag(parser, "--api-key", help="require `Authorization: Bearer <key>` on every /v1/ route "
+          "(default: no key)")
+    add_lora_arguments(parser)
     _flag(parser, "--log-level", default="info", help="debug, info, warning, error")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """EngineArgs keywords: only the flags that were set, so engine defaults apply."""
-    return {k: getattr(args, k) for k in ENGINE_FLAGS if getattr(args, k) is not None}
+    kwargs = {k: getattr(args, k) for k in ENGINE_FLAGS if getattr(args, k) is not None}
+    if getattr(args, "enable_lora", False):
+        kwargs["max_loras"] = args.max_loras if args.max_loras is not None else DEFAULT_MAX_LORAS
+        kwargs["max_lora_rank"] = args.max_lora_rank
+    return kwargs
+
+
+def runtime_lora_allowed(args: argparse.Namespace) -> bool:
+    raw = os.environ.get(RUNTIME_LORA_ENV, "")
+    return bool(args.allow_runtime_lora) or raw.strip().lower() in {"1", "true"}
+
+
+def lora_options(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """The server's LoRAOptions (None: LoRA off); SystemExit for LoRA flags without LoRA."""
+    from frota.server.adapters import LoRAOptions
+
+    if not args.enable_lora:
+        if args.lora_modules or args.max_loras is not None:
+            raise SystemExit("frota worker: --lora-modules and --max-loras need --enable-lora")
+        return None
+    if (args.max_loras is not None and args.max_loras < 1) or args.max_lora_rank < 1:
+        raise SystemExit("frota worker: --max-loras and --max-lora-rank must be at least 1")
+    return LoRAOptions(modules=tuple(args.lora_modules or ()),
+                       runtime_loading=runtime_lora_allowed(args))
 
 
 async def _in_daemon_thread(fn: Callable[[], Any]) -> Any:
@@ -143,6 +231,7 @@ def run(args: argparse.Namespace) -> int:
     from frota.server.lifecycle import serve
 
     logs.setup(args.log_level)
+    lora = lora_options(args)
     children: list = []
     if ranks.world_size(args) > 1:
         if args.role != "both":
@@ -169,6 +258,8 @@ def run(args: argparse.Namespace) -> int:
         served_model_name=args.served_model_name or args.model,
         max_queue=args.max_queue or None,
         shutdown_grace_period_s=args.shutdown_grace_period,
+        lora=lora,
+        api_key=args.api_key or None,
     )
 
     async def main() -> int:

@@ -1,7 +1,8 @@
 """The engine as the server sees it: one typing protocol over the engine's plain data.
 
 The server imports only `frota.engine`'s torch-free modules (`SamplingParams`,
-`RequestOutput`, `EngineStats`, `InvalidRequestError`, `Constraint`) and receives a
+`RequestOutput`, `EngineStats`, `InvalidRequestError`, `Constraint`, and LoRA's
+`AdapterError` and `AdapterInfo` from `frota.engine.lora`) and receives a
 started engine that fits `Engine`: `frota.engine.AsyncEngine` in `frota worker`
 (built in `cli.run`), or a test double without torch (tests/server/fake_engine.py).
 tests/server/test_engine_boundary.py checks both against the protocol.
@@ -13,6 +14,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from frota.engine.lora import AdapterInfo
 from frota.engine.outputs import EngineStats, RequestOutput
 from frota.engine.sampling_params import SamplingParams
 
@@ -36,10 +38,16 @@ class Engine(Protocol):
     @property
     def is_running(self) -> bool: ...  # False once the step loop has died: the pod restarts
 
-    def generate(self, request_id: str, prompt: str | list[int],
-                 params: SamplingParams) -> AsyncIterator[RequestOutput]: ...
+    # `adapter`: a loaded LoRA adapter's name (None: the base model); AdapterError
+    # (code "adapter_not_found") when it is not loaded.
+    def generate(self, request_id: str, prompt: str | list[int], params: SamplingParams, *,
+                 adapter: str | None = None) -> AsyncIterator[RequestOutput]: ...
     def abort(self, request_id: str) -> None: ...
     def stats(self) -> EngineStats: ...
+    # LoRA: each raises AdapterError (with `.code`) naming what is wrong; nothing else changes.
+    async def load_adapter(self, name: str, path: str) -> AdapterInfo: ...
+    async def unload_adapter(self, name: str) -> None: ...
+    async def adapters(self) -> list[AdapterInfo]: ...
     async def start(self) -> None: ...
     async def shutdown(self) -> None: ...
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from frota.engine.errors import InvalidRequestError
+from frota.engine.lora import AdapterError
 from frota.engine.outputs import RequestOutput
 from frota.engine.sampling_params import SamplingParams
 from frota.server import errors
@@ -46,6 +47,7 @@ class Job:
     include_usage: bool = False
     kv_seq: Any = None  # decode role: an engine sequence with imported prompt KV (kv_routes)
     echo_texts: list[str] | None = None  # completions `echo`: each prompt's text leads its choices
+    adapter: str | None = None  # the LoRA adapter the request's `model` named (None: the base)
 
     @property
     def num_choices(self) -> int:
@@ -223,8 +225,11 @@ class Generation:
 
     async def _events(self, job: Job) -> AsyncIterator[tuple[int, RequestOutput]]:
         """Every choice's outputs, tagged with the choice index, as they arrive."""
-        extra = {} if job.kv_seq is None else {"seq": job.kv_seq}
-        gens = [self._checked(self.engine.generate(job.engine_id(i), job.prompt_of(i), p, **extra))
+        extra: dict[str, Any] = {} if job.kv_seq is None else {"seq": job.kv_seq}
+        if job.adapter is not None:
+            extra["adapter"] = job.adapter
+        gens = [self._checked(self.engine.generate(job.engine_id(i), job.prompt_of(i), p, **extra),
+                              job.adapter)
                 for i, p in enumerate(job.params)]
         if len(gens) == 1:
             async for out in gens[0]:
@@ -257,13 +262,19 @@ class Generation:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _checked(self, gen: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOutput]:
-        """Engine outputs, with the engine's InvalidRequestError turned into a 400."""
+    async def _checked(self, gen: AsyncIterator[RequestOutput],
+                       adapter: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Engine outputs, with the engine's InvalidRequestError turned into a 400 (and an
+        adapter unloaded since the request named it into a 404 `model_not_found`)."""
         try:
             async for out in gen:
                 yield out
         except InvalidRequestError as exc:
             raise errors.from_engine(exc) from exc
+        except AdapterError as exc:
+            if getattr(exc, "code", None) == "adapter_not_found":
+                raise errors.model_not_found(adapter or "") from exc
+            raise errors.invalid(str(exc), param="model", code=exc.code) from exc
         finally:
             aclose = getattr(gen, "aclose", None)
             if aclose is not None:

@@ -11,6 +11,7 @@ from frota.engine.errors import InvalidRequestError
 from frota.engine.grammar import Constraint
 from frota.engine.sampling_params import SamplingParams
 from frota.server import errors, structured, tools
+from frota.server.adapters import AdapterRegistry
 from frota.server.engine_api import EngineBindings
 from frota.server.formats import ChatFormat, CompletionFormat
 from frota.server.generation import Job
@@ -67,17 +68,19 @@ def _params(req: SamplingFields, max_tokens: int, logprobs: int | None, choice: 
                              param=getattr(exc, "param", None)) from exc
 
 
-def _check_supported(req: SamplingFields, served: str) -> None:
-    if req.model != served:
-        raise errors.model_not_found(req.model)
+def _check_supported(req: SamplingFields, models: AdapterRegistry) -> str | None:
+    """The adapter `model` names (None: the base model); 404 or 400 for what cannot run."""
+    adapter = models.resolve(req.model)
     unsupported = req.unsupported()
     if unsupported is not None:
         raise errors.invalid(unsupported[1], param=unsupported[0], code="unsupported_parameter")
+    return adapter
 
 
 async def completion_job(bindings: EngineBindings, req: CompletionRequest,
-                         served: str) -> Job:
-    _check_supported(req, served)
+                         models: AdapterRegistry) -> Job:
+    """`models` resolves `req.model`; replies name the model (or adapter) the request asked for."""
+    adapter = _check_supported(req, models)
     prompts: list[list[int]] = []
     for i, prompt in enumerate(req.prompts()):
         param = "prompt" if not isinstance(req.prompt, list) or i == 0 else f"prompt[{i}]"
@@ -101,11 +104,11 @@ async def completion_job(bindings: EngineBindings, req: CompletionRequest,
         echo_texts = [p if isinstance(p, str) else decode(ids)
                       for p, ids in zip(req.prompts(), prompts, strict=True)]
     request_id = f"cmpl-{uuid.uuid4().hex}"
-    fmt = CompletionFormat(request_id, served, int(time.time()),
+    fmt = CompletionFormat(request_id, req.model, int(time.time()),
                            bindings.engine.tokenizer.decode, req.logprobs is not None)
     return Job(request_id, prompts, params, req.n, fmt,
                include_usage=bool(req.stream_options and req.stream_options.include_usage),
-               echo_texts=echo_texts)
+               echo_texts=echo_texts, adapter=adapter)
 
 
 def _constraint(bindings: EngineBindings, spec: tuple[str, str] | None,
@@ -120,8 +123,9 @@ def _constraint(bindings: EngineBindings, spec: tuple[str, str] | None,
     return Constraint(kind, text)  # type: ignore[arg-type]  # kinds come from structured/tools
 
 
-async def chat_job(bindings: EngineBindings, req: ChatCompletionRequest, served: str) -> Job:
-    _check_supported(req, served)
+async def chat_job(bindings: EngineBindings, req: ChatCompletionRequest,
+                   models: AdapterRegistry) -> Job:
+    adapter = _check_supported(req, models)
     tool_plan = tools.plan(req)
     forced_call = tool_plan.constraint()  # `required` / a named tool win over response_format
     constraint = _constraint(
@@ -140,9 +144,10 @@ async def chat_job(bindings: EngineBindings, req: ChatCompletionRequest, served:
     params = [_params(req, max_tokens, logprobs, i, constraint=constraint)
               for i in range(req.n)]
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    fmt_args = (request_id, served, int(time.time()), bindings.engine.tokenizer.decode,
+    fmt_args = (request_id, req.model, int(time.time()), bindings.engine.tokenizer.decode,
                 req.logprobs)
     fmt = (tools.ToolChatFormat(*fmt_args, tools=tool_plan.tools) if tool_plan.active
            else ChatFormat(*fmt_args))
     return Job(request_id, [ids], params, req.n, fmt,
-               include_usage=bool(req.stream_options and req.stream_options.include_usage))
+               include_usage=bool(req.stream_options and req.stream_options.include_usage),
+               adapter=adapter)

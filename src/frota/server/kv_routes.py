@@ -10,11 +10,17 @@ Prefill role (`--role prefill|both`):
 - `DELETE /internal/kv/blocks/{id}` frees them without a transfer.
 
 Decode role (`--role decode|both`): an OpenAI request carrying the `x-frota-kv-handle`
-header (JSON: url, id, fingerprint, prompt_digest, num_prompt_tokens, first_token) pulls
+header (JSON: url, id, fingerprint, prompt_digest, num_prompt_tokens, first_token, adapter) pulls
 the blocks from the prefill worker into freshly allocated blocks of its own pool and
 continues decoding from the first token. A layout mismatch answers 409; a prefill peer
 that is gone or forgot the handle answers 424 (`kv_transfer_failed`), so the router can
 run the request colocated instead.
+
+LoRA: the handle names the adapter the prefill ran under (`adapter`, null for the base
+model), and so does the block stream's header. A decode request whose `model` names another
+adapter (or the base model) is refused with a 409 `kv_adapter_mismatch` before anything is
+pulled, and again if the stream's header disagrees: KV computed under one adapter never
+continues under another.
 
 Framing of a block stream: 4 bytes big-endian header length, the JSON header
 (`fingerprint`, `layout`, `num_prompt_tokens`, `num_blocks`, `parts`: shape/dtype/nbytes
@@ -42,7 +48,9 @@ from prometheus_client import Counter, Gauge, Histogram
 from pydantic import ValidationError
 
 from frota.engine.errors import InvalidRequestError
+from frota.engine.lora import AdapterError
 from frota.server import errors
+from frota.server.adapters import from_adapter_error
 from frota.server.app import STATE_KEY, WorkerState, _read_json
 from frota.server.generation import Job
 from frota.server.jobs import chat_job, completion_job
@@ -173,7 +181,7 @@ class KVService:
             req = model_cls.model_validate(body)
         except ValidationError as exc:
             raise errors.from_validation_error(exc) from exc
-        job: Job = await builder(bindings, req, state.options.served_model_name)
+        job: Job = await builder(bindings, req, state.adapters)
         if job.num_choices != 1:
             raise errors.invalid("Disaggregated prefill serves one prompt and n=1.", param="n")
         generation.admit(1)
@@ -182,9 +190,12 @@ class KVService:
         params = dataclasses.replace(job.params[0], max_tokens=1)
         request_id = f"kv-{uuid.uuid4().hex}"
         try:
-            seq = kv.new_sequence(request_id, job.prompts[0], params, keep_kv=True)
+            seq = kv.new_sequence(request_id, job.prompts[0], params, keep_kv=True,
+                                  adapter=job.adapter)
         except InvalidRequestError as exc:
             raise errors.from_engine(exc) from exc
+        except AdapterError as exc:  # unloaded since the request named it
+            raise from_adapter_error(exc) from exc
         first: int | None = None
         reason: str | None = None
         with state.lifecycle.in_flight():
@@ -204,7 +215,7 @@ class KVService:
             "fingerprint": kv.fingerprint(),
             "prompt_digest": kv.prompt_digest(job.prompts[0]),
             "num_prompt_tokens": seq.num_prompt_tokens, "first_token": first,
-            "ttl_s": self.options.handle_ttl_s,
+            "ttl_s": self.options.handle_ttl_s, "adapter": job.adapter,
         }
         return web.json_response({"kv_handle": handle, "first_token": first,
                                   "finish_reason": reason,
@@ -286,8 +297,11 @@ class KVService:
             self.metrics.failures.labels("prompt_mismatch").inc()
             raise errors.APIError(409, "The KV handle belongs to a different prompt (the prefill "
                                   "worker tokenized it differently).", code="kv_prompt_mismatch")
+        if handle.get("adapter") != job.adapter:
+            self.metrics.failures.labels("adapter_mismatch").inc()
+            raise _adapter_mismatch(handle.get("adapter"), job.adapter)
         try:
-            seq = kv.new_sequence(job.engine_id(0), prompt, job.params[0])
+            seq = kv.new_sequence(job.engine_id(0), prompt, job.params[0], adapter=job.adapter)
         except Exception as exc:
             raise errors.invalid(str(exc)) from exc
         started = time.perf_counter()
@@ -331,6 +345,12 @@ class KVService:
                     or header["num_prompt_tokens"] != seq.num_prompt_tokens):
                 raise errors.APIError(409, f"The KV stream does not fit this worker: {header}.",
                                       code="kv_layout_mismatch")
+            try:
+                kv.check_adapter(header, seq)
+            except AdapterError as exc:
+                self.metrics.failures.labels("adapter_mismatch").inc()
+                raise errors.APIError(409, f"The KV stream does not fit this request: {exc}.",
+                                      code="kv_adapter_mismatch") from exc
             if not await kv.reserve(seq):
                 self.metrics.recomputed.inc()
                 return 0  # closing the stream early frees the blocks on the prefill side
@@ -340,6 +360,16 @@ class KVService:
                 kv.import_part(seq, i, data, spec)
                 received += len(data)
             return received
+
+
+def _adapter_mismatch(sent: object, wanted: str | None) -> errors.APIError:
+    def name(adapter: object) -> str:
+        return "the base model" if adapter is None else f"adapter {adapter!r}"
+
+    return errors.APIError(409, f"The KV handle was computed under {name(sent)}, but this "
+                           f"request runs under {name(wanted)}; KV of one adapter never serves "
+                           "another. Run the request colocated.", param="model",
+                           code="kv_adapter_mismatch")
 
 
 KV_KEY: web.AppKey[KVService] = web.AppKey("kv", KVService)

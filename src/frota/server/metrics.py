@@ -7,6 +7,7 @@ the server as requests progress.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -17,6 +18,9 @@ from frota.api.contract import WorkerMetric
 from frota.engine.outputs import EngineStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# vLLM's LoRA gauge (the router reads it, frota.router.health): labels max_lora and the
+# comma-joined names of the adapters with requests running / waiting; value: when it was set.
+LORA_REQUESTS_INFO = "vllm:lora_requests_info"
 
 # Bucket boundaries copied from vLLM so dashboards built for it read the same.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
@@ -67,6 +71,13 @@ class EngineStatsCollector(Collector):
                                  labels=["model_name", "block_size", "num_gpu_blocks"])
         info.add_metric([self.model_name, str(s.block_size), str(s.num_kv_blocks_total)], 1.0)
         yield info
+        if getattr(s, "max_adapters", 0) > 0:  # exported only with LoRA on, as vLLM does
+            lora = GaugeMetricFamily(LORA_REQUESTS_INFO, "Running stats on lora requests.",
+                                     labels=["running_lora_adapters", "max_lora",
+                                             "waiting_lora_adapters"])
+            lora.add_metric([",".join(s.running_adapters), str(s.max_adapters),
+                             ",".join(s.waiting_adapters)], time.time())
+            yield lora
         experts = getattr(s, "expert_tokens", None)
         if experts:  # MoE: a hot expert is the bottleneck of an expert-parallel group
             c = CounterMetricFamily("frota_expert_tokens", "Tokens routed to each expert "
