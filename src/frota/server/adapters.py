@@ -111,7 +111,8 @@ class AdapterRegistry:
                 raise StartupAdapterError(f"--lora-modules {name}={path}: the LoRA adapter "
                                           f"{name!r} cannot be loaded: {exc}") from exc
 
-    def model_cards(self, created: int, max_model_len: int | None) -> list[dict[str, Any]]:
+    def model_cards(self, max_model_len: int | None) -> list[dict[str, Any]]:
+        """`/v1/models` entries of the adapters, in load order, as vLLM shapes them."""
         cards = []
         for card in self.cards.values():
             entry: dict[str, Any] = {"id": card.name, "object": "model", "created": card.created,

@@ -254,7 +254,7 @@ async def models(request: web.Request) -> web.Response:
     max_model_len = None
     if state.bindings is not None:
         max_model_len = card["max_model_len"] = state.bindings.engine.max_model_len
-    cards = [card, *state.adapters.model_cards(state.created, max_model_len)]
+    cards = [card, *state.adapters.model_cards(max_model_len)]
     return web.json_response({"object": "list", "data": cards})
 
 
