@@ -1,0 +1,46 @@
+"""Tensor parallelism with adapters: two ranks (A and B sharded as their projections are,
+the row-parallel partial deltas summed by the projection's all-reduce) give the single
+process's tokens, while slots are rewritten mid-run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.lora import synthetic
+from tests.lora.tp_rank_main import generate
+from tests.parallel.conftest import RANK_TIMEOUT_S, free_port, rank_env
+
+RANK_MAIN = Path(__file__).with_name("tp_rank_main.py")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def adapter_dirs(tmp_path_factory) -> list[str]:
+    loaded = synthetic.load()
+    dirs = synthetic.make_adapters(tmp_path_factory.mktemp("adapters"), loaded[1], count=3)
+    return [str(p) for p in dirs.values()]
+
+
+def test_tp2_with_adapters_gives_the_single_process_tokens(tmp_path, adapter_dirs):
+    want = generate(1, adapter_dirs)
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, str(RANK_MAIN), str(tmp_path), "2", *adapter_dirs],
+                              env={**rank_env(rank, 2, port), "PYTHONPATH": str(ROOT)},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for rank in range(2)]
+    logs = []
+    for proc in procs:
+        try:
+            out, _ = proc.communicate(timeout=RANK_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            out, _ = proc.communicate()
+        logs.append(out[-3000:])
+    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+    assert json.loads((tmp_path / "result.json").read_text()) == want
