@@ -159,3 +159,21 @@ def test_with_lora_the_network_policy_admits_the_operator_to_read_the_adapters()
     plain = Spec().build()
     policy = next(o for o in build_children(plain, plan(plain)) if o["kind"] == "NetworkPolicy")
     assert len(policy["spec"]["ingress"]) == 2
+
+
+def router_args(spec: Spec) -> list[str]:
+    isvc = spec.build()
+    deploy = next(o for o in build_children(isvc, plan(isvc)) if o["kind"] == "Deployment")
+    return deploy["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_with_runtime_loading_the_router_loads_and_knows_where_the_spec_adapters_are():
+    args = router_args(with_adapters(lora={"allowRuntimeLoading": True}))
+    assert "--lora-runtime-loading" in args
+    assert args[args.index("--adapters") + 1] == ",".join(
+        f"{a['name']}={path}" for a, path in zip(ADAPTERS, PATHS, strict=True))
+
+
+def test_without_runtime_loading_the_router_gets_no_lora_flags():
+    assert not any("lora" in a or a == "--adapters" for a in router_args(with_adapters()))
+    assert not any("lora" in a for a in router_args(Spec()))

@@ -192,6 +192,17 @@ def frota_lora_args(spec: InferenceServiceSpec, adapters: tuple[AdapterLocation,
     return args
 
 
+def router_lora_args(spec: InferenceServiceSpec, adapters: tuple[AdapterLocation, ...]) -> tuple[str, ...]:
+    """The router's LoRA flags: with runtime loading on, it serves the load and unload routes,
+    loads on demand, and knows where the workers read the spec's adapters."""
+    if spec.lora is None or not spec.lora.allowRuntimeLoading:
+        return ()
+    args: tuple[str, ...] = ("--lora-runtime-loading",)
+    if adapters:
+        args += ("--adapters", ",".join(f"{a.name}={a.path}" for a in adapters))
+    return args
+
+
 def _adapters(spec: InferenceServiceSpec) -> tuple[AdapterLocation, ...]:
     """Where each worker reads spec.adapters; SpecError naming the adapter's uri."""
     errors, found = [], []
@@ -299,7 +310,8 @@ def plan(isvc: InferenceService, addressing: Addressing | None = None,
         model=location,
         engine_env=_engine_env(spec) if spec.runtime.engine == "frota" else {},
         groups=tuple(groups),
-        router=RouterPlan(spec.router.replicas, spec.router.policy, router_env),
+        router=RouterPlan(spec.router.replicas, spec.router.policy, router_env,
+                          router_lora_args(spec, adapters)),
         role_shapes=shapes,
         warnings=warnings,
         adapters=adapters,

@@ -137,6 +137,8 @@ class RouterPlan:
     replicas: int
     policy: str
     env: Mapping[str, str]
+    # LoRA: what the router may load on workers (`--lora-runtime-loading`, `--adapters`)
+    lora_args: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
