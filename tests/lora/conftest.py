@@ -85,3 +85,20 @@ def reference_greedy(peft_smollm2):
         return cache[key]
 
     return greedy
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    """The synthetic model (tests.lora.synthetic), loaded once per module: engines wrap its
+    projections in place, so modules do not share it."""
+    from tests.lora import synthetic
+
+    return synthetic.load()
+
+
+@pytest.fixture(scope="module")
+def adapters(tmp_path_factory, loaded):
+    """Three adapters over the synthetic model, a0..a2, differing in rank and targets."""
+    from tests.lora import synthetic
+
+    return synthetic.make_adapters(tmp_path_factory.mktemp("adapters"), loaded[1], count=3)

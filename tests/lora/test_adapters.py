@@ -16,11 +16,6 @@ from tests.lora.engines import greedy, run
 
 
 @pytest.fixture(scope="module")
-def loaded():
-    return synthetic.load()
-
-
-@pytest.fixture(scope="module")
 def good(tmp_path_factory, loaded):
     return write_adapter(tmp_path_factory.mktemp("good"), loaded[1], rank=4,
                          targets=["q_proj", "down_proj"], seed=1, scale=0.5)

@@ -16,12 +16,8 @@ N = synthetic.NUM_TOKENS
 
 
 @pytest.fixture(scope="module")
-def loaded():
-    return synthetic.load()
-
-
-@pytest.fixture(scope="module")
 def adapters(tmp_path_factory, loaded):
+    """Two adapters: the conftest's first two."""
     return synthetic.make_adapters(tmp_path_factory.mktemp("adapters"), loaded[1], count=2)
 
 

@@ -16,16 +16,6 @@ from tests.lora.engines import greedy, run
 N = 32  # long enough that the churn below lands mid-generation
 
 
-@pytest.fixture(scope="module")
-def loaded():
-    return synthetic.load()
-
-
-@pytest.fixture(scope="module")
-def adapters(tmp_path_factory, loaded):
-    return synthetic.make_adapters(tmp_path_factory.mktemp("adapters"), loaded[1], count=3)
-
-
 def test_churn_while_requests_run_never_changes_their_adapter(loaded, adapters):
     ids = synthetic.prompts(6)
     reference = synthetic.make_engine(loaded, max_loras=3)

@@ -14,16 +14,6 @@ N = synthetic.NUM_TOKENS
 
 
 @pytest.fixture(scope="module")
-def loaded():
-    return synthetic.load()
-
-
-@pytest.fixture(scope="module")
-def adapters(tmp_path_factory, loaded):
-    return synthetic.make_adapters(tmp_path_factory.mktemp("adapters"), loaded[1], count=3)
-
-
-@pytest.fixture(scope="module")
 def want(loaded, adapters):
     """One request at a time, each adapter (and the base model) alone: the references."""
     engine = synthetic.make_engine(loaded, max_loras=3)

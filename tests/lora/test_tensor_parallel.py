@@ -5,7 +5,6 @@ process's tokens, while slots are rewritten mid-run."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import pytest
 
 from tests.lora import synthetic
 from tests.lora.tp_rank_main import generate
-from tests.parallel.conftest import RANK_TIMEOUT_S, free_port, rank_env
+from tests.parallel.conftest import free_port, rank_env, run_ranks
 
 RANK_MAIN = Path(__file__).with_name("tp_rank_main.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,18 +28,7 @@ def adapter_dirs(tmp_path_factory) -> list[str]:
 def test_tp2_with_adapters_gives_the_single_process_tokens(tmp_path, adapter_dirs):
     want = generate(1, adapter_dirs)
     port = free_port()
-    procs = [subprocess.Popen([sys.executable, str(RANK_MAIN), str(tmp_path), "2", *adapter_dirs],
-                              env={**rank_env(rank, 2, port), "PYTHONPATH": str(ROOT)},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for rank in range(2)]
-    logs = []
-    for proc in procs:
-        try:
-            out, _ = proc.communicate(timeout=RANK_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            out, _ = proc.communicate()
-        logs.append(out[-3000:])
-    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+    outcomes = run_ranks([sys.executable, str(RANK_MAIN), str(tmp_path), "2", *adapter_dirs],
+                         [{**rank_env(rank, 2, port), "PYTHONPATH": str(ROOT)} for rank in range(2)])
+    assert all(o.returncode == 0 for o in outcomes), "\n".join(o.stdout[-3000:] for o in outcomes)
     assert json.loads((tmp_path / "result.json").read_text()) == want

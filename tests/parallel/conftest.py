@@ -35,19 +35,11 @@ def rank_env(rank: int, world: int, port: int, **extra: str) -> dict[str, str]:
     return env
 
 
-def run_group(tmp_path: Path, model: str, tp: int = 1, pp: int = 1, ep: int = 1, num: int = 8,
-              max_tokens: int = 32, env_by_rank: dict[int, dict[str, str]] | None = None,
-              ) -> tuple[dict | None, list[subprocess.CompletedProcess]]:
-    """Start tp x pp rank processes; return rank 0's result and every rank's outcome."""
-    world = tp * pp
-    port = free_port()
-    procs = []
-    for rank in range(world):
-        env = rank_env(rank, world, port, **(env_by_rank or {}).get(rank, {}))
-        argv = [sys.executable, str(RANK_MAIN), str(tmp_path), model, str(tp), str(pp), str(ep),
-                str(num), str(max_tokens)]
-        procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
+def run_ranks(argv: list[str], envs: list[dict[str, str]]) -> list[subprocess.CompletedProcess]:
+    """Run `argv` once per rank environment, all at once; when one rank outlives
+    RANK_TIMEOUT_S every rank is killed. Each outcome holds its rank's merged output."""
+    procs = [subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for env in envs]
     outcomes = []
     for proc in procs:
         try:
@@ -57,6 +49,19 @@ def run_group(tmp_path: Path, model: str, tp: int = 1, pp: int = 1, ep: int = 1,
                 p.kill()
             out, _ = proc.communicate()
         outcomes.append(subprocess.CompletedProcess(proc.args, proc.returncode, out))
+    return outcomes
+
+
+def run_group(tmp_path: Path, model: str, tp: int = 1, pp: int = 1, ep: int = 1, num: int = 8,
+              max_tokens: int = 32, env_by_rank: dict[int, dict[str, str]] | None = None,
+              ) -> tuple[dict | None, list[subprocess.CompletedProcess]]:
+    """Start tp x pp rank processes; return rank 0's result and every rank's outcome."""
+    world = tp * pp
+    port = free_port()
+    argv = [sys.executable, str(RANK_MAIN), str(tmp_path), model, str(tp), str(pp), str(ep),
+            str(num), str(max_tokens)]
+    envs = [rank_env(rank, world, port, **(env_by_rank or {}).get(rank, {})) for rank in range(world)]
+    outcomes = run_ranks(argv, envs)
     path = tmp_path / "result.pt"
     return (torch.load(path) if path.exists() else None), outcomes
 

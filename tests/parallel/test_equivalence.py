@@ -8,7 +8,7 @@ import importlib.util
 import pytest
 import torch
 
-from frota.engine.kernels import paths
+from frota.engine import numeric_paths as paths
 from tests.parallel.conftest import run_group
 
 LOGITS_TOL = 1e-4
