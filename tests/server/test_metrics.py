@@ -10,7 +10,8 @@ from frota.server.metrics import ServerMetrics
 
 
 def test_every_worker_metric_of_the_contract_is_exported() -> None:
-    metrics = ServerMetrics("m", lambda: EngineStats(1, 2, 64, 8, 16, 10, 4))
+    # a LoRA worker: vllm:lora_requests_info is exported only with adapter slots
+    metrics = ServerMetrics("m", lambda: EngineStats(1, 2, 64, 8, 16, 10, 4, max_adapters=2))
     metrics.observe_first_token(0.1)
     metrics.observe_finished(0.5, 3, 5, "stop")
     families = {f.name for f in text_string_to_metric_families(metrics.render().decode())}

@@ -20,7 +20,7 @@ Decisions (docs/adapters.md says the same to users):
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -75,3 +75,14 @@ class LoRA(FrotaModel):
             "(vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING); loaded adapters are shown in status.adapters."
         ),
     )
+
+
+def model_list_adapters(models: Any) -> dict[str, dict[str, Any]] | None:
+    """The adapters in a worker's GET /v1/models body, by name: the entries with a `parent`
+    (both runtimes list each loaded adapter so, `root` its path). None when the body is not
+    an OpenAI model list (an error page, a proxy's HTML)."""
+    data = models.get("data") if isinstance(models, dict) else None
+    if not isinstance(data, list):
+        return None
+    return {m["id"]: m for m in data
+            if isinstance(m, dict) and isinstance(m.get("id"), str) and m.get("parent")}

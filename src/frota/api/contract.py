@@ -182,6 +182,9 @@ class WorkerMetric:
     PROMPT_TOKENS = "vllm:prompt_tokens"
     GENERATION_TOKENS = "vllm:generation_tokens"
     REQUEST_SUCCESS = "vllm:request_success"
+    # LoRA: labels running_lora_adapters, waiting_lora_adapters (the comma-joined names of the
+    # adapters with requests running / waiting) and max_lora; the value is when it was set
+    LORA_REQUESTS_INFO = "vllm:lora_requests_info"
 
 
 class RouterMetric:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 
 from frota.api import AdapterStatus
+from frota.api.adapters import model_list_adapters
 
 if TYPE_CHECKING:  # status imports the pure half of this module; the state imports status
     from frota.operator.state import Key, OperatorState
@@ -32,16 +33,13 @@ Listing = Mapping[str, str | None]
 
 
 def listed_adapters(models: Any) -> dict[str, str | None] | None:
-    """The adapters in one /v1/models body (the entries with a `parent`), or None when the
-    body is not an OpenAI model list (an error page, a proxy's HTML)."""
-    if not isinstance(models, dict) or not isinstance(models.get("data"), list):
+    """The adapters in one /v1/models body, name -> the path it was read from (None: unsaid),
+    or None when the body is not an OpenAI model list."""
+    found = model_list_adapters(models)
+    if found is None:
         return None
-    found: dict[str, str | None] = {}
-    for entry in models["data"]:
-        if isinstance(entry, dict) and entry.get("parent") and isinstance(entry.get("id"), str):
-            root = entry.get("root")
-            found[entry["id"]] = root if isinstance(root, str) else None
-    return found
+    return {name: root if isinstance(root := entry.get("root"), str) else None
+            for name, entry in found.items()}
 
 
 async def read_models(session: aiohttp.ClientSession, url: str) -> dict[str, str | None] | None:

@@ -37,6 +37,7 @@ from typing import Any
 
 import aiohttp
 
+from frota.api.adapters import model_list_adapters
 from frota.api.contract import WorkerMetric
 from frota.router.metrics import RouterMetrics
 
@@ -48,9 +49,7 @@ SCRAPED_GAUGES = {
     WorkerMetric.KV_CACHE_USAGE_PERC: "kv_usage",
 }
 _SCRAPED_NAMES = tuple(SCRAPED_GAUGES)
-# vLLM's gauge of the adapters with requests in flight; labels `running_lora_adapters`,
-# `waiting_lora_adapters` (comma-joined names) and `max_lora`, value a timestamp.
-LORA_INFO = "vllm:lora_requests_info"
+LORA_INFO = WorkerMetric.LORA_REQUESTS_INFO  # the adapters with requests in flight, and slots
 _LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
@@ -132,15 +131,6 @@ def parse_lora_info(text: str) -> LoraInfo | None:
     except ValueError:
         max_lora = 0
     return LoraInfo(frozenset(active), max_lora)
-
-
-def parse_model_adapters(payload: Any) -> dict[str, dict[str, Any]]:
-    """The adapters of a `/v1/models` answer (entries with a `parent`), by name."""
-    data = payload.get("data") if isinstance(payload, dict) else None
-    if not isinstance(data, list):
-        return {}
-    return {m["id"]: m for m in data
-            if isinstance(m, dict) and isinstance(m.get("id"), str) and m.get("parent")}
 
 
 def parse_vllm_load(text: str) -> WorkerLoad:
@@ -388,7 +378,7 @@ class WorkerPool:
                 payload = await resp.json(content_type=None)
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
             return
-        lora.loaded = parse_model_adapters(payload)
+        lora.loaded = model_list_adapters(payload) or {}
         lora.models_read_at = time.monotonic()
 
     def set_loaded(self, worker: Worker, name: str, entry: dict[str, Any] | None) -> None:

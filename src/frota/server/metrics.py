@@ -18,9 +18,6 @@ from frota.api.contract import WorkerMetric
 from frota.engine.outputs import EngineStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-# vLLM's LoRA gauge (the router reads it, frota.router.health): labels max_lora and the
-# comma-joined names of the adapters with requests running / waiting; value: when it was set.
-LORA_REQUESTS_INFO = "vllm:lora_requests_info"
 
 # Bucket boundaries copied from vLLM so dashboards built for it read the same.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
@@ -71,8 +68,8 @@ class EngineStatsCollector(Collector):
                                  labels=["model_name", "block_size", "num_gpu_blocks"])
         info.add_metric([self.model_name, str(s.block_size), str(s.num_kv_blocks_total)], 1.0)
         yield info
-        if getattr(s, "max_adapters", 0) > 0:  # exported only with LoRA on, as vLLM does
-            lora = GaugeMetricFamily(LORA_REQUESTS_INFO, "Running stats on lora requests.",
+        if s.max_adapters > 0:  # exported only with LoRA on, as vLLM does
+            lora = GaugeMetricFamily(WorkerMetric.LORA_REQUESTS_INFO, "Running stats on lora requests.",
                                      labels=["running_lora_adapters", "max_lora",
                                              "waiting_lora_adapters"])
             lora.add_metric([",".join(s.running_adapters), str(s.max_adapters),
