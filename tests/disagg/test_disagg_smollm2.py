@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from frota.engine.kernels import paths
+from frota.engine import numeric_paths as paths
 from tests.disagg.fleet import Proc, metric, worker
 from tests.disagg.test_disagg_synthetic import disaggregated
 

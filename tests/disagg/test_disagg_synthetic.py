@@ -12,7 +12,7 @@ import httpx
 import pytest
 from aiohttp import web
 
-from frota.engine.kernels import paths
+from frota.engine import numeric_paths as paths
 from tests.disagg.fleet import Proc, free_port, metric, router, wait_for, worker
 
 MODEL = "synthetic:dense-tiny"

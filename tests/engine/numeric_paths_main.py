@@ -4,7 +4,7 @@ switches of its environment, which are read once per process.
 Run as `python numeric_paths_main.py REFERENCE OUT`. REFERENCE (torch.save) holds the
 prompts, transformers' greedy continuations of them and transformers' logits predicting
 those; OUT gets, for each path, its teacher-forced `Agreement` with its reference and the
-kernel paths it ran (`frota.engine.kernels.paths.describe`), and the model's shape.
+kernel paths it ran (`frota.engine.numeric_paths.describe`), and the model's shape.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ torch.set_num_threads(1)
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `tests` as a package
 
 from frota.engine import EngineArgs  # noqa: E402
-from frota.engine.kernels import paths  # noqa: E402
+from frota.engine import numeric_paths as paths  # noqa: E402
 from frota.engine.kernels.linear import pack_linears  # noqa: E402
 from frota.engine.llm_engine import LLMEngine  # noqa: E402
 from frota.engine.loader import load_model  # noqa: E402

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from frota.engine import EngineArgs, SamplingParams, kernels
-from frota.engine.kernels import paths
+from frota.engine import numeric_paths as paths
 from frota.engine.llm_engine import LLMEngine
 from frota.engine.model import decode_stack
 from frota.engine.quant import cpu_kernels

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from frota.engine import EngineArgs, SamplingParams
-from frota.engine.kernels import paths
+from frota.engine import numeric_paths as paths
 from frota.engine.llm_engine import LLMEngine
 from frota.engine.loader import load_model
 from frota.engine.scheduler import ScheduledBatch

@@ -13,8 +13,8 @@ import torch
 
 from frota.api import memory
 from frota.engine import EngineArgs
+from frota.engine import numeric_paths as paths
 from frota.engine.eval import perplexity
-from frota.engine.kernels import paths
 from frota.engine.llm_engine import LLMEngine
 from frota.engine.loader import load_model
 from frota.engine.quant.linear import Int4Linear, Int8Linear

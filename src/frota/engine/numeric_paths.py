@@ -55,21 +55,16 @@ def linears_summary(model: nn.Module) -> str:
     from torch import nn
 
     from frota.engine.kernels.linear import AmxLinear, PackedLinear
+    from frota.engine.quant.linear import QuantLinear
 
     names = {PackedLinear: "oneDNN-packed", AmxLinear: "AMX", nn.Linear: "plain"}
     # an AmxLinear's oneDNN copy (for long prefill chunks) is part of that layer, not another
     inner = {id(m.large) for m in model.modules() if isinstance(m, AmxLinear)}
     counts: collections.Counter[str] = collections.Counter(
         names.get(type(m), type(m).__name__) for m in model.modules()
-        if (isinstance(m, (PackedLinear, AmxLinear, nn.Linear)) or _is_quantized(m))
+        if isinstance(m, (PackedLinear, AmxLinear, nn.Linear, QuantLinear))
         and id(m) not in inner)
     return "linears " + (", ".join(f"{n} {kind}" for kind, n in sorted(counts.items())) or "none")
-
-
-def _is_quantized(module: nn.Module) -> bool:
-    # A `frota.engine.quant.linear.QuantLinear` names the kernel it runs. Asked, not imported:
-    # quant/ imports the kernels, so kernels/ does not import quant/ (tests/engine/test_import_graph.py).
-    return callable(getattr(module, "kernel_name", None))
 
 
 def describe(model: nn.Module | None = None) -> str:
