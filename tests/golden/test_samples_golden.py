@@ -24,9 +24,14 @@ COMMANDS = {"render": ["render"], "plan": ["plan"], "up-dry-run": ["up", "--dry-
 
 
 def _run(command: list[str], sample: Path) -> str:
-    """Exit code, stdout and stderr as one text, with this checkout's paths made neutral."""
+    """Exit code, stdout and stderr as one text, with this checkout's paths made neutral.
+
+    The vllm runtime's command is whatever $FROTA_VLLM or PATH finds on this machine
+    (scripts/test.sh installs one), so it is pinned to plain `vllm` here.
+    """
+    env = {**os.environ, "FROTA_VLLM": "vllm"}
     out = subprocess.run([sys.executable, "-m", "frota.cli.main", command[0], str(sample), *command[1:]],
-                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+                         capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
     text = f"# exit {out.returncode}\n# stdout\n{out.stdout}# stderr\n{out.stderr}"
     return text.replace(sys.executable, "PYTHON").replace(str(ROOT), "ROOT")
 
