@@ -197,3 +197,14 @@ def test_tool_calls_are_parsed_hermes_style_unless_runtime_args_name_another_par
     custom = rank0(spec(runtime={"engine": "vllm", "args": ["--tool-call-parser", "llama3_json"]})).args
     # argparse keeps the last value: runtime.args come after the default.
     assert [a for i, a in enumerate(custom) if custom[i - 1] == "--tool-call-parser"][-1] == "llama3_json"
+
+
+def test_in_front_of_vllm_the_router_validates_requests_as_frotas_workers_do():
+    from frota.plan.planner import router_args
+
+    assert "--validate-requests" in router_args(spec(), ())
+    frota = InferenceServiceSpec.model_validate({"model": MODEL})
+    assert "--validate-requests" not in router_args(frota, ())  # the workers validate
+    # Beside the LoRA flags, which are independent of it.
+    lora = spec(engine={"lora": {"allowRuntimeLoading": True}})
+    assert {"--validate-requests", "--lora-runtime-loading"} <= set(router_args(lora, ()))

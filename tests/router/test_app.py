@@ -1,9 +1,10 @@
-"""The router's HTTP surface: auth, admission (429), errors, health and metrics."""
+"""The router's HTTP surface: auth, admission (429), request validation, errors, health and metrics."""
 
 import asyncio
 import contextlib
 
 import aiohttp
+import pytest
 
 from frota.router.app import RouterConfig, read_api_keys
 
@@ -83,6 +84,52 @@ async def test_unknown_paths_and_bad_json_answer_in_openai_shape(start_worker, s
         assert r.status == 404 and (await r.json())["error"]["type"] == "invalid_request_error"
     async with router.session.post(router.url + "/v1/completions", data=b"{oops") as r:
         assert r.status == 400 and (await r.json())["error"]["code"] == "invalid_json"
+
+
+BAD_BODIES = [
+    # (endpoint, body, the param the 400 names)
+    ("/v1/chat/completions", {"model": "m", "messages": [{"role": "wizard", "content": "hi"}]},
+     "messages[0].role"),
+    ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": None}]},
+     "messages[0].content"),
+    ("/v1/chat/completions", {"model": "m", "messages": []}, "messages"),
+    ("/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": "many"}, "max_tokens"),
+    ("/v1/completions", {"model": "m", "prompt": "hi", "temperature": -1.0}, "temperature"),
+]
+
+
+@pytest.mark.parametrize(("endpoint", "body", "param"), BAD_BODIES)
+async def test_validate_requests_refuses_what_frotas_workers_refuse_before_any_worker_sees_it(
+        start_worker, start_router, endpoint, body, param):
+    # The stand-in worker accepts anything, as vLLM accepts an unknown role.
+    worker = await start_worker()
+    checked = await start_router([worker], RouterConfig(probe_interval=0.05, validate_requests=True))
+    async with checked.session.post(checked.url + endpoint, json=body) as r:
+        assert r.status == 400, await r.text()
+        error = (await r.json())["error"]
+        assert error["type"] == "invalid_request_error" and error["param"] == param, error
+    assert worker.bodies == []
+    # Without the flag the same body reaches the worker: the router stays out of the way.
+    plain = await start_router([worker])
+    async with plain.session.post(plain.url + endpoint, json=body) as r:
+        assert r.status == 200
+    assert len(worker.bodies) == 1
+
+
+async def test_validate_requests_passes_good_bodies_unchanged_and_names_bad_json(
+        start_worker, start_router):
+    worker = await start_worker()
+    router = await start_router([worker], RouterConfig(probe_interval=0.05, validate_requests=True))
+    good = {"model": "m", "messages": [{"role": "system", "content": "be brief"},
+                                       {"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+            "max_tokens": 4, "some_extension": True}
+    async with router.session.post(router.url + "/v1/chat/completions", json=good) as r:
+        assert r.status == 200
+    assert worker.bodies == [good]
+    for raw in (b"{oops", b"[1, 2]"):
+        async with router.session.post(router.url + "/v1/completions", data=raw) as r:
+            assert r.status == 400 and (await r.json())["error"]["code"] == "invalid_json"
+    assert len(worker.bodies) == 1
 
 
 async def test_metrics_count_requests_decisions_and_latency(start_worker, start_router):

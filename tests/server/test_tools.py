@@ -9,8 +9,8 @@ import pytest
 from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletionChunk
 
+from frota.api.openai_requests import ChatCompletionRequest
 from frota.server.errors import APIError
-from frota.server.protocol import ChatCompletionRequest
 from frota.server.structured import response_format_constraint, unsupported_keywords
 from frota.server.tools import ToolChatFormat, parse_tool_calls, plan, render_messages
 

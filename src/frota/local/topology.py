@@ -217,7 +217,7 @@ def plan(isvc: InferenceService) -> LocalTopology:
     return LocalTopology(
         name=topo.name, mode=topo.mode, served_model_name=topo.served_model_name,
         groups=groups,
-        router_args=("--policy", topo.router.policy, *topo.router.lora_args),
+        router_args=("--policy", topo.router.policy, *topo.router.args),
         router_env=dict(topo.router.env),
         accelerators_per_rank=accel.count if accel else 0,
         accelerator_resource=accel.resourceName if accel else None,

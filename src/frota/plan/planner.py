@@ -192,12 +192,17 @@ def frota_lora_args(spec: InferenceServiceSpec, adapters: tuple[AdapterLocation,
     return args
 
 
-def router_lora_args(spec: InferenceServiceSpec, adapters: tuple[AdapterLocation, ...]) -> tuple[str, ...]:
-    """The router's LoRA flags: with runtime loading on, it serves the load and unload routes,
-    loads on demand, and knows where the workers read the spec's adapters."""
+def router_args(spec: InferenceServiceSpec, adapters: tuple[AdapterLocation, ...]) -> tuple[str, ...]:
+    """The router's flags beyond its policy.
+
+    In front of vLLM it validates request bodies as Frota's workers do, so the fleet's
+    endpoint refuses the same requests whatever the runtime. With runtime loading on, it
+    serves the load and unload routes, loads on demand, and knows where the workers read
+    the spec's adapters."""
+    args: tuple[str, ...] = ("--validate-requests",) if spec.runtime.engine == "vllm" else ()
     if spec.lora is None or not spec.lora.allowRuntimeLoading:
-        return ()
-    args: tuple[str, ...] = ("--lora-runtime-loading",)
+        return args
+    args += ("--lora-runtime-loading",)
     if adapters:
         args += ("--adapters", ",".join(f"{a.name}={a.path}" for a in adapters))
     return args
@@ -311,7 +316,7 @@ def plan(isvc: InferenceService, addressing: Addressing | None = None,
         engine_env=_engine_env(spec) if spec.runtime.engine == "frota" else {},
         groups=tuple(groups),
         router=RouterPlan(spec.router.replicas, spec.router.policy, router_env,
-                          router_lora_args(spec, adapters)),
+                          router_args(spec, adapters)),
         role_shapes=shapes,
         warnings=warnings,
         adapters=adapters,

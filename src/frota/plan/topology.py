@@ -137,8 +137,9 @@ class RouterPlan:
     replicas: int
     policy: str
     env: Mapping[str, str]
-    # LoRA: what the router may load on workers (`--lora-runtime-loading`, `--adapters`)
-    lora_args: tuple[str, ...] = ()
+    # The flags the spec sets beyond the policy: request validation in front of vLLM
+    # (`--validate-requests`), LoRA runtime loading (`--lora-runtime-loading`, `--adapters`).
+    args: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from frota.router.policies import (
 from frota.router.proxy import Proxy, ProxyConfig, RequestContext
 from frota.router.server import Handler, HttpServer, Request
 from frota.router.upstream import UpstreamClient
+from frota.router.validation import refused
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,8 @@ class RouterConfig:
     api_keys: frozenset[str] = frozenset()
     disagg: Any = None  # frota.router.disagg.Disaggregation: prefill pool + thresholds
     adapters: AdapterConfig = field(default_factory=AdapterConfig)
+    # Check completions and chat bodies against the fleet's models (frota.router.validation).
+    validate_requests: bool = False
 
 
 def read_api_keys(path: str | Path) -> frozenset[str]:
@@ -190,10 +193,13 @@ class RouterApp:
         started = time.perf_counter()
         endpoint = request.path
         route = RouteRequest(request.path, request.body, request.headers)
-        if router.policy.needs_body and request.body and not route.json:
+        invalid = refused(endpoint, request.body) if router.config.validate_requests else None
+        if invalid is None and router.policy.needs_body and request.body and not route.json:
+            invalid = error_response(400, "the request body is not a JSON object",
+                                     "invalid_request_error", "invalid_json")
+        if invalid is not None:
             router.metrics.requests.labels(endpoint, "400").inc()
-            return error_response(400, "the request body is not a JSON object",
-                                  "invalid_request_error", "invalid_json")
+            return invalid
         try:
             priority = int(request.headers.get(PRIORITY_HEADER, "0"))
         except ValueError:

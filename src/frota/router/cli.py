@@ -56,6 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--host", "0.0.0.0", "address to listen on")
     add("--port", 8000, "port to listen on")
     add("--api-key-file", None, "file with accepted API keys, one per line; without it, no auth")
+    add("--validate-requests", False, "check completions and chat bodies against Frota's "
+        "OpenAI request models before routing, so workers of another runtime (vLLM) refuse "
+        "the same requests with the same 400", action="store_true")
     add("--log-level", "info", type=str.lower, choices=["debug", "info", "warning", "error"])
     add("--drain-timeout", 30.0, "on SIGTERM, seconds requests in flight may run on before "
         "they are cut off (new connections are refused at once)")
@@ -208,6 +211,7 @@ def config_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         eject_after=args.eject_after, drain_timeout=args.drain_timeout,
         api_keys=read_api_keys(args.api_key_file) if args.api_key_file else frozenset(),
         disagg=_disaggregation(args),
+        validate_requests=args.validate_requests,
         adapters=AdapterConfig(
             runtime_loading=is_true(args.lora_runtime_loading),
             paths=parse_adapter_paths(args.adapters), load_timeout=args.adapter_load_timeout,

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from aiohttp import web
 from pydantic import ValidationError
 
+from frota.api.openai_requests import ChatCompletionRequest, CompletionRequest
 from frota.engine.outputs import EngineStats
 from frota.engine.sampling_params import SamplingParams
 from frota.server import adapters, errors
@@ -31,7 +32,6 @@ from frota.server.generation import Generation, Job
 from frota.server.jobs import chat_job, completion_job
 from frota.server.lifecycle import Lifecycle, Phase
 from frota.server.metrics import CONTENT_TYPE, ServerMetrics
-from frota.server.protocol import ChatCompletionRequest, CompletionRequest
 from frota.server.streaming import EventStream
 
 log = logging.getLogger("frota.server")

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 from aiohttp import web
 from pydantic import ValidationError
 
+from frota.api.openai_requests import refusal
 from frota.engine.errors import InvalidRequestError
 
 
@@ -85,37 +85,9 @@ def internal(message: str) -> APIError:
     return APIError(500, message, type="internal_error", code="internal_error")
 
 
-def loc_to_param(loc: tuple[int | str, ...]) -> str:
-    """`("messages", 0, "role")` -> `"messages[0].role"`, the way OpenAI names params."""
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif not out:
-            out = part
-        else:
-            out += f".{part}"
-    return out
-
-
-# Pydantic adds union-member tags ("str", "list[str]", "function-after[...]") to
-# locations; they name schema branches, not request fields.
-_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
-
-
-def _is_field(part: int | str) -> bool:
-    return isinstance(part, int) or (
-        re.fullmatch(r"[a-z_][a-z0-9_]*", part) is not None and part not in _TYPE_TAGS
-    )
-
-
 def from_validation_error(exc: ValidationError) -> APIError:
-    first = exc.errors(include_url=False)[0]
-    loc = tuple(p for p in first.get("loc", ()) if _is_field(p))
-    param = loc_to_param(loc) or None
-    msg = first.get("msg", "invalid value")
-    where = f"`{param}`: " if param else ""
-    return invalid(f"Invalid request field {where}{msg}.", param=param)
+    message, param = refusal(exc)
+    return invalid(message, param=param)
 
 
 def from_json_error(exc: json.JSONDecodeError | UnicodeDecodeError) -> APIError:

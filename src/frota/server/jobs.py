@@ -6,6 +6,12 @@ import asyncio
 import time
 import uuid
 
+from frota.api.openai_requests import (
+    MAX_SEED,
+    ChatCompletionRequest,
+    CompletionRequest,
+    SamplingFields,
+)
 from frota.engine.context import fit_to_context
 from frota.engine.errors import InvalidRequestError
 from frota.engine.grammar import Constraint
@@ -15,7 +21,6 @@ from frota.server.adapters import AdapterRegistry
 from frota.server.engine_api import EngineBindings
 from frota.server.formats import ChatFormat, CompletionFormat
 from frota.server.generation import Job
-from frota.server.protocol import MAX_SEED, ChatCompletionRequest, CompletionRequest, SamplingFields
 
 # Prompts longer than this many characters are tokenized off the event loop.
 _INLINE_TOKENIZE_CHARS = 4096

@@ -47,6 +47,7 @@ from aiohttp import web
 from prometheus_client import Counter, Gauge, Histogram
 from pydantic import ValidationError
 
+from frota.api.openai_requests import ChatCompletionRequest, CompletionRequest
 from frota.engine.errors import InvalidRequestError
 from frota.engine.lora import AdapterError
 from frota.server import errors
@@ -54,7 +55,6 @@ from frota.server.adapters import from_adapter_error
 from frota.server.app import STATE_KEY, WorkerState, _read_json
 from frota.server.generation import Job
 from frota.server.jobs import chat_job, completion_job
-from frota.server.protocol import ChatCompletionRequest, CompletionRequest
 
 log = logging.getLogger("frota.server.kv")
 

@@ -17,9 +17,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from frota.api.openai_requests import ChatCompletionRequest, ChatMessage, NamedToolChoice, Tool
 from frota.server import errors
 from frota.server.formats import ChatFormat, Choice, TokenLogprob
-from frota.server.protocol import ChatCompletionRequest, ChatMessage, NamedToolChoice, Tool
 from frota.server.structured import check_schema
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"

@@ -50,7 +50,7 @@ def router_args(isvc: InferenceService, topology: Topology) -> list[str]:
         "--port", str(ROUTER_PORT),
         "--policy", topology.router.policy,
         "--drain-timeout", str(ROUTER_DRAIN_SECONDS),
-        *topology.router.lora_args,
+        *topology.router.args,
     ]
 
 

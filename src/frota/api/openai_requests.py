@@ -1,12 +1,18 @@
-"""Pydantic models of the OpenAI request bodies the worker accepts.
+"""Pydantic models of the OpenAI request bodies a fleet accepts, and how a refusal names its field.
+
+The fleet's endpoint validates a request the same way whatever the runtime: Frota's
+worker parses every body with these models, and the router checks them in front of a
+runtime that validates differently (vLLM, `frota router --validate-requests`).
 
 Unknown fields are ignored (clients send `user`, `metadata`, ...); known fields
-the engine cannot honour are rejected when set to a non-default value, so a
-client never silently gets something other than what it asked for.
+the engine cannot honour are rejected when set to a non-default value
+(`unsupported()`, asked by the worker), so a client never silently gets something
+other than what it asked for.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -16,6 +22,7 @@ from pydantic import (
     StrictBool,
     StrictFloat,
     StrictInt,
+    ValidationError,
     ValidationInfo,
     field_validator,
 )
@@ -242,3 +249,45 @@ class ChatCompletionRequest(SamplingFields):
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+# The bodies by endpoint: what the router validates in front of another runtime.
+REQUEST_MODELS: dict[str, type[SamplingFields]] = {
+    "/v1/completions": CompletionRequest,
+    "/v1/chat/completions": ChatCompletionRequest,
+}
+
+
+def loc_to_param(loc: tuple[int | str, ...]) -> str:
+    """`("messages", 0, "role")` -> `"messages[0].role"`, the way OpenAI names params."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif not out:
+            out = part
+        else:
+            out += f".{part}"
+    return out
+
+
+# Pydantic adds union-member tags ("str", "list[str]", "function-after[...]") to
+# locations; they name schema branches, not request fields.
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
+
+
+def _is_field(part: int | str) -> bool:
+    return isinstance(part, int) or (
+        re.fullmatch(r"[a-z_][a-z0-9_]*", part) is not None and part not in _TYPE_TAGS
+    )
+
+
+def refusal(exc: ValidationError) -> tuple[str, str | None]:
+    """(message, param) of the 400 for a body these models refused: the first error, with
+    the field named as OpenAI names it."""
+    first = exc.errors(include_url=False)[0]
+    loc = tuple(p for p in first.get("loc", ()) if _is_field(p))
+    param = loc_to_param(loc) or None
+    msg = first.get("msg", "invalid value")
+    where = f"`{param}`: " if param else ""
+    return f"Invalid request field {where}{msg}.", param
