@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "router": ("frota.router.cli", "route OpenAI requests across workers"),
     "generate": ("frota.cli.generate", "generate text offline with the engine"),
     "eval": ("frota.cli.eval", "evaluate a model (perplexity)"),
+    "fetch": ("frota.cli.fetch", "download a model or LoRA adapter (hf://, https://) into a directory"),
     "convert": ("frota.cli.convert", "write a GGUF model as an HF-layout directory (vLLM workers)"),
     "operator": ("frota.operator.cli", "run the Kubernetes operator (kopf)"),
     "crd": ("frota.api.cli", "print the InferenceService CustomResourceDefinition"),
