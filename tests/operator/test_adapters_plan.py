@@ -138,6 +138,39 @@ def test_downloads_use_the_models_credentials():
     assert token["valueFrom"] == {"secretKeyRef": {"name": "hf", "key": "token"}}
 
 
+def test_a_ca_bundle_is_mounted_and_trusted_in_every_fetch_and_in_the_worker():
+    spec = (with_adapters(Spec(uri="https://models.internal/smol/smol.gguf"))
+            .set("spec.model.caBundle", {"name": "internal-ca"}))
+    pod = pod_spec(spec)
+    volume = next(v for v in pod["volumes"] if v["name"] == "ca-bundle")
+    assert volume == {"name": "ca-bundle", "configMap": {
+        "name": "internal-ca", "items": [{"key": "ca.crt", "path": "ca.crt"}]}}
+    mount = {"name": "ca-bundle", "mountPath": "/etc/frota/ca", "readOnly": True}
+    fetches = [c for c in pod["initContainers"] if c["args"][0] == "fetch"]
+    assert [c["name"] for c in fetches] == ["fetch-model", "fetch-adapter-0", "fetch-adapter-1"]
+    for container in [*fetches, pod["containers"][0]]:
+        assert mount in container["volumeMounts"], container["name"]
+        ssl_env = [e for e in container["env"] if e["name"] == "SSL_CERT_FILE"]
+        assert ssl_env == [{"name": "SSL_CERT_FILE", "value": "/etc/frota/ca/ca.crt"}], container["name"]
+    isvc = spec.build()
+    for obj in build_children(isvc, plan(isvc)):
+        kubernetes_validate.validate(obj, "1.34.0", strict=True)
+
+
+def test_a_ca_bundle_key_other_than_ca_crt_is_mounted_as_ca_crt():
+    spec = with_adapters().set("spec.model.caBundle", {"name": "corp", "key": "bundle.pem"})
+    volume = next(v for v in pod_spec(spec)["volumes"] if v["name"] == "ca-bundle")
+    assert volume["configMap"]["items"] == [{"key": "bundle.pem", "path": "ca.crt"}]
+
+
+def test_without_a_ca_bundle_nothing_names_one():
+    pod = pod_spec(with_adapters())
+    assert not any(v["name"] == "ca-bundle" for v in pod["volumes"])
+    for container in [*pod["initContainers"], *pod["containers"]]:
+        assert not any(e["name"] == "SSL_CERT_FILE" for e in container["env"])
+        assert not any(m["name"] == "ca-bundle" for m in container["volumeMounts"])
+
+
 def test_pods_with_adapters_stay_restricted_and_valid():
     pod = pod_spec(with_adapters())
     for container in [*pod["initContainers"], *pod["containers"]]:

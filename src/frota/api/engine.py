@@ -23,6 +23,16 @@ class SecretKeyRef(FrotaModel):
     key: str = Field(min_length=1, description="Key within the Secret.")
 
 
+class CABundle(FrotaModel):
+    """A ConfigMap key holding PEM certificates to trust for `https://` downloads."""
+
+    name: str = Field(min_length=1, max_length=253, description="Name of the ConfigMap.")
+    key: str = Field(
+        default="ca.crt", min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$",
+        description="Key within the ConfigMap whose value is the PEM bundle.",
+    )
+
+
 class ModelSource(FrotaModel):
     """The model to serve: the name clients ask for, and where the weights come from."""
 
@@ -42,6 +52,15 @@ class ModelSource(FrotaModel):
     credentials: SecretKeyRef | None = Field(
         default=None,
         description="Secret key holding a token for `hf://`/`https://` downloads (passed as HF_TOKEN).",
+    )
+    caBundle: CABundle | None = Field(
+        default=None,
+        description=(
+            "ConfigMap key with CA certificates (PEM) to trust, besides the system's, for "
+            "`https://` downloads of the model and its adapters: mounted read-only at "
+            "/etc/frota/ca/ca.crt in the download init containers and the worker, and named "
+            "by SSL_CERT_FILE there."
+        ),
     )
     cacheSize: Quantity = Field(
         default="20Gi",

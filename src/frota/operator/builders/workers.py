@@ -23,6 +23,9 @@ from frota.plan.topology import MASTER_PORT, WORKER_PORT, ReplicaGroup, Topology
 # Model load can take many minutes for large weights; the startup probe allows 30.
 STARTUP_PERIOD_SECONDS = 10
 STARTUP_FAILURES = 180
+# spec.model.caBundle's key, where every downloading container finds it (SSL_CERT_FILE).
+CA_DIR = "/etc/frota/ca"
+CA_FILE = f"{CA_DIR}/ca.crt"
 # Room for each downloaded adapter (a rank-64 adapter of an 8B model is ~170 MiB in bfloat16).
 ADAPTER_CACHE_SIZE_MIB = 2048
 
@@ -60,7 +63,8 @@ def _user_env(env: list[EnvVar]) -> list[dict[str, Any]]:
 
 def _filled_by_frota(isvc: InferenceService, name: str, volume: str, path: str,
                      args: list[str], env: list[dict[str, Any]],
-                     resources: dict[str, Any], size: str | None = None) -> tuple[list, list, list]:
+                     resources: dict[str, Any], size: str | None = None,
+                     more_mounts: list[dict[str, Any]] | None = None) -> tuple[list, list, list]:
     """An emptyDir at `path` that an init container of Frota's image fills (`frota ARGS`),
     mounted read-only in the worker: (volumes, worker mounts, init containers)."""
     _, tmp_mount = pods.tmp_volume()
@@ -73,7 +77,7 @@ def _filled_by_frota(isvc: InferenceService, name: str, volume: str, path: str,
         "env": env,
         "resources": resources,
         "securityContext": pods.container_security_context(),
-        "volumeMounts": [tmp_mount, {"name": volume, "mountPath": path}],
+        "volumeMounts": [tmp_mount, {"name": volume, "mountPath": path}, *(more_mounts or [])],
     }
     empty_dir = {"name": volume, "emptyDir": {"sizeLimit": size or isvc.spec.model.cacheSize}}
     return [empty_dir], [{"name": volume, "mountPath": path, "readOnly": True}], [init]
@@ -82,12 +86,31 @@ def _filled_by_frota(isvc: InferenceService, name: str, volume: str, path: str,
 FETCH_RESOURCES = {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}}
 
 
+def ca_bundle(isvc: InferenceService) -> tuple[list, list, list]:
+    """spec.model.caBundle as (volumes, mounts, env): the ConfigMap's one key at CA_FILE,
+    read-only, and SSL_CERT_FILE naming it (Python's default TLS context reads it), for
+    every container that downloads: the fetch init containers and the worker (runtime loads)."""
+    ref = isvc.spec.model.caBundle
+    if ref is None:
+        return [], [], []
+    volume = {"name": "ca-bundle", "configMap": {"name": ref.name, "items": [{"key": ref.key, "path": "ca.crt"}]}}
+    mount = {"name": "ca-bundle", "mountPath": CA_DIR, "readOnly": True}
+    return [volume], [mount], [{"name": "SSL_CERT_FILE", "value": CA_FILE}]
+
+
 def _fetch_env(isvc: InferenceService) -> list[dict[str, Any]]:
     env = list(pods.WRITABLE_HOME_ENV)
     if isvc.spec.model.credentials is not None:
         env.append({"name": "HF_TOKEN",
                     "valueFrom": {"secretKeyRef": isvc.spec.model.credentials.to_wire()}})
-    return env
+    return env + ca_bundle(isvc)[2]
+
+
+def _fetch(isvc: InferenceService, name: str, volume: str, path: str, uri: str, dest: str,
+           size: str | None = None) -> tuple[list, list, list]:
+    """An init container running `frota fetch URI --dest DEST` into the emptyDir `volume`."""
+    return _filled_by_frota(isvc, name, volume, path, ["fetch", uri, "--dest", dest],
+                            _fetch_env(isvc), FETCH_RESOURCES, size, ca_bundle(isvc)[1])
 
 
 def model_volumes(isvc: InferenceService, location: ModelLocation) -> tuple[list, list, list]:
@@ -97,9 +120,7 @@ def model_volumes(isvc: InferenceService, location: ModelLocation) -> tuple[list
         return [volume], [{"name": "model", "mountPath": MODELS_DIR, "readOnly": True}], []
     if location.delivery != "download":
         return [], [], []  # baked into the image, or generated (synthetic)
-    return _filled_by_frota(
-        isvc, "fetch-model", "model-cache", CACHE_DIR,
-        ["fetch", location.uri, "--dest", location.model_arg], _fetch_env(isvc), FETCH_RESOURCES)
+    return _fetch(isvc, "fetch-model", "model-cache", CACHE_DIR, location.uri, location.model_arg)
 
 
 def adapter_volumes(isvc: InferenceService, adapters: tuple[AdapterLocation, ...]) -> tuple[list, list, list]:
@@ -118,9 +139,8 @@ def adapter_volumes(isvc: InferenceService, adapters: tuple[AdapterLocation, ...
     if downloads:
         size = f"{ADAPTER_CACHE_SIZE_MIB * len(downloads)}Mi"
         for i, adapter in enumerate(downloads):
-            cache, cache_mount, fetch = _filled_by_frota(
-                isvc, f"fetch-adapter-{i}", "adapter-cache", ADAPTER_CACHE_DIR,
-                ["fetch", adapter.uri, "--dest", adapter.path], _fetch_env(isvc), FETCH_RESOURCES, size)
+            cache, cache_mount, fetch = _fetch(isvc, f"fetch-adapter-{i}", "adapter-cache",
+                                               ADAPTER_CACHE_DIR, adapter.uri, adapter.path, size)
             init += fetch
         volumes += cache
         mounts += cache_mount
@@ -152,6 +172,7 @@ def _rank_env(isvc: InferenceService, group: ReplicaGroup) -> list[dict[str, Any
     if isvc.spec.runtime.engine == "frota":
         env.append({"name": "FROTA_SHUTDOWN_GRACE_PERIOD", "value": str(pods.DRAIN_SECONDS)})
     env += pods.WRITABLE_HOME_ENV
+    env += ca_bundle(isvc)[2]  # before the user's env, which may override it
     return env + _user_env(isvc.spec.engine.env)
 
 
@@ -162,8 +183,9 @@ def _pod_spec(isvc: InferenceService, topology: Topology, group: ReplicaGroup,
     volumes, mounts, init = model_volumes(isvc, topology.model)
     more_volumes, more_mounts, more_init = converted_model(isvc, topology.model, resources)
     lora_volumes, lora_mounts, lora_init = adapter_volumes(isvc, topology.adapters)
-    volumes = [tmp, *volumes, *more_volumes, *lora_volumes]
-    mounts = [tmp_mount, *mounts, *more_mounts, *lora_mounts]
+    ca_volumes, ca_mounts, _ = ca_bundle(isvc)
+    volumes = [tmp, *volumes, *more_volumes, *lora_volumes, *ca_volumes]
+    mounts = [tmp_mount, *mounts, *more_mounts, *lora_mounts, *ca_mounts]
     init = [*init, *more_init, *lora_init]
     if resources.accelerator is not None or spec.runtime.engine == "vllm":
         # NCCL, and vLLM's processes, move data through shared memory; the default /dev/shm
