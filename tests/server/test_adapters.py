@@ -15,6 +15,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from frota.server.adapters import LoRAOptions
 from frota.server.app import ServerOptions, create_app
+from tests.cli.https_server import LocalCA, make_ca, serving
 from tests.server.conftest import MODEL, bindings, start
 from tests.server.fake_engine import FakeEngine, write_adapter
 
@@ -242,3 +243,79 @@ async def test_a_streamed_request_for_an_adapter_streams_its_output(
     chunks = [json.loads(e) for e in events if e != "[DONE]"]
     assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == "jsaj"
     assert {c["model"] for c in chunks} == {"sql"}
+
+
+# --- runtime loads from an https:// URI (a real HTTPS server, a CA made for the test) ----
+
+
+@pytest.fixture(scope="module")
+def local_ca(tmp_path_factory: pytest.TempPathFactory) -> LocalCA:
+    return make_ca(tmp_path_factory.mktemp("ca"))
+
+
+@pytest.fixture
+def adapter_cache(tmp_path: Path, local_ca: LocalCA, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("SSL_CERT_FILE", str(local_ca.ca_cert))
+    monkeypatch.setenv("FROTA_ADAPTER_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def served_adapter(tmp_path: Path, rank: int) -> dict[str, bytes]:
+    directory = Path(write_adapter(tmp_path / "served", rank=rank))
+    return {"/loras/chat/adapter_config.json": (directory / "adapter_config.json").read_bytes(),
+            "/loras/chat/adapter_model.safetensors": b"weights the fake engine does not read"}
+
+
+async def test_a_lora_path_over_https_is_downloaded_into_the_cache_then_served(
+        lora_client: TestClient, lora_engine: FakeEngine, local_ca: LocalCA,
+        adapter_cache: Path, tmp_path: Path) -> None:
+    with serving(local_ca, served_adapter(tmp_path, rank=2)) as base:
+        uri = f"{base}/loras/chat/"
+        resp = await lora_client.post(LOAD, json={"lora_name": "chat", "lora_path": uri})
+        assert (resp.status, await resp.text()) == (200, "Success: LoRA adapter 'chat' added successfully.")
+    assert lora_engine.loaded["chat"].path == str(adapter_cache / "chat")
+    assert sorted(p.name for p in (adapter_cache / "chat").iterdir()) == [
+        "adapter_config.json", "adapter_model.safetensors"]
+    cards = (await (await lora_client.get("/v1/models")).json())["data"]
+    assert cards[-1]["id"] == "chat" and cards[-1]["root"] == uri
+    out = await (await lora_client.post(COMP, json=greedy("a", "chat"))).json()
+    assert out["choices"][0]["text"] == "dgjm"  # rank 2, as when loaded from a directory
+
+
+@pytest.mark.parametrize(("files", "says"), [
+    ({}, "adapter_config.json: HTTP 404"),
+    (None, "TLS verification failed"),
+], ids=["missing", "untrusted"])
+async def test_a_failed_download_is_a_400_naming_the_uri_and_the_engine_is_untouched(
+        lora_client: TestClient, lora_engine: FakeEngine, local_ca: LocalCA,
+        adapter_cache: Path, monkeypatch: pytest.MonkeyPatch, files: dict | None, says: str) -> None:
+    if files is None:
+        monkeypatch.delenv("SSL_CERT_FILE")
+    with serving(local_ca, files or {}) as base:
+        uri = f"{base}/loras/chat"
+        resp = await lora_client.post(LOAD, json={"lora_name": "chat", "lora_path": uri})
+    assert resp.status == 400
+    error = (await resp.json())["error"]
+    assert uri in error["message"] and says in error["message"]
+    assert (error["code"], error["param"]) == ("invalid_adapter", "lora_path")
+    assert sorted(lora_engine.loaded) == ["sql"]
+    assert not adapter_cache.exists() or list(adapter_cache.iterdir()) == []
+
+
+async def test_a_downloaded_adapter_the_engine_refuses_leaves_no_directory(
+        lora_client: TestClient, local_ca: LocalCA, adapter_cache: Path, tmp_path: Path) -> None:
+    with serving(local_ca, served_adapter(tmp_path, rank=64)) as base:
+        resp = await lora_client.post(LOAD, json={"lora_name": "chat",
+                                                  "lora_path": f"{base}/loras/chat"})
+    assert resp.status == 400
+    assert "above max_lora_rank 16" in (await resp.json())["error"]["message"]
+    assert list(adapter_cache.iterdir()) == []
+
+
+async def test_a_name_that_cannot_be_a_directory_is_refused_before_any_download(
+        lora_client: TestClient, adapter_cache: Path) -> None:
+    resp = await lora_client.post(LOAD, json={"lora_name": "../escape",
+                                              "lora_path": "https://127.0.0.1:1/x"})
+    assert resp.status == 400
+    assert "cannot name a download directory" in (await resp.json())["error"]["message"]
+    assert not adapter_cache.exists()

@@ -14,25 +14,43 @@
   (what is wrong: a shape, a target, the rank, a missing or corrupt file, a name taken);
   nothing else changes, so requests in flight on other adapters go on. Unloading a name
   that is not loaded is a 404, as vLLM answers it.
+- A `lora_path` (or a `--lora-modules` path) may be an `https://` (or `hf://`) URI: the
+  worker downloads it first (`frota.server.fetch`, the code of `frota fetch`, in a thread,
+  so requests go on) into $FROTA_ADAPTER_CACHE/NAME, else ~/.cache/frota/adapters/NAME,
+  then loads that directory; `/v1/models` shows the URI as its `root`. A failed download
+  is a 400 naming the URI, and the engine is not touched. One download per name at a time.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import re
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from frota.api.adapters import ADAPTER_NAME_PATTERN
 from frota.engine.lora import AdapterError
 from frota.server import errors
 from frota.server.engine_api import Engine
+from frota.server.fetch import FetchError, fetch_adapter
 
 log = logging.getLogger("frota.server.adapters")
 
 LOAD_PATH = "/v1/load_lora_adapter"
 UNLOAD_PATH = "/v1/unload_lora_adapter"
+REMOTE_PREFIXES = ("https://", "http://", "hf://")  # http:// only to be refused by name
+
+
+def adapter_cache_dir() -> Path:
+    """Where adapters loaded from a URI are downloaded, one directory per name."""
+    configured = os.environ.get("FROTA_ADAPTER_CACHE")
+    return Path(configured) if configured else Path.home() / ".cache" / "frota" / "adapters"
 
 
 @dataclass
@@ -68,6 +86,7 @@ class AdapterRegistry:
         self.base_name = base_name
         self.cards: dict[str, AdapterCard] = {}
         self._lock = asyncio.Lock()  # one load or unload at a time: the record follows the engine
+        self._downloading: set[str] = set()  # names whose download is under way (outside the lock)
 
     def resolve(self, model: str) -> str | None:
         """The adapter a request's `model` names (None: the base model); 404 when unknown."""
@@ -78,20 +97,65 @@ class AdapterRegistry:
         raise errors.model_not_found(model)
 
     async def load(self, engine: Engine, name: str, path: str) -> AdapterCard:
-        """Load `path` as `name` into the engine; AdapterError when the engine refuses it."""
+        """Load `path` (a directory, or a URI downloaded first) as `name` into the engine;
+        AdapterError when the download fails or the engine refuses it."""
         if name == self.base_name:
             raise AdapterError(f"the name {name!r} is the base model's served name: choose "
                                "another lora_name", "adapter_exists")
+        self._check_free(name)
+        if not path.startswith(REMOTE_PREFIXES):
+            return await self._load(engine, name, path, path)
+        self._claim_download(name)
+        try:
+            local = await self._download(name, path)
+            try:
+                return await self._load(engine, name, path, local)
+            except AdapterError:
+                shutil.rmtree(local, ignore_errors=True)  # refused: nothing will read it
+                raise
+        finally:
+            # Held until the engine has read the files, so no second download of this
+            # name replaces them mid-read.
+            self._downloading.discard(name)
+
+    async def _load(self, engine: Engine, name: str, path: str, local: str) -> AdapterCard:
         async with self._lock:
-            if name in self.cards:
-                raise AdapterError(f"an adapter named {name!r} is already loaded (from "
-                                   f"{self.cards[name].path!r}): unload it first or choose "
-                                   "another lora_name", "adapter_exists")
-            info = await engine.load_adapter(name, path)
+            self._check_free(name)
+            info = await engine.load_adapter(name, local)
             card = self.cards[name] = AdapterCard(name, path)
         log.info("loaded LoRA adapter", extra={"fields": {
             "adapter": name, "path": path, "rank": info.rank, "targets": list(info.targets)}})
         return card
+
+    def _check_free(self, name: str) -> None:
+        if name in self.cards:
+            raise AdapterError(f"an adapter named {name!r} is already loaded (from "
+                               f"{self.cards[name].path!r}): unload it first or choose "
+                               "another lora_name", "adapter_exists")
+
+    def _claim_download(self, name: str) -> None:
+        if not re.fullmatch(ADAPTER_NAME_PATTERN, name) or len(name) > 63:
+            raise AdapterError(f"the name {name!r} cannot name a download directory: use "
+                               "letters, digits, '.', '_' and '-' (at most 63)", "invalid_adapter")
+        if name in self._downloading:
+            raise AdapterError(f"the LoRA adapter {name!r} is being downloaded by another "
+                               "load: wait for it", "adapter_exists")
+        self._downloading.add(name)
+
+    async def _download(self, name: str, uri: str) -> str:
+        """Download `uri` into the cache directory of `name`, off the event loop; its path."""
+        dest = adapter_cache_dir() / name
+        try:
+            await asyncio.to_thread(fetch_adapter, uri, dest)
+        except FetchError as exc:
+            raise AdapterError(f"the LoRA adapter {name!r} cannot be downloaded: {exc}",
+                               "invalid_adapter") from exc
+        except OSError as exc:  # the cache directory: read-only, full
+            raise AdapterError(f"the LoRA adapter {name!r} cannot be downloaded: {uri}: "
+                               f"cannot write {dest}: {exc}", "invalid_adapter") from exc
+        log.info("downloaded LoRA adapter", extra={"fields": {"adapter": name, "uri": uri,
+                                                              "path": str(dest)}})
+        return str(dest)
 
     async def unload(self, engine: Engine, name: str) -> None:
         async with self._lock:
