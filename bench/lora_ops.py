@@ -1,9 +1,11 @@
-"""The LoRA delta's torch paths on this machine, timed: what a C++ BGMV kernel would have to
-beat before it is worth keeping (issue 29). Prints one JSON object.
+"""The LoRA delta's paths on this machine, timed: the C++ gather kernel (`lora_ops.cpp`, what
+decode rows take on the CPU) against the torch gather it replaced and the segment path.
+Prints one JSON object.
 
-Per case (rows, slots): the gather path (`frota.engine.lora.ops.add_lora` with every row a
-decode row), the segment path (the same rows as one segment per slot), and the base
-projection alone, for SmolLM2-135M's fused q/k/v shape at rank 16.
+Per case (rows, slots), each including the base projection: the kernel and the torch gather
+(`frota.engine.lora.ops.add_lora` with every row a decode row), the segment path (the same
+rows as one segment per slot), and the base projection alone, for SmolLM2-135M's fused
+q/k/v shape at rank 16.
 
     .venv/bin/python bench/lora_ops.py [--repeat 200]
 """
@@ -16,11 +18,21 @@ import time
 
 import torch
 
+from frota.engine.lora import ops
 from frota.engine.lora.batch import LoRABatch
 from frota.engine.lora.ops import add_lora
 from frota.engine.lora.slots import SlotProjection
 
 HIDDEN, Q, KV, RANK = 576, 576, 192, 16
+
+
+def torch_gather(y, x, proj, batch):
+    """`add_lora` on torch's ops alone (as with FROTA_CPU_KERNELS=0)."""
+    kernel, ops.gather_kernel = ops.gather_kernel, lambda x, proj: None
+    try:
+        return add_lora(y, x, proj, batch)
+    finally:
+        ops.gather_kernel = kernel
 
 
 def _time(fn, repeat: int) -> float:
@@ -49,7 +61,9 @@ def case(base: torch.nn.Module, rows: int, slots: int, repeat: int) -> dict:
     return {
         "rows": rows, "slots": slots, "rank": RANK,
         "base_us": round(_time(lambda: base(x), repeat), 1),
-        "gather_us": round(_time(lambda: add_lora(base(x), x, proj, gather), repeat), 1),
+        "kernel_us": round(_time(lambda: add_lora(base(x), x, proj, gather), repeat), 1)
+        if ops.gather_kernel(x, proj) is not None else None,
+        "torch_gather_us": round(_time(lambda: torch_gather(base(x), x, proj, gather), repeat), 1),
         "segments_us": round(_time(lambda: add_lora(base(xs), xs, proj, segments), repeat), 1),
     }
 

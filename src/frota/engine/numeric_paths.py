@@ -46,7 +46,9 @@ def kernels_summary() -> str:
     built = f"prebuilt {level}" if level else "-march=native"
     quant = "quant kernels " + ("on" if build.load("quant") is not None else "off")
     amx = "AMX tiles " + ("on" if module.amx_available() else "off")
-    return f"C++ kernels {built}, {quant}, {amx}"
+    # An engine with LoRA on loads its gather kernel at start; without LoRA nothing is said.
+    lora = ", LoRA gather kernel" if build.loaded("lora") is not None else ""
+    return f"C++ kernels {built}, {quant}, {amx}{lora}"
 
 
 def linears_summary(model: nn.Module) -> str:

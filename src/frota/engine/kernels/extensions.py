@@ -53,6 +53,10 @@ EXTENSIONS: dict[str, Extension] = {ext.kind: ext for ext in (
     # a batch-1 decode reads the weights with every core, not one.
     Extension("quant", "frota_quant", ("quant_ops.cpp",), (*BASE_CFLAGS, "-fopenmp"), ("-fopenmp",),
               "torch's ops"),
+    # LoRA's decode rows (BGMV), built and loaded only by engines with LoRA on. No
+    # -ffast-math: each row's float32 sums keep their order, batched or alone.
+    Extension("lora", "frota_lora", ("lora_ops.cpp",), (*BASE_CFLAGS, "-fopenmp"), ("-fopenmp",),
+              "torch's gather ops", headers=()),
 )}
 
 

@@ -1,23 +1,42 @@
 """The LoRA delta of one projection for a mixed batch: `y[t] += (x[t] @ A[s_t]) @ B[s_t]`.
 
-Decode rows go by gather (punica's BGMV): each row's A and B are gathered by its slot and
-one batched matmul serves every adapter of the step at once. Prefill chunks go by segment
-(SGMV): one matmul pair per chunk, whose rows share a slot. Plain torch ops, so the same code
-runs on the CPU and on CUDA (CUDA: untested until a GPU runs it).
+Decode rows go by gather (punica's BGMV): every adapter of the step in one call. On the CPU
+that is the C++ kernel `lora_ops.cpp`, which reads each row's A and B in place in the slot
+pool (bench/lora_ops.py: about a tenth of the torch gather's time, which copies them out
+first). Elsewhere, or with `FROTA_CPU_KERNELS=0`, each row's A and B are gathered by its
+slot and one batched matmul serves them all (torch ops; on CUDA untested until a GPU runs
+it). Prefill chunks go by segment (SGMV): one matmul pair per chunk, whose rows share a slot.
 """
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import torch
 
+from frota.engine.kernels import build
 from frota.engine.lora.batch import LoRABatch
 from frota.engine.lora.slots import SlotProjection
+
+# the dtypes the C++ kernel runs (activations and the slot pool share the model's)
+_KERNEL_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def gather_kernel(x: torch.Tensor, proj: SlotProjection) -> ModuleType | None:
+    """The C++ gather kernel when it runs these tensors (CPU, its dtypes), else None."""
+    if x.device.type != "cpu" or x.dtype not in _KERNEL_DTYPES or proj.a.dtype != x.dtype:
+        return None
+    return build.load("lora")
 
 
 def add_lora(y: torch.Tensor, x: torch.Tensor, proj: SlotProjection, batch: LoRABatch) -> torch.Tensor:
     """`y` (the base projection of `x`, [T, out]) plus each listed row's delta, in place."""
     r = proj.max_rank
-    if batch.decode_rows is not None:
+    if batch.decode_rows is not None and (kernel := gather_kernel(x, proj)) is not None \
+            and y.dtype == x.dtype and y.stride(-1) == 1 and x.stride(-1) == 1:
+        kernel.lora_gather(y, x, proj.a, proj.b, proj.offsets, batch.decode_rows,
+                           batch.decode_slots)
+    elif batch.decode_rows is not None:
         rows, slots = batch.decode_rows, batch.decode_slots
         xa = torch.bmm(x.index_select(0, rows).unsqueeze(1), proj.a.index_select(0, slots))
         for j, (offset, b) in enumerate(zip(proj.offsets, proj.b, strict=True)):

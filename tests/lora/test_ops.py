@@ -1,0 +1,103 @@
+"""The LoRA delta's two decode paths compute the same thing: the C++ gather kernel
+(`lora_ops.cpp`, the CPU's default) and the torch gather it replaces (`FROTA_CPU_KERNELS=0`,
+and every other device).
+
+The reference here is float64 math on the same weights; each check names the path that ran.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from frota.engine.kernels import build
+from frota.engine.lora import ops
+from frota.engine.lora.batch import build_batch
+from frota.engine.lora.slots import SlotProjection
+
+HIDDEN, WIDTHS, SLOTS, RANK = 96, [96, 32, 32], 4, 8
+# dtype (of activations and slots alike) -> the largest error allowed, relative to the
+# delta's largest magnitude: float32's sums over ~100 terms; bfloat16's rounding of the
+# output (2^-8) and, on the torch path, of x @ A before it meets B.
+CASES = {torch.float32: 1e-5, torch.bfloat16: 3e-2}
+
+
+def projection(dtype: torch.dtype) -> SlotProjection:
+    proj = SlotProjection("qkv_proj", HIDDEN, WIDTHS, SLOTS, RANK, dtype, torch.device("cpu"))
+    generator = torch.Generator().manual_seed(0)
+    proj.a.copy_(torch.randn(proj.a.shape, generator=generator))
+    for b in proj.b:
+        b.copy_(torch.randn(b.shape, generator=generator))
+    # slot 3 holds a rank-3 adapter in the rank-8 pool: its padding stays zero
+    for j in range(len(WIDTHS)):
+        proj.a[3, :, j * RANK + 3:(j + 1) * RANK] = 0
+    return proj
+
+
+def reference(y: torch.Tensor, x: torch.Tensor, proj: SlotProjection,
+              rows: list[tuple[int, int | None]]) -> torch.Tensor:
+    out = y.double().clone()
+    for row, slot in rows:
+        if slot is None:
+            continue
+        xa = x[row].double() @ proj.a[slot].double()
+        for j, (offset, b) in enumerate(zip(proj.offsets, proj.b, strict=True)):
+            out[row, offset:offset + b.shape[2]] += xa[j * RANK:(j + 1) * RANK] @ b[slot].double()
+    return out
+
+
+def paths() -> list[str]:
+    return ["kernel", "torch"] if build.load("lora") is not None else ["torch"]
+
+
+def run(path: str, y: torch.Tensor, x: torch.Tensor, proj: SlotProjection, rows, monkeypatch):
+    if path == "torch":
+        monkeypatch.setattr(ops, "gather_kernel", lambda x, proj: None)
+    else:
+        assert ops.gather_kernel(x, proj) is not None
+    batch = build_batch([(row, 1, slot) for row, slot in rows], x.device)
+    assert batch is not None and not batch.segments
+    return ops.add_lora(y, x, proj, batch)
+
+
+@pytest.mark.parametrize("path", paths())
+@pytest.mark.parametrize("dtype", list(CASES), ids=str)
+def test_decode_rows_get_their_own_slots_delta_and_base_rows_stay_untouched(path, dtype, monkeypatch):
+    proj = projection(dtype)
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(7, HIDDEN, generator=generator).to(dtype)
+    y = torch.randn(7, sum(WIDTHS), generator=generator).to(dtype)
+    rows = [(0, 2), (1, None), (2, 0), (3, 2), (4, 3), (5, None), (6, 1)]
+    expected = reference(y, x, proj, rows)
+    base_rows = y[[1, 5]].clone()
+    out = run(path, y.clone(), x, proj, rows, monkeypatch)
+    where = f"path {path}, {dtype}"
+    assert torch.equal(out[[1, 5]], base_rows), f"{where}: a base-model row changed"
+    scale = (expected - y.double()).abs().max().item()
+    error = (out.double() - expected).abs().max().item()
+    assert error <= CASES[dtype] * scale, f"{where}: error {error:.3g} vs delta scale {scale:.3g}"
+
+
+@pytest.mark.parametrize("path", paths())
+def test_a_rows_delta_is_the_same_bits_batched_or_alone(path, monkeypatch):
+    proj = projection(torch.float32)
+    generator = torch.Generator().manual_seed(2)
+    x = torch.randn(5, HIDDEN, generator=generator)
+    y = torch.randn(5, sum(WIDTHS), generator=generator)
+    rows = [(0, 1), (1, 0), (2, 1), (3, 3), (4, 2)]
+    batched = run(path, y.clone(), x, proj, rows, monkeypatch)
+    for row, slot in rows:
+        alone = run(path, y[row:row + 1].clone(), x[row:row + 1], proj, [(0, slot)], monkeypatch)
+        assert torch.equal(alone[0], batched[row]), f"path {path}: row {row} differs batched"
+
+
+def test_the_kernel_refuses_rows_outside_the_batch_instead_of_reading_past_it():
+    kernel = build.load("lora")
+    if kernel is None:
+        pytest.skip("the C++ kernels are off or cannot be built here (FROTA_CPU_KERNELS=0)")
+    proj = projection(torch.float32)
+    x, y = torch.randn(2, HIDDEN), torch.zeros(2, sum(WIDTHS))
+    for rows, slots in (([2], [0]), ([0], [SLOTS])):
+        with pytest.raises(RuntimeError, match="out of range"):
+            kernel.lora_gather(y, x, proj.a, proj.b, proj.offsets, torch.tensor(rows), torch.tensor(slots))
+    assert not y.any()
