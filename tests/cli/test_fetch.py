@@ -196,3 +196,13 @@ def test_hf_downloads_through_snapshot_download_into_the_partial_then_dest(
     assert files_in(path) == ADAPTER
     assert calls[0][0] == "org/tone" and calls[0][1].startswith("tone.partial-")
     assert calls[0][2] == ["adapter_config.json", "adapter_model.safetensors"]
+
+
+def test_what_a_model_fetch_writes_is_what_the_engine_loader_resolves(local_ca: LocalCA, tmp_path: Path) -> None:
+    from frota.engine.loader.source import resolve_model
+
+    files = {**MODEL_FILES, "model.safetensors": WEIGHTS}
+    with serving(local_ca, {**under("/m", files), "/w/tiny.gguf": b"GGUF"}) as base:
+        directory = fetch_model(f"{base}/m/", tmp_path / "m")
+        gguf = fetch_model(f"{base}/w/tiny.gguf", tmp_path / "tiny.gguf")
+    assert (resolve_model(str(directory)).kind, resolve_model(str(gguf)).kind) == ("safetensors", "gguf")
