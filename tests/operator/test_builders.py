@@ -160,6 +160,19 @@ def test_router_discovers_rank_zero_endpoints_through_its_own_role():
     assert binding["subjects"][0]["name"] == deploy["spec"]["template"]["spec"]["serviceAccountName"]
 
 
+def test_with_scale_to_zero_the_router_may_patch_its_own_inferenceservice_and_no_other():
+    plain = one(children(Spec().set("spec.autoscaling", {"maxReplicas": 2, "target": 1})), "Role")
+    assert len(plain["rules"]) == 1  # autoscaling alone: EndpointSlices, read-only
+    objs = children(Spec().set("spec.autoscaling", {"minReplicas": 0, "maxReplicas": 2, "target": 1}))
+    role = one(objs, "Role")
+    discovery, demand = role["rules"]
+    assert discovery["resources"] == ["endpointslices"]
+    # The demand annotation: one verb, on one object, named.
+    assert demand == {"apiGroups": ["frota.dev"], "resources": ["inferenceservices"],
+                      "resourceNames": ["tiny"], "verbs": ["patch"]}
+    kubernetes_validate.validate(role, "1.34.0", strict=True)
+
+
 def test_the_router_drains_as_long_as_a_worker_within_its_pod_termination_grace():
     objs = children(Spec())
     router_pod = one(objs, "Deployment", "tiny-router")["spec"]["template"]["spec"]

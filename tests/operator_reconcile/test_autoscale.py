@@ -3,7 +3,7 @@ stabilize before scaling down."""
 
 from __future__ import annotations
 
-from frota.api import InferenceServiceSpec, RoleAutoscaling
+from frota.api import Autoscaling, InferenceServiceSpec, RoleAutoscaling
 from frota.operator.autoscale import (
     Bounds,
     History,
@@ -16,6 +16,7 @@ from frota.operator.autoscale import (
     role_metrics_urls,
     settled,
     step,
+    zero_decision,
 )
 
 BOUNDS = Bounds(min_replicas=1, max_replicas=8, target=4.0, stabilization_seconds=300)
@@ -180,3 +181,53 @@ def test_a_vllm_workers_metrics_read_as_a_frota_workers():
     assert busy == 1.0  # one running request per group, none waiting
     first, history = per_group_value([text], "ttft", History())
     assert first is None and history.ttft_totals is not None and history.ttft_totals[1] >= 2
+
+
+def router_metrics(*, last_request: float | None, held: float = 0.0, inflight: float = 0.0,
+                   queue: float = 0.0) -> str:
+    lines = [f"frota_router_held_requests {held}", f"frota_router_inflight_requests {inflight}",
+             f"frota_router_queue_depth {queue}"]
+    if last_request is not None:
+        lines.append(f"frota_router_last_request_timestamp_seconds {last_request}")
+    return "\n".join(f"# TYPE {line.split()[0]} gauge\n{line}" for line in lines) + "\n"
+
+
+ZERO = Autoscaling(minReplicas=0, maxReplicas=3, target=4).scale_to_zero()
+
+
+def test_an_idle_fleet_goes_to_zero_only_after_idle_seconds_with_nothing_in_flight() -> None:
+    assert ZERO is not None and ZERO.idleSeconds == 300
+    now = 10_000.0
+    assert zero_decision(2, router_metrics(last_request=now - 301), ZERO, now) == 0
+    assert zero_decision(2, router_metrics(last_request=now - 299), ZERO, now) is None
+    # a long request still running, a queued or a held one: not idle, whatever the clock says
+    for busy in ({"inflight": 1}, {"queue": 1}, {"held": 1}):
+        assert zero_decision(2, router_metrics(last_request=now - 999, **busy), ZERO, now) is None
+    # a router that does not say when its last request came: never judged idle
+    assert zero_decision(2, router_metrics(last_request=None), ZERO, now) is None
+
+
+def test_at_zero_a_held_request_brings_one_replica_and_silence_keeps_zero() -> None:
+    now = 10_000.0
+    assert zero_decision(0, router_metrics(last_request=now, held=3), ZERO, now) == 1
+    assert zero_decision(0, router_metrics(last_request=now - 999), ZERO, now) is None
+
+
+def test_on_load_a_scale_to_zero_fleet_keeps_at_least_one_replica() -> None:
+    bounds = bounds_of(Autoscaling(minReplicas=0, maxReplicas=3, target=4))
+    assert bounds.min_replicas == 1
+    assert recommend(2, 0.0, bounds) == 1
+
+
+def test_scale_to_zero_is_only_for_spec_replicas_with_min_zero() -> None:
+    import pydantic
+    import pytest
+
+    assert Autoscaling(maxReplicas=2, target=1).scale_to_zero() is None
+    assert Autoscaling(minReplicas=0, maxReplicas=2, target=1,
+                       scaleToZero={"idleSeconds": 60}).scale_to_zero().idleSeconds == 60
+    with pytest.raises(pydantic.ValidationError, match="only with minReplicas: 0"):
+        Autoscaling(minReplicas=1, maxReplicas=2, target=1, scaleToZero={})
+    with pytest.raises(pydantic.ValidationError):  # a role's groups per unit never go to zero
+        RoleAutoscaling(minReplicas=0, maxReplicas=2, target=1)
+    assert "scaleToZero" not in RoleAutoscaling.model_fields

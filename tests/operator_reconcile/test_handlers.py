@@ -215,6 +215,26 @@ async def test_scale_subresource_adds_and_removes_whole_groups(
     assert cluster.isvc("tiny")["status"]["replicas"] == 0
 
 
+async def test_at_zero_a_demand_announced_by_the_router_brings_a_replica_back_at_once(
+    cluster: Cluster, operator: Operator
+) -> None:
+    autoscaling = {"minReplicas": 0, "maxReplicas": 2, "target": 4}
+    await cluster.create_isvc(sample("tiny", replicas=0, autoscaling=autoscaling))
+    await wait_for(lambda: "tiny-router" in owned(cluster, "tiny")["Deployment"], what="router")
+    await cluster.run_router("tiny-router")
+    # Idle at zero is a serving state: the router holds requests while a replica starts.
+    await wait_for(status_is(cluster, "tiny", "Ready", "True", "ScaledToZero"), what="zero")
+    assert not owned(cluster, "tiny")["StatefulSet"]
+    # No router metrics here, so the autoscaling timer has nothing to go on: only the
+    # demand handler can answer the annotation.
+    await cluster.patch_isvc("tiny", {"metadata": {"annotations": {
+        "router.frota.dev/demanded-at": "2026-12-03T12:00:00Z"}}})
+    await wait_for(lambda: cluster.isvc("tiny")["spec"]["replicas"] == 1, what="one replica")
+    await groups_created(cluster, "tiny", 1)
+    events = [e for e in cluster.objects("Event") if e.get("reason") == "ScaledUp"]
+    assert any("holds a request" in e.get("message", "") for e in events), events
+
+
 async def test_delete_lets_the_garbage_collector_take_every_child(
     cluster: Cluster, operator: Operator
 ) -> None:

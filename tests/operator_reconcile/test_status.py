@@ -31,13 +31,13 @@ REV = "r2"
 
 
 def intent(units: int = 2, per_unit: dict[str, int] | None = None, unavailable: int = 0,
-           revisions: dict[str, str] | None = None) -> Intent:
+           revisions: dict[str, str] | None = None, scale_to_zero: bool = False) -> Intent:
     per_unit = per_unit or {"worker": 1}
     return Intent(
         generation=3, revisions=revisions or dict.fromkeys(per_unit, REV), units=units,
         groups_per_unit=per_unit, max_unavailable=dict.fromkeys(per_unit, unavailable),
         selector="app.kubernetes.io/instance=x", url="http://x.ns.svc/v1",
-        serving_role="decode" if "decode" in per_unit else "worker",
+        serving_role="decode" if "decode" in per_unit else "worker", scale_to_zero=scale_to_zero,
     )
 
 
@@ -115,6 +115,17 @@ def test_scaled_to_zero_keeps_the_router_and_says_so() -> None:
     assert (c["Ready"].status, c["Ready"].reason) == ("False", "ScaledToZero")
     assert "router" in c["Ready"].message
     assert c["Degraded"].status == "False"
+
+
+def test_scaled_to_zero_by_scale_to_zero_is_ready_the_router_holds_requests() -> None:
+    for per_unit in ({"worker": 1}, {"prefill": 1, "decode": 2}):
+        c = conds(intent(units=0, per_unit=per_unit, scale_to_zero=True), ())
+        assert (c["Ready"].status, c["Ready"].reason) == ("True", "ScaledToZero"), per_unit
+        assert "holds requests" in c["Ready"].message
+        assert c["Degraded"].status == "False"
+    # coming back (one unit wanted, none ready yet) is not ready: the router holds meanwhile
+    c = conds(intent(units=1, scale_to_zero=True), ())
+    assert (c["Ready"].status, c["Ready"].reason) == ("False", "ReplicasNotReady")
 
 
 def test_a_failed_or_restarted_rank_marks_the_group_for_restart() -> None:

@@ -23,6 +23,8 @@ from frota.api.fleet import (
     RoleSpec,
     Rollout,
     Router,
+    ScaleToZero,
+    ScalingPolicy,
     Toleration,
 )
 from frota.api.resource import InferenceService, ObjectMeta
@@ -61,6 +63,8 @@ __all__ = [
     "RoleStatus",
     "Rollout",
     "Router",
+    "ScaleToZero",
+    "ScalingPolicy",
     "SchedulerLimits",
     "SecretKeyRef",
     "Toleration",

@@ -44,6 +44,16 @@ class Label:
     POD_INDEX = "apps.kubernetes.io/pod-index"
 
 
+class Annotation:
+    """Annotation keys Frota reads or writes on an InferenceService."""
+
+    # Scale to zero: the router writes when it holds a request that no ready replica can
+    # serve (RFC 3339, UTC); the operator then brings a replica back at once. Not under
+    # ANNOTATION_PREFIX: kopf leaves its storage prefix's annotations out of the changes
+    # its update handlers see.
+    DEMANDED_AT = "router.frota.dev/demanded-at"
+
+
 class Role(StrEnum):
     """What a pod does in a fleet (the value of Label.ROLE)."""
 
@@ -212,6 +222,9 @@ class RouterMetric:
     DISAGG_FALLBACKS = "frota_router_disagg_fallbacks"
     PREFILL_LATENCY_SECONDS = "frota_router_prefill_latency_seconds"
     KV_HANDOFF_SECONDS = "frota_router_kv_handoff_seconds"
+    # Scale to zero: requests held while no replica is ready, and when the last one arrived.
+    HELD_REQUESTS = "frota_router_held_requests"
+    LAST_REQUEST_TIMESTAMP = "frota_router_last_request_timestamp_seconds"
     # LoRA: adapter loads and unloads the router made on workers (by trigger, result).
     ADAPTER_LOADS = "frota_router_adapter_loads"
     ADAPTER_UNLOADS = "frota_router_adapter_unloads"

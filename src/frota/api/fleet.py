@@ -70,8 +70,29 @@ class Resources(FrotaModel):
     )
 
 
-class Autoscaling(FrotaModel):
-    """Scale spec.replicas on a serving metric read from the router (the operator does it, HPA-style)."""
+class ScaleToZero(FrotaModel):
+    """With autoscaling.minReplicas 0: no replica while idle; the router stays up and holds
+    requests while one starts."""
+
+    idleSeconds: int = Field(
+        default=300, ge=10, le=86400,
+        description="Seconds without a request after which the fleet scales to zero replicas.",
+    )
+    holdSeconds: int = Field(
+        default=120, ge=1, le=3600,
+        description=(
+            "Seconds the router holds a request while no replica is ready (at zero, and while "
+            "one starts); past it the answer is 503 with Retry-After."
+        ),
+    )
+    maxHeldRequests: int = Field(
+        default=1024, ge=1, le=100000,
+        description="Requests the router holds at once; beyond it, 503 with Retry-After at once.",
+    )
+
+
+class ScalingPolicy(FrotaModel):
+    """What every scaler has: its bounds, its metric and target, and how fast it comes down."""
 
     minReplicas: int = Field(default=1, ge=1, le=1000, description="Fewest replicas (units when disaggregated).")
     maxReplicas: int = Field(ge=1, le=1000, description="Most replicas (units when disaggregated).")
@@ -89,13 +110,44 @@ class Autoscaling(FrotaModel):
     )
 
     @model_validator(mode="after")
-    def _min_le_max(self) -> Autoscaling:
+    def _min_le_max(self) -> ScalingPolicy:
         if self.minReplicas > self.maxReplicas:
-            raise ValueError(self.cel_rules[0].message)
+            raise ValueError(ScalingPolicy.cel_rules[0].message)
         return self
 
 
-class RoleAutoscaling(Autoscaling):
+class Autoscaling(ScalingPolicy):
+    """Scale spec.replicas on a serving metric read from the router (the operator does it, HPA-style)."""
+
+    minReplicas: int = Field(
+        default=1, ge=0, le=1000,
+        description="Fewest replicas (units when disaggregated); 0 scales to zero when idle (see scaleToZero).",
+    )
+    scaleToZero: ScaleToZero | None = Field(
+        default=None,
+        description="Idle and hold times of scaling to zero (minReplicas 0 only; its defaults when unset).",
+    )
+
+    cel_rules = (
+        *ScalingPolicy.cel_rules,
+        CelRule("!has(self.scaleToZero) || self.minReplicas == 0",
+                "scaleToZero applies only with minReplicas: 0", ".scaleToZero"),
+    )
+
+    @model_validator(mode="after")
+    def _zero_only(self) -> Autoscaling:
+        if self.scaleToZero is not None and self.minReplicas != 0:
+            raise ValueError(self.cel_rules[1].message)
+        return self
+
+    def scale_to_zero(self) -> ScaleToZero | None:
+        """The scale-to-zero settings in effect: None unless minReplicas is 0."""
+        if self.minReplicas != 0:
+            return None
+        return self.scaleToZero or ScaleToZero()
+
+
+class RoleAutoscaling(ScalingPolicy):
     """Scale one disaggregated role's groups per unit on that role's own workers' metrics."""
 
     minReplicas: int = Field(default=1, ge=1, le=64, description="Fewest groups of this role per unit.")

@@ -14,6 +14,14 @@ engine's /metrics (queue depth: `vllm:num_requests_waiting` plus
 the mean of `vllm:time_to_first_token_seconds` since the last tick). Each role
 keeps its own stabilization history, so prefill and decode scale independently.
 
+With `minReplicas: 0` (scale to zero) spec.replicas also goes to 0 after
+`scaleToZero.idleSeconds` with no request: the router's last-request time is that old and
+nothing is in flight, queued or held (`zero_decision`). At zero the load-based scaler has
+nothing to read; the router holds the requests that arrive and announces the demand on the
+InferenceService (`Annotation.DEMANDED_AT`, answered at once by the operator's demand
+handler), and this tick brings one replica back too if requests are held (the push failed).
+Above zero the load-based scaler keeps at least one replica.
+
 Either way the decision is the same pure function: recommend
 `ceil(current * value / target)` within [minReplicas, maxReplicas], and apply
 it HPA-style: up at once, down only to the highest recommendation seen within
@@ -35,7 +43,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from frota.api import Autoscaling, InferenceService, InferenceServiceSpec
+from frota.api import InferenceService, InferenceServiceSpec, ScaleToZero, ScalingPolicy
 from frota.api.contract import Label, RouterMetric, WorkerMetric
 from frota.operator.builders import service_url
 from frota.plan.topology import WORKER_PORT
@@ -63,10 +71,11 @@ class History:
     last_scaled: tuple[float, int] | None = None  # (when, to how many replicas)
 
 
-def bounds_of(autoscaling: Autoscaling) -> Bounds:
-    """The bounds of spec.autoscaling or of a disaggregated role's autoscaling."""
+def bounds_of(autoscaling: ScalingPolicy) -> Bounds:
+    """The bounds of spec.autoscaling or of a disaggregated role's autoscaling. Scaling to
+    zero is `zero_decision`'s: on load, the fewest is one."""
     return Bounds(
-        min_replicas=autoscaling.minReplicas,
+        min_replicas=max(autoscaling.minReplicas, 1),
         max_replicas=autoscaling.maxReplicas,
         target=autoscaling.target,
         stabilization_seconds=float(autoscaling.stabilizationWindowSeconds),
@@ -121,6 +130,22 @@ def settled(history: History, current: int, now: float, interval: float) -> bool
         return True
     when, replicas = history.last_scaled
     return replicas == current or now - when >= 4 * interval
+
+
+def zero_decision(current: int, metrics_text: str, settings: ScaleToZero, now: float) -> int | None:
+    """Scale to zero from the router's /metrics: 0 once idle for `idleSeconds` (`now`: wall
+    time, as the router's last-request timestamp), 1 at zero while requests are held, else
+    None (at zero: stay; above: the load-based scaler decides)."""
+    samples = _sums(metrics_text)
+    held = samples.get(RouterMetric.HELD_REQUESTS, 0.0)
+    if current == 0:
+        return 1 if held > 0 else None
+    busy = (held + samples.get(RouterMetric.INFLIGHT_REQUESTS, 0.0)
+            + samples.get(RouterMetric.QUEUE_DEPTH, 0.0))
+    last = samples.get(RouterMetric.LAST_REQUEST_TIMESTAMP)
+    if last is not None and busy == 0 and now - last >= settings.idleSeconds:
+        return 0
+    return None
 
 
 def _sums(metrics_text: str) -> dict[str, float]:

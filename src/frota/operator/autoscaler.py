@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 import kopf
 
-from frota.api import Autoscaling, InferenceService
+from frota.api import Autoscaling, InferenceService, ScalingPolicy
 from frota.api.contract import EventReason
 from frota.operator.autoscale import (
     ROLES,
@@ -28,6 +28,7 @@ from frota.operator.autoscale import (
     per_replica_value,
     settled,
     step,
+    zero_decision,
 )
 from frota.operator.state import OperatorState
 
@@ -66,7 +67,23 @@ async def tick(isvc: InferenceService, pods: Sequence[Mapping[str, Any]], state:
     return changed
 
 
-async def _scale(isvc: InferenceService, role: str, autoscaling: Autoscaling, current: int,
+async def wake_from_zero(isvc: InferenceService, state: OperatorState, *, logger: Any) -> bool:
+    """One replica for a fleet scaled to zero whose router holds a request; True if patched."""
+    autoscaling = isvc.spec.autoscaling
+    if autoscaling is None or autoscaling.scale_to_zero() is None or isvc.spec.replicas != 0:
+        return False
+    namespace, name = isvc.metadata.namespace or "default", isvc.metadata.name
+    await state.kube.patch_spec_replicas(namespace, name, 1)
+    key = (namespace, name, "")
+    history = state.scalers.get(key, History())
+    state.scalers[key] = replace(history, last_scaled=(time.monotonic(), 1), recommendations=())
+    state.metrics.desired_replicas.labels(namespace, name, "").set(1)
+    _announce(isvc, state, role="", current=0, wanted=1, why="the router holds a request")
+    logger.info("scaled up from zero: the router holds a request")
+    return True
+
+
+async def _scale(isvc: InferenceService, role: str, autoscaling: ScalingPolicy, current: int,
                  pods: Sequence[Mapping[str, Any]], state: OperatorState, *,
                  logger: Any) -> int | None:
     """One scaler: spec.replicas from the router (role ""), or one role's groups per unit
@@ -91,6 +108,19 @@ async def _scale(isvc: InferenceService, role: str, autoscaling: Autoscaling, cu
     now = time.monotonic()
     if not settled(history, current, now, state.settings.autoscale_interval_seconds):
         return None
+    to_zero = autoscaling.scale_to_zero() if isinstance(autoscaling, Autoscaling) else None
+    if to_zero is not None:
+        wanted = zero_decision(current, texts[0], to_zero, time.time())
+        if wanted is not None and wanted != current:
+            await state.kube.patch_spec_replicas(namespace, name, wanted)
+            state.scalers[key] = replace(history, last_scaled=(now, wanted), recommendations=())
+            state.metrics.desired_replicas.labels(namespace, name, role).set(wanted)
+            why = ("requests held at zero" if wanted else
+                   f"no request for {to_zero.idleSeconds}s (scaleToZero.idleSeconds)")
+            _announce(isvc, state, role=role, current=current, wanted=wanted, why=why)
+            return wanted
+        if current == 0:
+            return None  # idle at zero: nothing to measure until a request comes
     metric = autoscaling.metric
     if role:
         value, history = per_group_value(texts, metric, history)
@@ -107,13 +137,14 @@ async def _scale(isvc: InferenceService, role: str, autoscaling: Autoscaling, cu
     else:
         await state.kube.patch_spec_replicas(namespace, name, wanted)
     state.scalers[key] = replace(history, last_scaled=(now, wanted))
-    _announce(isvc, state, role=role, current=current, wanted=wanted, metric=metric,
-              value=value, target=bounds.target)
+    per = "group" if role else "replica"
+    _announce(isvc, state, role=role, current=current, wanted=wanted,
+              why=f"{metric}={value} per {per}, target {bounds.target}")
     return wanted
 
 
 def _announce(isvc: InferenceService, state: OperatorState, *, role: str, current: int,
-              wanted: int, metric: str, value: float | None, target: float) -> None:
+              wanted: int, why: str) -> None:
     """The metric and the event of one change."""
     direction = "up" if wanted > current else "down"
     state.metrics.scale_decisions.labels(role, direction).inc()
@@ -122,8 +153,7 @@ def _announce(isvc: InferenceService, state: OperatorState, *, role: str, curren
     kopf.event(
         _reference(isvc), type="Normal",
         reason=EventReason.SCALED_UP if direction == "up" else EventReason.SCALED_DOWN,
-        message=f"{who}: {current} -> {wanted} {what} ({metric}={value} per "
-                f"{'group' if role else 'replica'}, target {target})",
+        message=f"{who}: {current} -> {wanted} {what} ({why})",
     )
 
 

@@ -155,6 +155,7 @@ def _desired_state(body: Mapping[str, Any]) -> Desired:
         role_services={role: role_service_name(isvc, role) for role in per_unit},
         lora=spec.lora is not None,
         adapters=tuple(a.name for a in spec.adapters),
+        scale_to_zero=spec.autoscaling is not None and spec.autoscaling.scale_to_zero() is not None,
     )
     shared = tuple(c for c in children if _group_key(c) is None)
     rendered: dict[int, dict[tuple[str, int], list[dict[str, Any]]]] = {}

@@ -18,7 +18,15 @@ from typing import Any
 import kopf
 
 from frota.api import contract
-from frota.api.contract import APP_NAME, CHILD_KINDS, ENDPOINT_SLICE, POD, ChildKind, Label
+from frota.api.contract import (
+    APP_NAME,
+    CHILD_KINDS,
+    ENDPOINT_SLICE,
+    POD,
+    Annotation,
+    ChildKind,
+    Label,
+)
 from frota.operator import adapter_report, autoscale, autoscaler, converge, kv_report, peering
 from frota.operator.desired import InvalidSpec, desired_state
 from frota.operator.observe import IMAGE_PULL_REASONS
@@ -60,6 +68,8 @@ def registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
                 cancellation_timeout=STOP_GRACE_SECONDS)(converge_inferenceservice)
     for on_change in (kopf.on.resume, kopf.on.create, kopf.on.update):
         on_change(*ISVC, id="wake", registry=reg)(wake_inferenceservice)
+    kopf.on.update(*ISVC, id="demand", when=_demand_changed, registry=reg)(
+        demand_inferenceservice)
     kopf.on.delete(*ISVC, optional=True, registry=reg)(forget_inferenceservice)
     kopf.timer(*ISVC, interval=settings.autoscale_interval_seconds, idle=0, when=_autoscaled,
                registry=reg)(autoscale_inferenceservice)
@@ -207,6 +217,26 @@ async def forget_inferenceservice(body: kopf.Body, memo: kopf.Memo, logger: kopf
     state: OperatorState = memo["state"]
     state.forget(key_of(body))
     logger.info("deleted; the garbage collector removes the children it owned")
+
+
+def _demand_changed(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None, **_: Any) -> bool:
+    """The router announced a held request (`Annotation.DEMANDED_AT` changed)."""
+    def demanded(body: Mapping[str, Any] | None) -> str | None:
+        return ((body or {}).get("metadata", {}).get("annotations") or {}).get(Annotation.DEMANDED_AT)
+
+    return demanded(new) is not None and demanded(new) != demanded(old)
+
+
+async def demand_inferenceservice(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger,
+                                  **_: Any) -> None:
+    """A request waits at the router of a fleet scaled to zero: one replica, now (the
+    autoscaling timer would see the held request too, an interval later)."""
+    state: OperatorState = memo["state"]
+    try:
+        isvc = desired_state(plain(body)).isvc
+    except InvalidSpec:
+        return
+    await autoscaler.wake_from_zero(isvc, state, logger=logger)
 
 
 def _autoscaled(body: kopf.Body, **_: Any) -> bool:

@@ -49,6 +49,7 @@ class Intent:
     role_services: Mapping[str, str] = field(default_factory=dict)  # role -> Service the router reads
     lora: bool = False  # LoRA on: status.adapters is kept
     adapters: tuple[str, ...] = ()  # spec.adapters' names, in order
+    scale_to_zero: bool = False  # autoscaling.minReplicas 0: zero replicas is a serving state
 
     @property
     def revision(self) -> str:
@@ -200,6 +201,11 @@ def compute_conditions(
     if not router.serving:
         ready = condition(ready_type, False, Reason.ROUTER_UNAVAILABLE,
                           "the router has no ready pod", gen)
+    elif total_wanted == 0 and intent.scale_to_zero:
+        # Idle, not broken: the router holds the next request while a replica starts.
+        ready = condition(ready_type, True, Reason.SCALED_TO_ZERO,
+                          f"scaled to zero replicas while idle; the router at {intent.url} holds "
+                          "requests while a replica starts", gen)
     elif total_wanted == 0:
         ready = condition(ready_type, False, Reason.SCALED_TO_ZERO,
                           f"scaled to zero replicas; the router stays up at {intent.url}", gen)

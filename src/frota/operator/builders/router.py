@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from frota.api import InferenceService
-from frota.api.contract import Label, Role
+from frota.api.contract import GROUP, PLURAL, Label, Role
 from frota.operator.builders import pods
 from frota.operator.builders.common import labels, metadata, selector_labels
 from frota.plan.topology import Topology
@@ -67,10 +67,15 @@ def service_account(isvc: InferenceService) -> dict[str, Any]:
 
 
 def role(isvc: InferenceService) -> dict[str, Any]:
-    """Read-only access to EndpointSlices in the namespace, nothing else."""
-    rule = {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
-            "verbs": ["get", "list", "watch"]}
-    return _router_object(isvc, RBAC, "Role", router_name(isvc), rules=[rule])
+    """Read-only access to EndpointSlices in the namespace; with scale to zero, also patching
+    its own InferenceService (the demand annotation, `Annotation.DEMANDED_AT`), nothing else."""
+    rules = [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
+              "verbs": ["get", "list", "watch"]}]
+    autoscaling = isvc.spec.autoscaling
+    if autoscaling is not None and autoscaling.scale_to_zero() is not None:
+        rules.append({"apiGroups": [GROUP], "resources": [PLURAL],
+                      "resourceNames": [isvc.metadata.name], "verbs": ["patch"]})
+    return _router_object(isvc, RBAC, "Role", router_name(isvc), rules=rules)
 
 
 def role_binding(isvc: InferenceService) -> dict[str, Any]:
