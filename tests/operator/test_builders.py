@@ -171,6 +171,10 @@ def test_with_scale_to_zero_the_router_may_patch_its_own_inferenceservice_and_no
     assert demand == {"apiGroups": ["frota.dev"], "resources": ["inferenceservices"],
                       "resourceNames": ["tiny"], "verbs": ["patch"]}
     kubernetes_validate.validate(role, "1.34.0", strict=True)
+    args = one(objs, "Deployment", "tiny-router")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--announce-demand") + 1] == "tiny"
+    assert args[args.index("--hold-seconds") + 1] == "120"  # scaleToZero's defaults
+    assert args[args.index("--max-held-requests") + 1] == "1024"
 
 
 def test_the_router_drains_as_long_as_a_worker_within_its_pod_termination_grace():

@@ -196,10 +196,16 @@ def router_args(spec: InferenceServiceSpec, adapters: tuple[AdapterLocation, ...
     """The router's flags beyond its policy.
 
     In front of vLLM it validates request bodies as Frota's workers do, so the fleet's
-    endpoint refuses the same requests whatever the runtime. With runtime loading on, it
+    endpoint refuses the same requests whatever the runtime. With scale to zero it holds
+    requests while a replica starts (who it tells is the deployment's: the operator's
+    builder, `frota up`). With runtime loading on, it
     serves the load and unload routes, loads on demand, and knows where the workers read
     the spec's adapters."""
     args: tuple[str, ...] = ("--validate-requests",) if spec.runtime.engine == "vllm" else ()
+    to_zero = spec.autoscaling.scale_to_zero() if spec.autoscaling is not None else None
+    if to_zero is not None:  # hold requests while a replica starts from zero
+        args += ("--hold-seconds", str(to_zero.holdSeconds),
+                 "--max-held-requests", str(to_zero.maxHeldRequests))
     if spec.lora is None or not spec.lora.allowRuntimeLoading:
         return args
     args += ("--lora-runtime-loading",)

@@ -24,6 +24,7 @@ from frota.router.admission import AdmissionController, Rejected
 from frota.router.discovery import Discovery
 from frota.router.errors import error_response, json_response
 from frota.router.health import WorkerPool
+from frota.router.hold import Announce, Hold, HoldConfig
 from frota.router.metrics import RouterMetrics
 from frota.router.policies import (
     LoadSignal,
@@ -67,6 +68,9 @@ class RouterConfig:
     adapters: AdapterConfig = field(default_factory=AdapterConfig)
     # Check completions and chat bodies against the fleet's models (frota.router.validation).
     validate_requests: bool = False
+    # Scale to zero: hold requests while no worker is ready, and say so (frota.router.hold).
+    hold: HoldConfig = field(default_factory=HoldConfig)
+    announce: Announce | None = None
 
 
 def read_api_keys(path: str | Path) -> frozenset[str]:
@@ -91,6 +95,7 @@ class Router:
             self.metrics, max_inflight=config.max_inflight, max_queue=config.max_queue,
             queue_timeout=config.queue_timeout)
         self.adapters = Adapters(config.adapters, self.metrics)
+        self.hold = Hold(config.hold, self.metrics, config.announce)
         self.session: aiohttp.ClientSession | None = None
         self.client: UpstreamClient | None = None
         self.pool: WorkerPool | None = None
@@ -108,7 +113,7 @@ class Router:
             self.session, self.metrics, probe_interval=self.config.probe_interval,
             probe_timeout=self.config.probe_timeout, eject_after=self.config.eject_after,
             scrape_metrics=self.policy.needs_worker_metrics)
-        self.adapters.session = self.session
+        self.adapters.session = self.hold.session = self.session
         self.adapters.attach(self.pool)
         self.proxy = Proxy(self.client, self.pool, self.policy, self.metrics, self.config.proxy)
         await self.discovery.start(self.session, self.pool.set_urls)
@@ -118,6 +123,7 @@ class Router:
                 self.config.probe_timeout, self.config.eject_after, self.adapters.attach)
 
     async def close(self) -> None:
+        await self.hold.close()
         if self.config.disagg is not None:
             await self.config.disagg.stop()
         await self.discovery.stop()
@@ -200,6 +206,13 @@ class RouterApp:
         if invalid is not None:
             router.metrics.requests.labels(endpoint, "400").inc()
             return invalid
+        router.metrics.last_request.set(time.time())
+        assert router.proxy is not None
+        held = None if router.proxy.pool.healthy() else await router.hold.until_serving(
+            router.proxy.pool)
+        if held is not None:
+            router.metrics.requests.labels(endpoint, str(held.status)).inc()
+            return held
         try:
             priority = int(request.headers.get(PRIORITY_HEADER, "0"))
         except ValueError:

@@ -117,6 +117,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--adapter-refresh", 10.0, "seconds between reads of a LoRA worker's /v1/models "
         "when its metrics show no change")
 
+    add = _flag_adder(parser.add_argument_group("scale to zero"))
+    add("--hold-seconds", 0.0, "hold a request that finds no ready worker this long (a "
+        "replica may be starting from zero) before a 503; 0: answer 503 at once")
+    add("--max-held-requests", 1024, "requests held at once; beyond it 503 at once")
+    add("--announce-demand", None, "kubernetes: when a request is held, mark the "
+        "InferenceService of this name (in --namespace) so the operator brings a replica "
+        "back at once")
+    add("--demand-url", None, "when a request is held, POST to this URL (frota up's "
+        "supervisor starts its workers)")
+
     add = _flag_adder(parser.add_argument_group("admission and retries"))
     add("--max-inflight", AdmissionDefault.MAX_INFLIGHT,
         "requests in flight across all workers (0: unlimited)")
@@ -157,17 +167,37 @@ def _disagg_enabled(args: argparse.Namespace) -> bool:
     return args.disagg_min_prompt_tokens is not None
 
 
-def _kubernetes(args: argparse.Namespace, selector: str):  # type: ignore[no-untyped-def]
-    from frota.router.discovery import KubeApi, KubernetesDiscovery
+def _kube_api(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """(the API server's address and credentials, the namespace) of --kubeconfig or the pod."""
+    from frota.router.discovery import KubeApi
 
-    if not args.selector:
-        raise SystemExit("frota router: --selector is required with --discovery kubernetes")
     api = KubeApi.from_kubeconfig(args.kubeconfig) if args.kubeconfig else KubeApi.in_cluster()
     namespace = args.namespace
     if not namespace:
         ns_file = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
         namespace = Path(ns_file).read_text().strip() if os.path.exists(ns_file) else "default"
+    return api, namespace
+
+
+def _kubernetes(args: argparse.Namespace, selector: str):  # type: ignore[no-untyped-def]
+    from frota.router.discovery import KubernetesDiscovery
+
+    if not args.selector:
+        raise SystemExit("frota router: --selector is required with --discovery kubernetes")
+    api, namespace = _kube_api(args)
     return KubernetesDiscovery(api, namespace, selector, port_name=args.port_name)
+
+
+def _announcer(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """How a held request announces the demand: --announce-demand, --demand-url, or not."""
+    from frota.router import hold
+
+    if args.announce_demand and args.demand_url:
+        raise SystemExit("frota router: give --announce-demand or --demand-url, not both")
+    if args.announce_demand:
+        api, namespace = _kube_api(args)
+        return hold.kubernetes_announcer(api, namespace, args.announce_demand)
+    return hold.url_announcer(args.demand_url) if args.demand_url else None
 
 
 def _disaggregation(args: argparse.Namespace):  # type: ignore[no-untyped-def]
@@ -193,6 +223,7 @@ def is_true(value: object) -> bool:
 def config_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from frota.router.adapters import AdapterConfig, parse_adapter_paths
     from frota.router.app import RouterConfig, read_api_keys
+    from frota.router.hold import HoldConfig
     from frota.router.proxy import ProxyConfig
 
     return RouterConfig(
@@ -212,6 +243,8 @@ def config_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         api_keys=read_api_keys(args.api_key_file) if args.api_key_file else frozenset(),
         disagg=_disaggregation(args),
         validate_requests=args.validate_requests,
+        hold=HoldConfig(seconds=args.hold_seconds, max_held=args.max_held_requests),
+        announce=_announcer(args),
         adapters=AdapterConfig(
             runtime_loading=is_true(args.lora_runtime_loading),
             paths=parse_adapter_paths(args.adapters), load_timeout=args.adapter_load_timeout,

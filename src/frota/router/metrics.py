@@ -68,6 +68,12 @@ class RouterMetrics:
             RouterMetric.INTER_TOKEN_LATENCY_SECONDS,
             "Time between consecutive chunks of a stream, as forwarded by the router.",
             buckets=ITL_BUCKETS)
+        self.held = gauge(RouterMetric.HELD_REQUESTS,
+                          "Requests held while no worker is ready (scale to zero: a replica starts).")
+        self.last_request = gauge(RouterMetric.LAST_REQUEST_TIMESTAMP,
+                                  "When the last request arrived (Unix time; the router's start "
+                                  "until one does): what scale to zero judges idleness by.")
+        self.last_request.set_to_current_time()
         self.adapter_loads = counter(
             RouterMetric.ADAPTER_LOADS, "LoRA adapter loads the router made on workers, by "
             "trigger (api: a load through the router, demand: a request for an adapter no "

@@ -51,7 +51,13 @@ def router_args(isvc: InferenceService, topology: Topology) -> list[str]:
         "--policy", topology.router.policy,
         "--drain-timeout", str(ROUTER_DRAIN_SECONDS),
         *topology.router.args,
+        *(["--announce-demand", isvc.metadata.name] if _scales_to_zero(isvc) else []),
     ]
+
+
+def _scales_to_zero(isvc: InferenceService) -> bool:
+    autoscaling = isvc.spec.autoscaling
+    return autoscaling is not None and autoscaling.scale_to_zero() is not None
 
 
 def _router_object(isvc: InferenceService, api_version: str, kind: str, name: str,
@@ -71,8 +77,7 @@ def role(isvc: InferenceService) -> dict[str, Any]:
     its own InferenceService (the demand annotation, `Annotation.DEMANDED_AT`), nothing else."""
     rules = [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
               "verbs": ["get", "list", "watch"]}]
-    autoscaling = isvc.spec.autoscaling
-    if autoscaling is not None and autoscaling.scale_to_zero() is not None:
+    if _scales_to_zero(isvc):
         rules.append({"apiGroups": [GROUP], "resources": [PLURAL],
                       "resourceNames": [isvc.metadata.name], "verbs": ["patch"]})
     return _router_object(isvc, RBAC, "Role", router_name(isvc), rules=rules)
