@@ -131,3 +131,27 @@ async def test_the_last_request_time_is_exported_for_idleness(start_worker, star
     async with router.session.post(router.url + "/v1/completions", json=BODY) as r:
         assert r.status == 200
     assert router.metric("frota_router_last_request_timestamp_seconds") > started
+
+
+async def test_on_a_cluster_the_demand_is_a_merge_patch_of_one_annotation_on_the_isvc():
+    from frota.router.discovery import KubeApi
+    from frota.router.hold import kubernetes_announcer
+
+    patches: list[tuple[str, str, dict, str]] = []
+
+    async def patch(request: web.Request) -> web.Response:
+        patches.append((request.path, request.content_type, await request.json(),
+                        request.headers.get("Authorization", "")))
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_patch("/apis/frota.dev/v1alpha1/namespaces/{ns}/inferenceservices/{name}", patch)
+    async with serving(app) as base, aiohttp.ClientSession() as session:
+        announce = kubernetes_announcer(KubeApi(base, token="sa-token"), "team-a", "smollm2")
+        await announce(session)
+    ((path, content_type, body, auth),) = patches
+    assert path == "/apis/frota.dev/v1alpha1/namespaces/team-a/inferenceservices/smollm2"
+    assert content_type == "application/merge-patch+json" and auth == "Bearer sa-token"
+    (stamp,) = body["metadata"]["annotations"].values()
+    assert list(body["metadata"]["annotations"]) == ["router.frota.dev/demanded-at"]
+    assert stamp.endswith("Z") and stamp.startswith("20")
