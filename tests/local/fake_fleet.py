@@ -4,7 +4,8 @@
 processes, so the tests of `frota up` itself (state file, status, signals,
 restarts) run in seconds without torch. Usage: `fake_fleet.py worker ARGS` or
 `fake_fleet.py router ARGS`; unknown flags are ignored, as the real ones
-would accept them.
+would accept them. With FAKE_REAL_ROUTER=1 the router is Frota's own, in front of fake
+workers.
 """
 
 from __future__ import annotations
@@ -125,6 +126,9 @@ def main() -> None:
     parser.add_argument("--workers", default="")
     parser.add_argument("--fail-on-start", action="store_true")
     args, _ = parser.parse_known_args()
+    if os.environ.get("FAKE_REAL_ROUTER") and args.command == "router":
+        # fake workers behind Frota's own router (what scale to zero needs: holding, metrics)
+        os.execv(sys.executable, [sys.executable, "-m", "frota.cli.main", *sys.argv[1:]])
     if os.environ.get("FAKE_WORKER_FAIL") and args.command == "worker":
         print("fake: cannot load the model", flush=True)
         sys.exit(7)

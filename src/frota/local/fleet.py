@@ -36,6 +36,8 @@ class FleetOptions:
     launcher: tuple[str, ...] = DEFAULT_LAUNCHER
     cpu_threads: int | None = None  # torch threads per rank; default: cores / ranks
     vllm: str = "vllm"  # the `vllm` command the vllm runtime's workers run
+    # Scale to zero: the router holds requests and POSTs here to have the workers started.
+    demand_url: str | None = None
 
 
 @dataclass(frozen=True)
@@ -134,10 +136,15 @@ def _router_spec(topology: LocalTopology, groups: list[GroupSpec], opts: FleetOp
     pools = [(flag, ",".join(by_role[role])) for flag, role in (
         ("--workers", "worker"), ("--prefill-workers", "prefill"), ("--decode-workers", "decode"))
         if by_role.get(role)]
+    hold: tuple[str, ...] = ()
+    if opts.demand_url is not None:
+        hold = ("--demand-url", opts.demand_url)
+        if "--hold-seconds" not in topology.router_args:  # --scale-to-zero on a plain manifest
+            hold += topology.hold_args
     argv = (*opts.launcher, "router", *(x for pool in pools for x in pool),
             *strip_flags(topology.router_args, {"--port", "--host", "--workers",
                                                  "--prefill-workers", "--decode-workers"}),
-            "--host", opts.host, "--port", str(opts.port))
+            *hold, "--host", opts.host, "--port", str(opts.port))
     return ProcessSpec(
         name="router", argv=argv, env={**topology.router_env, "FROTA_LOG_LEVEL": opts.log_level},
         port=opts.port,

@@ -50,3 +50,10 @@ def free_ports(count: int, start: int, host: str = "127.0.0.1",
             found.append(port)
         port += 1
     return found
+
+
+def any_free_port(host: str = "127.0.0.1") -> int:
+    """A port the OS says is free now (for a loopback server of `frota up`'s own)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])

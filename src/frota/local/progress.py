@@ -115,6 +115,8 @@ class Progress:
             self.info(f"{name} is not live: {detail}")
         elif kind == "killed":
             self.info(f"{name} killed: {detail}")
+        elif kind == "parked":
+            self.info(f"{name} stopped ({detail})")
 
     def tail(self, name: str, lines: list[str]) -> None:
         """The last lines of a failed process, always shown."""

@@ -142,6 +142,9 @@ class Supervisor:
         self.liveness_timeout = liveness_timeout
         self.liveness_failures = liveness_failures
         self._is_stopping = False
+        # Scale to zero: groups stopped on purpose (not restarted) until unparked.
+        self.parked: set[str] = set()
+        self._unparked: dict[str, asyncio.Event] = {g.name: asyncio.Event() for g in groups}
         self._tasks: list[asyncio.Task[None]] = []
         self._session: aiohttp.ClientSession | None = None
         atexit.register(self.kill_all_now)
@@ -264,12 +267,17 @@ class Supervisor:
         members = self.members[group]
         num_failures = 0
         while not self._is_stopping:
+            if group in self.parked:  # stopped on purpose: nothing to restart until unparked
+                await self._unparked[group].wait()
+                continue
             waits = [asyncio.ensure_future(m.proc.wait()) for m in members if m.proc]
             _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
             for fut in pending:
                 fut.cancel()
             if self._is_stopping:
                 return
+            if group in self.parked:
+                continue
             dead = next(m for m in members if not m.is_running)
             uptime = time.monotonic() - dead.started_at
             num_failures = 1 if uptime >= self.backoff_reset_after else num_failures + 1
@@ -293,6 +301,29 @@ class Supervisor:
     async def _wait_ready_or_exit(self, member: ManagedProcess) -> None:
         with contextlib.suppress(StartupError):
             await self._wait_ready(member)
+
+    # -- scale to zero ------------------------------------------------------
+
+    async def park(self, group: str) -> None:
+        """Stop a group on purpose: it is not restarted until `unpark`."""
+        if group in self.parked:
+            return
+        self.parked.add(group)
+        self._unparked[group].clear()
+        await asyncio.gather(*(self._stop_one(m) for m in self.members[group]))
+        self._on_event("parked", self.members[group][0], "idle: stopped until a request comes")
+
+    async def unpark(self, group: str, timeout: float) -> bool:
+        """Start a parked group again and wait until it is ready (True) or `timeout` passes."""
+        if group not in self.parked:
+            return True
+        await self._start_group(group)
+        self.parked.discard(group)
+        self._unparked[group].set()
+        waits = [self._wait_ready_or_exit(m) for m in self.members[group]]
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*waits), timeout)
+        return all(m.is_ready for m in self.members[group])
 
     # -- stop ---------------------------------------------------------------
 

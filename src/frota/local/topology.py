@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from frota.api import InferenceService
+from frota.api import InferenceService, ScaleToZero
 from frota.plan import planner
 from frota.plan.model_shapes import AdapterLocation
 from frota.plan.runtimes import FROTA_COMMAND
@@ -79,6 +79,10 @@ class LocalTopology:
     runtime: str = "frota"
     # Image-baked models the runtime reads as HF-layout directories: (alias, directory).
     conversions: tuple[tuple[str, str], ...] = ()
+    # spec.autoscaling.minReplicas 0: stop the workers after this many idle seconds.
+    idle_seconds: float | None = None
+    # The router's hold flags when scaling to zero (scaleToZero's, or its defaults).
+    hold_args: tuple[str, ...] = ()
 
     @property
     def max_world_size(self) -> int:
@@ -205,7 +209,12 @@ def plan(isvc: InferenceService) -> LocalTopology:
                      "workers of its own (vLLM's single-machine parallelism)")
     if topo.router.replicas > 1:
         notes.append(f"spec.router.replicas={topo.router.replicas}: one router runs locally")
-    if spec.autoscaling is not None:
+    to_zero = spec.autoscaling.scale_to_zero() if spec.autoscaling is not None else None
+    hold = to_zero or ScaleToZero()
+    if to_zero is not None:
+        notes.append(f"spec.autoscaling: replicas stay at spec.replicas locally; the workers "
+                     f"stop after {to_zero.idleSeconds} s without a request (scaleToZero)")
+    elif spec.autoscaling is not None:
         notes.append("spec.autoscaling is ignored locally (replicas stay at spec.replicas)")
     if spec.router.apiKeySecret is not None:
         notes.append("spec.router.apiKeySecret is ignored locally (no API key is required)")
@@ -224,6 +233,9 @@ def plan(isvc: InferenceService) -> LocalTopology:
         notes=tuple(notes),
         runtime=runtime,
         conversions=conversions,
+        idle_seconds=float(to_zero.idleSeconds) if to_zero is not None else None,
+        hold_args=("--hold-seconds", str(hold.holdSeconds),
+                   "--max-held-requests", str(hold.maxHeldRequests)),
     )
 
 

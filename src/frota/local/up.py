@@ -24,7 +24,8 @@ from pathlib import Path
 
 from frota.local import state
 from frota.local.fleet import DEFAULT_LAUNCHER, FleetOptions, LocalFleet, build
-from frota.local.ports import PortInUseError
+from frota.local.idle import WAKE_PATH, IdleScaler
+from frota.local.ports import PortInUseError, any_free_port
 from frota.local.progress import Progress
 from frota.local.supervisor import ManagedProcess, StartupError, Supervisor
 from frota.local.topology import LocalTopology, ManifestError, UnsupportedLocally, load, plan
@@ -53,6 +54,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds the fleet may take to become ready (default: 600)")
     parser.add_argument("--cpu-threads", type=int, default=None,
                         help="torch threads per worker rank (default: CPU cores / ranks)")
+    parser.add_argument("--scale-to-zero", type=float, default=None, metavar="SECONDS",
+                        help="stop the workers after SECONDS without a request; the router "
+                             "holds the next request while they start again (default: the "
+                             "manifest's spec.autoscaling.scaleToZero when minReplicas is 0)")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the processes it would start, and exit")
     parser.add_argument("--print-manifest", action="store_true",
@@ -87,9 +92,15 @@ def run(args: argparse.Namespace) -> int:
         topology = plan(isvc)
         launcher = tuple(shlex.split(args.launcher)) if args.launcher else DEFAULT_LAUNCHER
         vllm = find_vllm() if topology.runtime == "vllm" else None
+        idle = args.scale_to_zero if args.scale_to_zero is not None else topology.idle_seconds
+        if idle is not None and idle <= 0:
+            raise ManifestError("--scale-to-zero: give the idle time in seconds (more than 0)")
+        args.idle_seconds, args.wake_port = idle, any_free_port() if idle else None
+        demand_url = f"http://127.0.0.1:{args.wake_port}{WAKE_PATH}" if idle else None
         opts = FleetOptions(host=args.host, port=args.port, worker_base_port=args.worker_base_port,
                             log_level=args.log_level, launcher=launcher,
-                            cpu_threads=args.cpu_threads, vllm=vllm or "vllm")
+                            cpu_threads=args.cpu_threads, vllm=vllm or "vllm",
+                            demand_url=demand_url)
         fleet = build(topology, opts)
         if args.dry_run:
             _print_plan(topology, fleet)
@@ -201,6 +212,7 @@ async def _serve(topology: LocalTopology, fleet: LocalFleet, args: argparse.Name
     start = asyncio.create_task(sup.start(args.ready_timeout))
     stopped = asyncio.create_task(stop.wait())
     supervise: asyncio.Task[None] | None = None
+    idle: IdleScaler | None = None
     try:
         await asyncio.wait({start, stopped}, return_when=asyncio.FIRST_COMPLETED)
         if not start.done():
@@ -217,9 +229,18 @@ async def _serve(topology: LocalTopology, fleet: LocalFleet, args: argparse.Name
         _save_state(fleet_state, sup)
         _print_banner(topology, fleet, time.monotonic() - started)
         supervise = asyncio.create_task(sup.supervise())
+        if args.idle_seconds:
+            idle = IdleScaler(sup, [g.name for g in fleet.worker_groups], f"{fleet.url}/metrics",
+                              args.idle_seconds, args.ready_timeout, on_change=progress.info)
+            await idle.start(args.wake_port)
+            idle.run()
+            progress.info(f"scale to zero: the workers stop after {args.idle_seconds:g} s "
+                          "without a request and start again on the next one")
         await stopped
         return 0
     finally:
+        if idle is not None:
+            await idle.stop()
         if supervise is not None:
             supervise.cancel()
         await sup.stop()

@@ -237,6 +237,12 @@ class RouterApp:
                     await adapters.ensure_loaded(adapter, pool)
             ctx = RequestContext(request, route, started)
             response = await router.proxy.plan_for(ctx).execute(ctx)
+            if (response.status in (502, 503) and not response.prepared
+                    and not router.proxy.pool.healthy() and router.config.hold.seconds > 0):
+                # Its workers went away before the first byte (a fleet scaling to zero):
+                # held like a request that arrived now, then routed again.
+                held = await router.hold.until_serving(router.proxy.pool)
+                response = held or await router.proxy.plan_for(ctx).execute(ctx)
             if not request.client_gone:
                 status = str(response.status)
             return response

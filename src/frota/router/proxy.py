@@ -148,7 +148,10 @@ class Proxy:
             upstream = await self.client.request(
                 worker.url, request.method, request.target, headers, ctx.route.body)
         except UpstreamError as exc:
-            self.pool.record_failure(worker, f"request: {exc}")
+            # Refused: nothing listens there (stopped, scaled to zero): out of rotation now,
+            # not after `eject_after` more requests fail on it; its probe brings it back.
+            refused = isinstance(exc.__cause__, ConnectionRefusedError)
+            self.pool.record_failure(worker, f"request: {exc}", eject_now=refused)
             raise RetryableFailure(exc.reason) from exc
         self.metrics.upstream_latency.labels(worker.url).observe(time.perf_counter() - sent)
         status = upstream.status
