@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from frota.engine.kernels import build
+from frota.engine import kernels
 from frota.engine.lora import ops
 from frota.engine.lora.batch import build_batch
 from frota.engine.lora.slots import SlotProjection
@@ -47,7 +47,7 @@ def reference(y: torch.Tensor, x: torch.Tensor, proj: SlotProjection,
 
 
 def paths() -> list[str]:
-    return ["kernel", "torch"] if build.load("lora") is not None else ["torch"]
+    return ["kernel", "torch"] if kernels.cpu_kernels() is not None else ["torch"]
 
 
 def run(path: str, y: torch.Tensor, x: torch.Tensor, proj: SlotProjection, rows, monkeypatch):
@@ -92,7 +92,7 @@ def test_a_rows_delta_is_the_same_bits_batched_or_alone(path, monkeypatch):
 
 
 def test_the_kernel_refuses_rows_outside_the_batch_instead_of_reading_past_it():
-    kernel = build.load("lora")
+    kernel = kernels.cpu_kernels()
     if kernel is None:
         pytest.skip("the C++ kernels are off or cannot be built here (FROTA_CPU_KERNELS=0)")
     proj = projection(torch.float32)

@@ -46,9 +46,7 @@ def kernels_summary() -> str:
     built = f"prebuilt {level}" if level else "-march=native"
     quant = "quant kernels " + ("on" if build.load("quant") is not None else "off")
     amx = "AMX tiles " + ("on" if module.amx_available() else "off")
-    # An engine with LoRA on loads its gather kernel at start; without LoRA nothing is said.
-    lora = ", LoRA gather kernel" if build.loaded("lora") is not None else ""
-    return f"C++ kernels {built}, {quant}, {amx}{lora}"
+    return f"C++ kernels {built}, {quant}, {amx} (LoRA decode rows: the C++ gather)"
 
 
 def linears_summary(model: nn.Module) -> str:

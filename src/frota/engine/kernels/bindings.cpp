@@ -25,5 +25,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("amx_pack_weight", &amx_pack_weight, release, "an [N, K] bfloat16 weight in amx_linear's tile layout");
   m.def("amx_linear", &amx_linear, release, py::arg("x"), py::arg("packed"), py::arg("out_features"),
         py::arg("bias") = py::none(), "x @ W^T (+ bias) in bfloat16 on AMX tiles, W from amx_pack_weight");
+  m.def("lora_gather", &lora_gather, release,
+        "y[row] += (x[row] @ A[slot]) @ B_j[slot] for each listed row, in place (LoRA's BGMV)");
   bind_decode_stack(m);
 }

@@ -89,11 +89,6 @@ def load(kind: str) -> ModuleType | None:
     return _loaded[kind]
 
 
-def loaded(kind: str) -> ModuleType | None:
-    """The `kind` kernels module if this process has loaded it already; never builds."""
-    return _loaded.get(kind)
-
-
 def _load(ext: Extension) -> ModuleType | None:
     if not enabled(ext.kind):
         log.info("the C++ %s kernels are switched off; using %s", ext.kind, ext.fallback)

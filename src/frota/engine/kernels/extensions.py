@@ -46,17 +46,14 @@ class Extension:
 EXTENSIONS: dict[str, Extension] = {ext.kind: ext for ext in (
     Extension("attention", "frota_cpu_kernels",
               ("paged_attention.cpp", "decode_attention_avx512.cpp", "prefill_attention.cpp",
-               "prefill_attention_amx.cpp", "layer_ops.cpp", "amx_linear.cpp", "decode_stack.cpp", "bindings.cpp"),
+               "prefill_attention_amx.cpp", "layer_ops.cpp", "amx_linear.cpp", "decode_stack.cpp", "lora_ops.cpp",
+               "bindings.cpp"),
               (*BASE_CFLAGS, "-ffast-math", "-fopenmp"), ("-fopenmp",), "the PyTorch attention path"),
     # No -ffast-math here: it would let the compiler reorder their float32 sums (other last
     # bits). -fopenmp makes at::parallel_for split the weight rows over torch's own threads:
     # a batch-1 decode reads the weights with every core, not one.
     Extension("quant", "frota_quant", ("quant_ops.cpp",), (*BASE_CFLAGS, "-fopenmp"), ("-fopenmp",),
               "torch's ops"),
-    # LoRA's decode rows (BGMV), built and loaded only by engines with LoRA on. No
-    # -ffast-math: each row's float32 sums keep their order, batched or alone.
-    Extension("lora", "frota_lora", ("lora_ops.cpp",), (*BASE_CFLAGS, "-fopenmp"), ("-fopenmp",),
-              "torch's gather ops", headers=()),
 )}
 
 

@@ -35,6 +35,11 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at:
 bool prefill_attention_amx(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out,
                            double scale);
 
+// lora_ops.cpp: y[row] += (x[row] @ A[slot]) @ B_j[slot] for each listed decode row, in place
+// (LoRA's BGMV over the slot pool: A [slots, in, k*R], B_j [slots, R, width_j] at offsets[j]).
+void lora_gather(at::Tensor& y, const at::Tensor& x, const at::Tensor& a, const std::vector<at::Tensor>& b,
+                 const std::vector<int64_t>& offsets, const at::Tensor& rows, const at::Tensor& slots);
+
 // The quant extension's int4_mm(x, qs, d, m, group), which that module exports as a pointer
 // in a capsule of this name: each extension keeps its own compiler flags.
 using Int4MatmulFn = at::Tensor (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&,

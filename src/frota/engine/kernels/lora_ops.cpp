@@ -12,13 +12,15 @@
 //
 // Each row's result depends on its own x, A and B alone (no cross-row reduction), so a
 // request's delta does not change with what it is batched beside.
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
-#include <torch/extension.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <vector>
+
+#include "kernels.h"
 
 namespace {
 
@@ -139,9 +141,4 @@ void lora_gather(at::Tensor& y, const at::Tensor& x, const at::Tensor& a, const 
   if (xt == at::kBFloat16 && wt == at::kBFloat16)
     return lora_rows<c10::BFloat16, c10::BFloat16>(y, x, a, b, offsets, rows, slots);
   TORCH_CHECK(false, "lora_gather runs float32 or bfloat16 activations and adapters of the same dtype");
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("lora_gather", &lora_gather, py::call_guard<py::gil_scoped_release>(),
-        "y[row] += (x[row] @ A[slot]) @ B_j[slot] for each listed row, in place (BGMV)");
 }

@@ -22,7 +22,6 @@ import threading
 import torch
 
 from frota.api.memory import ModelShape
-from frota.engine.kernels import build
 from frota.engine.lora.adapter import LoadedAdapter, read_adapter
 from frota.engine.lora.errors import AdapterError, AdapterInfo
 from frota.engine.lora.layers import install
@@ -46,8 +45,6 @@ class LoRAManager:
         layers = layers if layers is not None else range(shape.num_layers)
         install(model)
         self.pool: SlotPool = build_pool(model, max_loras, max_rank, layers, shard, dtype, device)
-        if device.type == "cpu":
-            build.load("lora")  # built (or loaded) now, not in the first adapted decode step
         self.by_name: dict[str, LoadedAdapter] = {}
         self._lock = threading.Lock()  # loads are read off the engine thread (AsyncEngine)
         self._writes: list[tuple[int, str, str, int]] = []  # (slot, name, path, load_id)

@@ -1,7 +1,7 @@
 """The LoRA delta of one projection for a mixed batch: `y[t] += (x[t] @ A[s_t]) @ B[s_t]`.
 
 Decode rows go by gather (punica's BGMV): every adapter of the step in one call. On the CPU
-that is the C++ kernel `lora_ops.cpp`, which reads each row's A and B in place in the slot
+that is the C++ kernel `lora_ops.cpp` (in the attention kernels' module), which reads each row's A and B in place in the slot
 pool (bench/lora_ops.py: about a tenth of the torch gather's time, which copies them out
 first). Elsewhere, or with `FROTA_CPU_KERNELS=0`, each row's A and B are gathered by its
 slot and one batched matmul serves them all (torch ops; on CUDA untested until a GPU runs
@@ -14,7 +14,7 @@ from types import ModuleType
 
 import torch
 
-from frota.engine.kernels import build
+from frota.engine import kernels
 from frota.engine.lora.batch import LoRABatch
 from frota.engine.lora.slots import SlotProjection
 
@@ -26,7 +26,7 @@ def gather_kernel(x: torch.Tensor, proj: SlotProjection) -> ModuleType | None:
     """The C++ gather kernel when it runs these tensors (CPU, its dtypes), else None."""
     if x.device.type != "cpu" or x.dtype not in _KERNEL_DTYPES or proj.a.dtype != x.dtype:
         return None
-    return build.load("lora")
+    return kernels.cpu_kernels()
 
 
 def add_lora(y: torch.Tensor, x: torch.Tensor, proj: SlotProjection, batch: LoRABatch) -> torch.Tensor:
