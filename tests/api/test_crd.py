@@ -75,7 +75,7 @@ def test_scale_subresource_and_printer_columns():
     }
     assert "status" in version["subresources"]
     names = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert names == ["Ready", "Replicas", "Mode", "Model", "URL", "Age"]
+    assert names == ["Ready", "Replicas", "Mode", "Model", "URL", "Cache", "Age"]
 
 
 def test_short_name_does_not_clash_with_kserve():

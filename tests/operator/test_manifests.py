@@ -24,6 +24,7 @@ RESOURCES = {
     "Role": ("rbac.authorization.k8s.io", "roles"), "RoleBinding": ("rbac.authorization.k8s.io", "rolebindings"),
     "PodDisruptionBudget": ("policy", "poddisruptionbudgets"),
     "NetworkPolicy": ("networking.k8s.io", "networkpolicies"),
+    "PersistentVolumeClaim": ("", "persistentvolumeclaims"), "Job": ("batch", "jobs"),
 }
 
 
@@ -61,7 +62,11 @@ def test_rbac_has_no_wildcards():
 def test_operator_can_manage_every_child_kind_the_builders_emit():
     rules = cluster_role()["rules"]
     isvc = Spec().disaggregated().set("spec.autoscaling", {"maxReplicas": 3, "target": 4}).build()
+    cached = (Spec().set("spec.model.uri", "hf://org/repo")
+              .set("spec.model.cache", {"enabled": True}).build())
     kinds = {o["kind"] for o in build_children(isvc, plan(isvc))}
+    kinds |= {o["kind"] for o in build_children(cached, plan(cached))}
+    assert {"PersistentVolumeClaim", "Job"} <= kinds
     assert kinds <= set(RESOURCES)
     for kind in kinds:
         group, resource = RESOURCES[kind]

@@ -6,6 +6,7 @@ from frota.api.engine import (
     Engine,
     EnvVar,
     KVCache,
+    ModelCache,
     ModelSource,
     Quantization,
     SchedulerLimits,
@@ -29,7 +30,14 @@ from frota.api.fleet import (
 )
 from frota.api.resource import InferenceService, ObjectMeta
 from frota.api.spec import InferenceServiceSpec
-from frota.api.status import AdapterStatus, Capacity, Condition, InferenceServiceStatus, RoleStatus
+from frota.api.status import (
+    AdapterStatus,
+    Capacity,
+    Condition,
+    InferenceServiceStatus,
+    ModelCacheStatus,
+    RoleStatus,
+)
 
 __all__ = [
     "API_VERSION",
@@ -52,6 +60,8 @@ __all__ = [
     "InferenceServiceStatus",
     "KVCache",
     "LoRA",
+    "ModelCache",
+    "ModelCacheStatus",
     "ModelSource",
     "ObjectMeta",
     "Parallelism",

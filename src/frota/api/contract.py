@@ -96,6 +96,9 @@ CHILD_KINDS = (
     ChildKind("RoleBinding", "rbac.authorization.k8s.io/v1", "rolebindings"),
     ChildKind("PodDisruptionBudget", "policy/v1", "poddisruptionbudgets"),
     ChildKind("NetworkPolicy", "networking.k8s.io/v1", "networkpolicies"),
+    # spec.model.cache: the claim, and the Job that fills it (its state is status.modelCache).
+    ChildKind("PersistentVolumeClaim", "v1", "persistentvolumeclaims"),
+    ChildKind("Job", "batch/v1", "jobs"),
 )
 # What it only reads: the pods of its StatefulSets, the EndpointSlices of its Services.
 POD = ChildKind("Pod", "v1", "pods")

@@ -33,6 +33,8 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Mode", "type": "string", "jsonPath": ".status.mode", "description": "Colocated or Disaggregated."},
     {"name": "Model", "type": "string", "jsonPath": ".spec.model.name", "description": "Served model name."},
     {"name": "URL", "type": "string", "jsonPath": ".status.url", "description": "OpenAI base URL."},
+    {"name": "Cache", "type": "string", "jsonPath": ".status.modelCache.state", "priority": 1,
+     "description": "The shared model cache's state (spec.model.cache), with -o wide."},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

@@ -33,6 +33,31 @@ class CABundle(FrotaModel):
     )
 
 
+class ModelCache(FrotaModel):
+    """A PersistentVolumeClaim that one Job fills with the weights, mounted read-only by every worker."""
+
+    enabled: bool = Field(
+        default=False,
+        description=(
+            "Download `hf://`/`https://` weights (and, for the vllm runtime, convert them) once, "
+            "by a Job, into a PersistentVolumeClaim `<name>-model-cache` that every worker pod "
+            "mounts read-only, instead of once per pod into an emptyDir."
+        ),
+    )
+    size: Quantity = Field(default="20Gi", description="Storage the claim requests.")
+    storageClassName: str | None = Field(
+        default=None, max_length=253,
+        description="StorageClass of the claim; unset: the cluster's default.",
+    )
+    accessMode: Literal["ReadWriteOnce", "ReadWriteMany"] = Field(
+        default="ReadWriteOnce",
+        description=(
+            "ReadWriteOnce binds the workers to the node the volume attaches to (fine for one "
+            "node); ReadWriteMany lets workers on many nodes share it (needs such a storage class)."
+        ),
+    )
+
+
 class ModelSource(FrotaModel):
     """The model to serve: the name clients ask for, and where the weights come from."""
 
@@ -65,6 +90,10 @@ class ModelSource(FrotaModel):
     cacheSize: Quantity = Field(
         default="20Gi",
         description="Size limit of the emptyDir cache that `hf://`/`https://` weights are downloaded into.",
+    )
+    cache: ModelCache | None = Field(
+        default=None,
+        description="Download the weights once into a shared PersistentVolumeClaim (see ModelCache).",
     )
 
 

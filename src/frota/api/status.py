@@ -83,6 +83,18 @@ class AdapterStatus(FrotaModel):
     )
 
 
+class ModelCacheStatus(FrotaModel):
+    """spec.model.cache's Job: whether the weights are in the claim."""
+
+    state: Literal["Pending", "Downloading", "Ready", "Failed"] = Field(
+        description="Pending: the Job has not started; Downloading: it runs; Ready: the marker is written; Failed: the Job gave up."
+    )
+    bytes: int | None = Field(default=None, ge=0, description="Bytes in the cache, once Ready.")
+    percent: int | None = Field(default=None, ge=0, le=100, description="Progress of the download, where known.")
+    reason: str | None = Field(default=None, max_length=1024, description="Why the Job failed.")
+    job: str | None = Field(default=None, max_length=253, description="The Job that fills the cache.")
+
+
 class InferenceServiceStatus(FrotaModel):
     """Observed state of an InferenceService."""
 
@@ -117,4 +129,7 @@ class InferenceServiceStatus(FrotaModel):
             "Each LoRA adapter, from the spec or loaded at run time, and how many serving "
             "replicas have it (read from the workers' /v1/models); unset while LoRA is off."
         ),
+    )
+    modelCache: ModelCacheStatus | None = Field(
+        default=None, description="The shared model cache's Job (spec.model.cache); unset while the cache is off."
     )

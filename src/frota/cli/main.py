@@ -22,6 +22,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("frota.cli.generate", "generate text offline with the engine"),
     "eval": ("frota.cli.eval", "evaluate a model (perplexity)"),
     "fetch": ("frota.cli.fetch", "download a model or LoRA adapter (hf://, https://) into a directory"),
+    "cache": ("frota.cli.cache", "fill the shared model cache once (a Job), or wait for it (a worker's init)"),
     "convert": ("frota.cli.convert", "write a GGUF model as an HF-layout directory (vLLM workers)"),
     "operator": ("frota.operator.cli", "run the Kubernetes operator (kopf)"),
     "crd": ("frota.api.cli", "print the InferenceService CustomResourceDefinition"),

@@ -29,6 +29,7 @@ from frota.api.contract import (
     condition_event_reason,
 )
 from frota.operator.desired import Desired, InvalidSpec, desired_state
+from frota.operator.model_cache_status import model_cache_status
 from frota.operator.observe import (
     GroupView,
     Observed,
@@ -216,6 +217,10 @@ async def reconcile(
                         endpoints=endpoints, image_problems=observe_image_problems(children.pods))
     outcome.status = compute_status(desired.intent, observed, old=old_status, now=now(),
                                     reported_kv=reported_kv, reported_adapters=reported_adapters)
+    if job := next((o for o in desired.shared if o["kind"] == "Job"), None):  # spec.model.cache
+        name_ = job["metadata"]["name"]
+        cache = model_cache_status(children.find("Job", name_), name_, children.pods)
+        outcome.status = outcome.status.model_copy(update={"modelCache": cache})
     outcome.result = "converged" if is_settled(outcome.status) else "progressing"
     await _write_status(api, body, namespace, name, outcome.status, old_status)
     for type_, reason, message in outcome.events:

@@ -20,13 +20,16 @@ Trust: Python's default TLS context, so SSL_CERT_FILE (spec.model.caBundle) adds
 system's CAs stay trusted too. HF_TOKEN, when set, is sent as a bearer token to the URL's
 own host only (never along a redirect). Atomic: everything is written under
 DEST.partial-PID and renamed to DEST at the end; a failure removes it, so DEST is either
-the whole download or absent (or what was there before). A body shorter than its
-Content-Length is a failure. Every failure is a `FetchError` whose one-line message names
+the whole download or absent (or what was there before); the DEST.partial-* a killed run
+left (any pid) are removed before a new one starts, so they are never loaded. A body
+shorter than its Content-Length is a failure; a `#sha256=HEX` fragment on a single-file
+URL (.gguf or an archive) is checked against the body, and a mismatch is a failure. Every failure is a `FetchError` whose one-line message names
 the URI and what went wrong.
 """
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import os
 import shutil
@@ -74,18 +77,23 @@ def fetch(uri: str, dest: str | os.PathLike[str], kind: Kind = "auto") -> Path:
     target = Path(dest)
     partial = target.with_name(f"{target.name}.partial-{os.getpid()}")
     target.parent.mkdir(parents=True, exist_ok=True)
-    _remove(partial)  # left by an earlier run of the same pid (a container's pid 1)
+    # Left by an earlier run that was killed (a Job's retry, a container's pid 1): never loaded.
+    for stale in target.parent.glob(f"{glob_escape(target.name)}.partial-*"):
+        _remove(stale)
+    sha256 = expected_sha256(uri)
+    if sha256 is not None and not _path_of(uri).endswith((*ARCHIVE_SUFFIXES, ".gguf")):
+        raise FetchError(f"{uri}: a #sha256= fragment checks one file: a .gguf or an archive URL")
     try:
         if uri.startswith("hf://"):
             _from_hub(uri, partial, kind)
         elif not uri.startswith("https://"):
             raise FetchError(f"{uri}: only https:// and hf:// URIs can be downloaded")
         elif _path_of(uri).endswith(ARCHIVE_SUFFIXES):
-            _from_archive(uri, partial, kind)
+            _from_archive(uri, partial, kind, sha256)
         elif _path_of(uri).endswith(".gguf"):
             if kind == "adapter":
                 raise FetchError(f"{uri}: a .gguf file is a model, not a LoRA adapter")
-            _download(uri, uri, partial)
+            _download(uri, uri, partial, sha256)
         else:
             _from_directory(uri, partial, kind)
         _replace(partial, target)
@@ -139,10 +147,10 @@ def _weight_files(uri: str, partial: Path) -> list[str]:
     return shards
 
 
-def _from_archive(uri: str, partial: Path, kind: Kind) -> None:
+def _from_archive(uri: str, partial: Path, kind: Kind, sha256: str | None = None) -> None:
     archive = partial.with_name(partial.name + ".archive")
     try:
-        _download(uri, uri, archive)
+        _download(uri, uri, archive, sha256)
         partial.mkdir()
         _unpack(uri, archive, partial)
     finally:
@@ -211,9 +219,10 @@ def _optional(uri: str, name: str, partial: Path) -> bool:
     return True
 
 
-def _download(uri: str, url: str, to: Path) -> int:
+def _download(uri: str, url: str, to: Path, sha256: str | None = None) -> int:
     """GET `url` into the file `to`; the bytes written. Errors name `uri` and the file."""
     what = uri if url == uri else f"{uri}: {url.rsplit('/', 1)[-1].split('?', 1)[0]}"
+    url = urlunsplit(urlsplit(url)._replace(fragment=""))  # the fragment is ours, not the server's
     request = urllib.request.Request(url, headers={"User-Agent": "frota-fetch"})
     if token := os.environ.get("HF_TOKEN"):
         request.add_unredirected_header("Authorization", f"Bearer {token}")
@@ -221,7 +230,7 @@ def _download(uri: str, url: str, to: Path) -> int:
     try:
         with urllib.request.urlopen(request, timeout=TIMEOUT_S, context=_tls_context()) as response:
             expected = response.headers.get("Content-Length")
-            received = _copy(response, to)
+            received, digest = _copy(response, to)
     except urllib.error.HTTPError as exc:
         error = _NotFound if exc.code == 404 else FetchError
         raise error(f"{what}: HTTP {exc.code} {exc.reason}") from None
@@ -238,16 +247,37 @@ def _download(uri: str, url: str, to: Path) -> int:
         raise FetchError(f"{what}: {type(exc).__name__}: {_one_line(exc)}") from None
     if expected is not None and expected.isdigit() and int(expected) != received:
         raise FetchError(f"{what}: truncated: received {received} of {expected} bytes")
+    if sha256 is not None and digest != sha256:
+        raise FetchError(f"{what}: sha256 mismatch: the body's is {digest}, the URL's #sha256= {sha256}")
     return received
 
 
-def _copy(response: http.client.HTTPResponse, to: Path) -> int:
+def _copy(response: http.client.HTTPResponse, to: Path) -> tuple[int, str]:
     received = 0
+    digest = hashlib.sha256()
     with to.open("wb") as out:
         while chunk := response.read(CHUNK_BYTES):
             out.write(chunk)
+            digest.update(chunk)
             received += len(chunk)
-    return received
+    return received, digest.hexdigest()
+
+
+def expected_sha256(uri: str) -> str | None:
+    """The lowercase hex of a `#sha256=HEX` fragment, or None; a malformed one is a FetchError."""
+    fragment = urlsplit(uri).fragment if uri.startswith("https://") else ""
+    if not fragment.startswith("sha256="):
+        return None
+    value = fragment.removeprefix("sha256=").lower()
+    if len(value) != 64 or any(c not in "0123456789abcdef" for c in value):
+        raise FetchError(f"{uri}: #sha256= needs 64 hex digits")
+    return value
+
+
+def glob_escape(name: str) -> str:
+    import glob
+
+    return glob.escape(name)
 
 
 def _tls_context() -> ssl.SSLContext:

@@ -98,7 +98,7 @@ def ca_bundle(isvc: InferenceService) -> tuple[list, list, list]:
     return [volume], [mount], [{"name": "SSL_CERT_FILE", "value": CA_FILE}]
 
 
-def _fetch_env(isvc: InferenceService) -> list[dict[str, Any]]:
+def fetch_env(isvc: InferenceService) -> list[dict[str, Any]]:
     env = list(pods.WRITABLE_HOME_ENV)
     if isvc.spec.model.credentials is not None:
         env.append({"name": "HF_TOKEN",
@@ -110,7 +110,7 @@ def _fetch(isvc: InferenceService, name: str, volume: str, path: str, uri: str, 
            size: str | None = None) -> tuple[list, list, list]:
     """An init container running `frota fetch URI --dest DEST` into the emptyDir `volume`."""
     return _filled_by_frota(isvc, name, volume, path, ["fetch", uri, "--dest", dest],
-                            _fetch_env(isvc), FETCH_RESOURCES, size, ca_bundle(isvc)[1])
+                            fetch_env(isvc), FETCH_RESOURCES, size, ca_bundle(isvc)[1])
 
 
 def model_volumes(isvc: InferenceService, location: ModelLocation) -> tuple[list, list, list]:
@@ -120,6 +120,10 @@ def model_volumes(isvc: InferenceService, location: ModelLocation) -> tuple[list
         return [volume], [{"name": "model", "mountPath": MODELS_DIR, "readOnly": True}], []
     if location.delivery != "download":
         return [], [], []  # baked into the image, or generated (synthetic)
+    from frota.operator.builders import model_cache  # it builds on this module's helpers
+
+    if model_cache.enabled(isvc, location):
+        return model_cache.worker_volumes(isvc, location)  # the Job downloads, once
     return _fetch(isvc, "fetch-model", "model-cache", CACHE_DIR, location.uri, location.model_arg)
 
 
@@ -299,7 +303,10 @@ def role_service(isvc: InferenceService, role: str) -> dict[str, Any]:
 
 def worker_children(isvc: InferenceService, topology: Topology) -> list[dict[str, Any]]:
     """ConfigMap, role Services, and per group a headless Service plus a StatefulSet."""
-    out = [engine_configmap(isvc, topology)]
+    from frota.operator.builders.model_cache import cache_children
+
+    # The claim and the Job that fills it, before the pods that wait for it.
+    out = [engine_configmap(isvc, topology), *cache_children(isvc, topology.model)]
     out += [role_service(isvc, role) for role in topology.roles]
     for group in topology.groups:
         out.append(group_service(isvc, group))

@@ -1,0 +1,117 @@
+"""`frota cache fill URI --dest DIR/NAME` and `frota cache wait DIR --timeout S`: the two
+halves of spec.model.cache. The operator's Job runs `fill` once per InferenceService and
+model (it downloads with `frota.server.fetch`, atomically, then writes the marker
+DIR/.frota-cache.json LAST); every worker pod's init container runs `wait`, which only
+reads the read-only claim until the marker is there, so no pod ever downloads."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+MARKER = ".frota-cache.json"
+POLL_SECONDS = 2.0
+TERMINATION_LOG = "/dev/termination-log"  # the container's terminationMessagePath
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", required=True)
+    fill = sub.add_parser("fill", help="download URI to --dest, then write the marker beside it")
+    fill.add_argument("uri", help="hf://ORG/REPO or an https:// URL (as `frota fetch`)")
+    fill.add_argument("--dest", required=True, help="DIR/NAME: the download; the marker is DIR/" + MARKER)
+    wait = sub.add_parser("wait", help="wait until DIR/" + MARKER + " exists")
+    wait.add_argument("dir", help="the cache directory (the claim's subPath, mounted read-only)")
+    wait.add_argument("--timeout", type=float, default=3600.0, help="seconds (default 3600)")
+
+
+def files_of(path: Path) -> dict[str, dict[str, Any]]:
+    """Each regular file under `path` (or `path` itself): its size and sha256."""
+    paths = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    out: dict[str, dict[str, Any]] = {}
+    for p in paths:
+        digest = hashlib.sha256()
+        with p.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+        out[p.name if p == path else str(p.relative_to(path))] = {
+            "size": p.stat().st_size, "sha256": digest.hexdigest()}
+    return out
+
+
+def write_marker(dest: Path, uri: str, checked: list[str]) -> Path:
+    """DEST's files, what was checked while downloading, and when; written atomically."""
+    files = files_of(dest)
+    marker = dest.parent / MARKER
+    body = {"uri": uri, "path": dest.name, "checked": checked, "files": files,
+            "bytes": sum(f["size"] for f in files.values()),
+            "completedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    partial = marker.with_name(f"{MARKER}.partial-{os.getpid()}")
+    partial.write_text(json.dumps(body, indent=1, sort_keys=True))
+    partial.replace(marker)
+    return marker
+
+
+def read_marker(directory: Path) -> dict[str, Any] | None:
+    """The marker's contents, or None while it is absent or unreadable (not yet complete)."""
+    try:
+        body = json.loads((directory / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def wait_for_marker(directory: Path, timeout: float, poll: float = POLL_SECONDS) -> dict[str, Any] | None:
+    deadline = time.monotonic() + timeout
+    while True:
+        if (body := read_marker(directory)) is not None:
+            return body
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(min(poll, max(0.0, deadline - time.monotonic())))
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.action == "wait":
+        body = wait_for_marker(Path(args.dir), args.timeout)
+        if body is None:
+            print(f"frota cache wait: no {MARKER} in {args.dir} after {args.timeout:g}s: is the "
+                  "model-cache Job running? (kubectl get jobs)", file=sys.stderr)
+            return 1
+        print(f"frota cache wait: {body.get('uri')} is cached ({body.get('bytes')} bytes)", file=sys.stderr)
+        return 0
+    # Lazily: the command line sits above the data plane (tests/test_layering.py).
+    from frota.server.fetch import FetchError, expected_sha256, fetch
+
+    dest = Path(args.dest)
+    if (body := read_marker(dest.parent)) is not None and body.get("uri") == args.uri:
+        print(f"frota cache fill: {args.uri} is already cached in {dest.parent}", file=sys.stderr)
+        return 0  # a recreated Job finds the work done
+    try:
+        fetch(args.uri, dest, "model")
+        checked = ["content-length"] + (["sha256"] if expected_sha256(args.uri) else [])
+        marker = write_marker(dest, args.uri, checked)
+    except FetchError as exc:
+        print(f"frota cache fill: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"frota cache fill: {args.uri}: cannot write {dest}: {exc}", file=sys.stderr)
+        return 1
+    print(f"frota cache fill: {args.uri} -> {dest}", file=sys.stderr)
+    _report(json.loads(marker.read_text())["bytes"])
+    return 0
+
+
+def _report(size: int) -> None:
+    """{"bytes": N} as the container's termination message: what status.modelCache shows."""
+    log = Path(TERMINATION_LOG)
+    if not log.is_file():
+        return  # not in a pod: nothing to tell, and /dev is no place to create a file
+    with contextlib.suppress(OSError):
+        log.write_text(json.dumps({"bytes": size}))

@@ -1,0 +1,64 @@
+"""status.modelCache from the model-cache Job and its pods, as the watches see them.
+
+Only what the operator already reads: the Job's status (active, succeeded, its Failed
+condition) and its pods' container states. `frota cache fill` writes `{"bytes": N}` to
+its termination message when it succeeds, and the Job's container uses
+FallbackToLogsOnError, so a failed download's last log line (the FetchError) is the
+terminated state's message: no pods/log permission is needed. Progress while it runs is
+not reported (percent stays unset): the pod's log is the place to look."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from frota.api import ModelCacheStatus
+
+REASON_CHARS = 1024
+
+
+def model_cache_status(job: Mapping[str, Any] | None, name: str,
+                       pods: Sequence[Mapping[str, Any]] = ()) -> ModelCacheStatus:
+    """The state of the Job `name` (None: not created or not seen yet)."""
+    if job is None:
+        return ModelCacheStatus(state="Pending", job=name)
+    status = job.get("status") or {}
+    conditions = {c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"}
+    messages = _terminated(job, pods)
+    if "Complete" in conditions or status.get("succeeded"):
+        return ModelCacheStatus(state="Ready", job=name, percent=100, bytes=_bytes(messages))
+    if failed := conditions.get("Failed"):
+        why = f"{failed.get('reason', 'Failed')}: {failed.get('message', '')}".rstrip(": ")
+        last = next((m for m in reversed(messages) if m.strip()), "")
+        if last:
+            why = f"{why}: {' '.join(last.split())}"
+        return ModelCacheStatus(state="Failed", job=name, reason=why[:REASON_CHARS])
+    if status.get("active"):
+        return ModelCacheStatus(state="Downloading", job=name)
+    return ModelCacheStatus(state="Pending", job=name)
+
+
+def _terminated(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Termination messages of the Job's pods' containers, oldest pod first."""
+    uid = job.get("metadata", {}).get("uid")
+    mine = [p for p in pods if uid and any(
+        r.get("uid") == uid for r in p.get("metadata", {}).get("ownerReferences") or [])]
+    mine.sort(key=lambda p: p.get("metadata", {}).get("creationTimestamp") or "")
+    out = []
+    for pod in mine:
+        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+            if message := ((cs.get("state") or {}).get("terminated") or {}).get("message"):
+                out.append(message)
+    return out
+
+
+def _bytes(messages: Sequence[str]) -> int | None:
+    for message in reversed(messages):
+        try:
+            value = json.loads(message).get("bytes")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(value, int) and value >= 0:
+            return value
+    return None
