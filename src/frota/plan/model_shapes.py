@@ -79,7 +79,7 @@ def locate(uri: str) -> ModelLocation:
         repo = rest.removeprefix("//")
         return ModelLocation(uri, f"{CACHE_DIR}/{repo}", "download", None)
     if scheme == "https":
-        filename = rest.rstrip("/").rsplit("/", 1)[-1].split("?", 1)[0] or "model"
+        filename = rest.rstrip("/").rsplit("/", 1)[-1].split("#", 1)[0].split("?", 1)[0] or "model"
         return ModelLocation(uri, f"{CACHE_DIR}/{filename}", "download", None)
     raise UnknownModelError(
         f"unknown scheme {scheme!r}; use alias:, pvc://, hf://, https:// or synthetic:"

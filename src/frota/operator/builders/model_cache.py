@@ -25,6 +25,7 @@ BACKOFF_LIMIT = 4
 # A worker's init container waits this long for the Job, then fails and is restarted.
 WAIT_SECONDS = 3600
 COMPONENT = "model-cache"
+MARKER_WAIT_ARGS = ["cache", "wait", CACHE_DIR]
 
 
 def enabled(isvc: InferenceService, location: ModelLocation) -> bool:
@@ -110,7 +111,7 @@ def worker_volumes(isvc: InferenceService, location: ModelLocation) -> tuple[lis
         "image": isvc.spec.engine.image,
         "imagePullPolicy": isvc.spec.engine.imagePullPolicy,
         "command": ["frota"],
-        "args": ["cache", "wait", CACHE_DIR, "--timeout", str(WAIT_SECONDS)],
+        "args": [*MARKER_WAIT_ARGS, "--timeout", str(WAIT_SECONDS)],
         "env": list(pods.WRITABLE_HOME_ENV),
         "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
         "securityContext": pods.container_security_context(),

@@ -1,0 +1,113 @@
+"""`frota cache fill` and `frota cache wait` (spec.model.cache), and the fetch guarantees
+the cache relies on: a #sha256= fragment is checked, a killed run's partials are removed."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from frota.cli import cache
+from frota.cli.main import main
+from frota.server.fetch import FetchError, fetch_model
+from tests.cli.https_server import LocalCA, serving
+
+GGUF = b"GGUF" + bytes(range(256)) * 32
+SHA = hashlib.sha256(GGUF).hexdigest()
+
+
+@pytest.fixture(autouse=True)
+def trusted(local_ca: LocalCA, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SSL_CERT_FILE", str(local_ca.ca_cert))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+
+
+def test_a_matching_sha256_fragment_is_checked_and_the_fragment_never_sent(
+        local_ca: LocalCA, tmp_path: Path) -> None:
+    with serving(local_ca, {"/w/m.gguf": GGUF}) as base:
+        path = fetch_model(f"{base}/w/m.gguf#sha256={SHA.upper()}", tmp_path / "m.gguf")
+    assert path.read_bytes() == GGUF
+
+
+def test_a_sha256_mismatch_is_an_error_and_leaves_nothing(local_ca: LocalCA, tmp_path: Path) -> None:
+    wrong = "0" * 64
+    with serving(local_ca, {"/w/m.gguf": GGUF}) as base, pytest.raises(FetchError, match="sha256 mismatch"):
+        fetch_model(f"{base}/w/m.gguf#sha256={wrong}", tmp_path / "m.gguf")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("fragment", ["sha256=abc", "sha256=" + "g" * 64])
+def test_a_malformed_sha256_fragment_is_refused(local_ca: LocalCA, tmp_path: Path, fragment: str) -> None:
+    with pytest.raises(FetchError, match="64 hex digits"):
+        fetch_model(f"https://example.invalid/m.gguf#{fragment}", tmp_path / "m.gguf")
+
+
+def test_a_sha256_fragment_on_a_directory_url_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(FetchError, match="checks one file"):
+        fetch_model(f"https://example.invalid/model/#sha256={SHA}", tmp_path / "m")
+
+
+def test_partials_a_killed_run_left_are_removed_and_never_loaded(local_ca: LocalCA, tmp_path: Path) -> None:
+    # A Job pod killed mid-download leaves DEST.partial-PID (another pid than this run's).
+    stale = tmp_path / "m.gguf.partial-4242"
+    stale.mkdir()
+    (stale / "half").write_bytes(b"half a file")
+    (tmp_path / "m.gguf.partial-7").write_bytes(b"half")
+    with serving(local_ca, {"/w/m.gguf": GGUF}) as base:
+        fetch_model(f"{base}/w/m.gguf", tmp_path / "m.gguf")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf"]
+    assert (tmp_path / "m.gguf").read_bytes() == GGUF
+
+
+def test_fill_downloads_then_writes_the_marker_with_each_files_size_and_sha256(
+        local_ca: LocalCA, tmp_path: Path) -> None:
+    dest = tmp_path / "key" / "m.gguf"
+    uri_path = f"/w/m.gguf#sha256={SHA}"
+    with serving(local_ca, {"/w/m.gguf": GGUF}) as base:
+        assert main(["cache", "fill", base + uri_path, "--dest", str(dest)]) == 0
+    marker = json.loads((tmp_path / "key" / cache.MARKER).read_text())
+    assert marker["uri"] == base + uri_path
+    assert marker["files"] == {"m.gguf": {"size": len(GGUF), "sha256": SHA}}
+    assert marker["bytes"] == len(GGUF)
+    assert marker["checked"] == ["content-length", "sha256"]
+    assert marker["completedAt"].endswith("Z")
+    assert sorted(p.name for p in dest.parent.iterdir()) == [cache.MARKER, "m.gguf"]
+
+
+def test_fill_of_a_failing_download_writes_no_marker(local_ca: LocalCA, tmp_path: Path) -> None:
+    with serving(local_ca, {}) as base:
+        assert main(["cache", "fill", f"{base}/w/m.gguf", "--dest", str(tmp_path / "k" / "m.gguf")]) == 1
+    assert not (tmp_path / "k" / cache.MARKER).exists()
+
+
+def test_fill_finds_the_work_done_when_the_marker_names_the_uri(tmp_path: Path) -> None:
+    (tmp_path / cache.MARKER).write_text(json.dumps({"uri": "https://example.invalid/m.gguf"}))
+    # No server: a second download would fail.
+    assert main(["cache", "fill", "https://example.invalid/m.gguf", "--dest", str(tmp_path / "m.gguf")]) == 0
+
+
+def test_wait_returns_at_once_when_the_marker_is_there(tmp_path: Path) -> None:
+    (tmp_path / cache.MARKER).write_text(json.dumps({"uri": "hf://o/r", "bytes": 3}))
+    assert main(["cache", "wait", str(tmp_path), "--timeout", "0"]) == 0
+
+
+def test_wait_fails_after_its_timeout_without_a_marker(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "m.gguf.partial-1").write_bytes(b"half")  # a download under way is not enough
+    started = time.monotonic()
+    assert main(["cache", "wait", str(tmp_path), "--timeout", "0.3"]) == 1
+    assert 0.3 <= time.monotonic() - started < 5
+    assert "model-cache Job" in capsys.readouterr().err
+
+
+def test_wait_ignores_a_half_written_marker_and_returns_once_it_is_whole(tmp_path: Path) -> None:
+    (tmp_path / cache.MARKER).write_text('{"uri": ')  # not the Job's (it renames), but be safe
+    timer = threading.Timer(0.2, lambda: (tmp_path / cache.MARKER).write_text('{"uri": "x"}'))
+    timer.start()
+    try:
+        assert cache.wait_for_marker(tmp_path, timeout=5, poll=0.05) == {"uri": "x"}
+    finally:
+        timer.cancel()
