@@ -51,10 +51,11 @@ def test_one_claim_and_one_job_for_all_replicas_and_no_download_in_any_pod():
                                                                  "readOnly": True}} in pod["volumes"]
         [init] = pod["initContainers"]
         assert init["name"] == "wait-model-cache"
-        assert init["args"][:3] == ["cache", "wait", CACHE_DIR] == MARKER_WAIT_ARGS
+        assert init["args"] == [*MARKER_WAIT_ARGS, f"/model-cache/{key}", "--timeout", "3600"]
         assert all("fetch" not in c["args"] for c in pod["initContainers"])
+        # The init container sees the whole claim (no subPath the kubelet would create as root).
+        assert {"name": "model-cache", "mountPath": "/model-cache", "readOnly": True} in init["volumeMounts"]
         mount = {"name": "model-cache", "mountPath": CACHE_DIR, "subPath": key, "readOnly": True}
-        assert mount in init["volumeMounts"]
         assert mount in pod["containers"][0]["volumeMounts"]
     assert f"{CACHE_DIR}/org/repo" in json.dumps(statefulsets[0]["spec"]["template"]["spec"]["containers"][0])
 

@@ -25,7 +25,8 @@ BACKOFF_LIMIT = 4
 # A worker's init container waits this long for the Job, then fails and is restarted.
 WAIT_SECONDS = 3600
 COMPONENT = "model-cache"
-MARKER_WAIT_ARGS = ["cache", "wait", CACHE_DIR]
+MARKER_WAIT_ARGS = ["cache", "wait"]
+WAIT_MOUNT = "/model-cache"  # the whole claim, in the wait init container only
 
 
 def enabled(isvc: InferenceService, location: ModelLocation) -> bool:
@@ -103,19 +104,24 @@ def cache_children(isvc: InferenceService, location: ModelLocation) -> list[dict
 
 def worker_volumes(isvc: InferenceService, location: ModelLocation) -> tuple[list, list, list]:
     """(volumes, worker mounts, init containers): the claim's KEY directory read-only at
-    CACHE_DIR, and an init container that waits for the marker there."""
-    mount = {"name": VOLUME, "mountPath": CACHE_DIR, "subPath": cache_key(location), "readOnly": True}
+    CACHE_DIR, and an init container that waits for the marker there.
+
+    The init container mounts the whole claim, not the subPath: a subPath that does not
+    exist yet is created by the kubelet (owned by root), which the Job could then not
+    write into. By the time the worker container starts, the Job has made it."""
+    key = cache_key(location)
+    mount = {"name": VOLUME, "mountPath": CACHE_DIR, "subPath": key, "readOnly": True}
     _, tmp_mount = pods.tmp_volume()
     init = {
         "name": "wait-model-cache",
         "image": isvc.spec.engine.image,
         "imagePullPolicy": isvc.spec.engine.imagePullPolicy,
         "command": ["frota"],
-        "args": [*MARKER_WAIT_ARGS, "--timeout", str(WAIT_SECONDS)],
+        "args": [*MARKER_WAIT_ARGS, f"{WAIT_MOUNT}/{key}", "--timeout", str(WAIT_SECONDS)],
         "env": list(pods.WRITABLE_HOME_ENV),
         "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
         "securityContext": pods.container_security_context(),
-        "volumeMounts": [tmp_mount, mount],
+        "volumeMounts": [tmp_mount, {"name": VOLUME, "mountPath": WAIT_MOUNT, "readOnly": True}],
     }
     volume = {"name": VOLUME, "persistentVolumeClaim": {"claimName": claim_name(isvc), "readOnly": True}}
     return [volume], [mount], [init]
