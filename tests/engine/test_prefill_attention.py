@@ -8,8 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from frota.engine import kernels
+from frota.engine import numeric_paths as paths
 from frota.engine.attention import prefill_kernels
-from frota.engine.kernels import isa, paths
+from frota.engine.kernels import isa
 
 ops = kernels.cpu_kernels()
 _q32, _k32 = torch.zeros(1, 9, 64), torch.zeros(1, 3, 64)
