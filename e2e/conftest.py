@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -18,6 +19,7 @@ from e2e import fleet
 from e2e.kube import Cluster, make_namespace
 
 pytestmark = pytest.mark.e2e
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark everything under e2e/ as e2e."""
@@ -54,3 +56,14 @@ def ns(cluster: Cluster) -> Iterator[str]:
     fleet.install_operator(cluster)
     with fleet.fresh_namespace(cluster) as name:
         yield name
+
+
+@pytest.fixture(scope="session")
+def adapter_server(cluster: Cluster) -> Iterator[Any]:
+    """The in-cluster HTTPS server of LoRA adapters (e2e/adapter_server.py), in its own
+    namespace, shared by every module that serves adapters."""
+    # Imported here: it needs torch, which the other e2e modules do not.
+    from e2e import adapter_server as adapter_server_mod
+
+    with fleet.fresh_namespace(cluster) as name:
+        yield adapter_server_mod.start(cluster, name)

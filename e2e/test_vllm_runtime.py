@@ -25,7 +25,7 @@ PROMPT = "What is the capital of France? Answer in one word."
 VLLM_TIMEOUT = 600
 
 
-def sample(name: str) -> dict[str, Any]:
+def sample(name: str, adapter_uri: str, ca_bundle: dict[str, str]) -> dict[str, Any]:
     """The sample as users apply it, sized for the shared CI node: one replica, one CPU."""
     body = yaml.safe_load(SAMPLE.read_text())
     body["metadata"]["name"] = name
@@ -36,13 +36,19 @@ def sample(name: str) -> dict[str, Any]:
     # The images under test: vLLM's for the worker, Frota's for the conversion.
     spec["runtime"]["image"] = fleet.VLLM_IMAGE
     spec["engine"]["image"] = fleet.WORKER_IMAGE
+    # An adapter from the in-cluster HTTPS server (e2e/adapter_server.py), fetched by
+    # Frota's init container with the test CA, served by vLLM's --lora-modules.
+    spec["adapters"] = [{"name": "sql", "uri": adapter_uri}]
+    spec["model"]["caBundle"] = ca_bundle
+    spec["engine"]["lora"] = {"maxAdapters": 1, "maxRank": 8}
     return body
 
 
 @pytest.fixture(scope="module")
-def isvc(cluster: Cluster, ns: str) -> str:
+def isvc(cluster: Cluster, ns: str, adapter_server: Any) -> str:
     name = "smollm2-vllm"
-    cluster.apply(sample(name), namespace=ns)
+    ca = adapter_server.install_ca(cluster, ns)
+    cluster.apply(sample(name, adapter_server.uri("sql"), ca), namespace=ns)
     wait_ready(cluster, ns, name, timeout=VLLM_TIMEOUT)
     return name
 
@@ -52,10 +58,11 @@ def test_the_worker_pod_runs_vllm_from_its_image_on_a_converted_model(
 ) -> None:
     (pod,) = cluster.get("pods", namespace=ns, **{INSTANCE: isvc, ROLE: "worker"})
     spec, status = pod["spec"], pod["status"]
-    (init,) = spec["initContainers"]
-    assert init["image"] == fleet.WORKER_IMAGE and init["args"][0] == "convert", init
-    (init_status,) = status["initContainerStatuses"]
-    assert init_status["state"]["terminated"]["exitCode"] == 0, init_status
+    init = next(c for c in spec["initContainers"] if c.get("args", [""])[0] == "convert")
+    assert init["image"] == fleet.WORKER_IMAGE, init
+    assert any(c["name"].startswith("fetch-adapter") for c in spec["initContainers"])
+    for init_status in status["initContainerStatuses"]:
+        assert init_status["state"]["terminated"]["exitCode"] == 0, init_status
     (worker,) = spec["containers"]
     assert worker["image"] == fleet.VLLM_IMAGE
     assert worker["command"] == ["vllm", "serve"]
@@ -78,6 +85,21 @@ def test_vllm_serves_chat_streams_and_completions_through_the_router(
             client.chat.completions.create(
                 model="smollm2", messages=[{"role": "user", "content": PROMPT}],
                 max_tokens=100_000)
+
+
+def test_vllm_serves_the_https_adapter_listed_with_its_parent(
+    cluster: Cluster, ns: str, isvc: str
+) -> None:
+    with router_client(cluster, ns, isvc) as client:
+        models = {m.id: m for m in client.models.list().data}
+        assert set(models) == {"smollm2", "sql"}, models
+        assert getattr(models["sql"], "parent", None) == "smollm2", models["sql"]
+        base = chat(client, PROMPT, max_tokens=12)
+        reply = client.chat.completions.create(
+            model="sql", messages=[{"role": "user", "content": PROMPT}], max_tokens=12,
+            temperature=0)
+        tuned = reply.choices[0].message.content or ""
+    assert tuned and tuned != base, (tuned, base)
 
 
 def test_the_router_routes_to_the_vllm_worker_and_reads_its_load(

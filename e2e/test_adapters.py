@@ -1,0 +1,112 @@
+"""LoRA adapters on the cluster (issue 29): one adapter from an ``https://`` server inside
+the cluster (TLS from a CA made at test time, given by ``spec.model.caBundle``), one more
+loaded at run time through the router, requests routed by adapter name, unloading.
+
+One Frota InferenceService serves the module (one replica: a model load is the cost) and
+the tests run in file order: spec adapter, runtime load, status, unload.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from e2e import fleet
+from e2e.fleet import router_client, wait_ready
+from e2e.kube import Cluster, wait_until
+
+NAME = "lora"
+PROMPT = "Write one sentence about the sea."
+
+
+def ask(client: openai.OpenAI, model: str) -> str:
+    """One greedy completion under ``model`` (the base model's name or an adapter's)."""
+    reply = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": PROMPT}], max_tokens=12, temperature=0)
+    return reply.choices[0].message.content or ""
+
+
+def router_post(client: openai.OpenAI, path: str, body: dict[str, Any]) -> httpx.Response:
+    """POST to the router beside the openai client (the load/unload routes are not OpenAI's)."""
+    return httpx.post(f"{client.base_url}{path}", json=body, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def isvc(cluster: Cluster, ns: str, adapter_server: Any) -> str:
+    ca = adapter_server.install_ca(cluster, ns)
+    body = fleet.small_isvc(NAME, adapters=[{"name": "sql", "uri": adapter_server.uri("sql")}])
+    body["spec"]["model"]["caBundle"] = ca
+    body["spec"]["engine"]["lora"] = {"maxAdapters": 2, "maxRank": 8, "allowRuntimeLoading": True}
+    cluster.apply(body, namespace=ns)
+    wait_ready(cluster, ns, NAME)
+    return NAME
+
+
+@pytest.fixture(scope="module")
+def answers(cluster: Cluster, ns: str, isvc: str) -> dict[str, str]:
+    """Greedy answers by model name, filled in as the tests go."""
+    return {}
+
+
+def test_the_https_adapter_is_fetched_with_the_ca_and_listed_with_its_parent(
+    cluster: Cluster, ns: str, isvc: str, answers: dict[str, str]
+) -> None:
+    (pod,) = cluster.get("pods", namespace=ns, **{fleet.INSTANCE: isvc, fleet.ROLE: "worker"})
+    fetches = [c for c in pod["spec"]["initContainers"] if c["name"].startswith("fetch-adapter")]
+    assert fetches, [c["name"] for c in pod["spec"]["initContainers"]]
+    env = {e["name"]: e.get("value") for e in fetches[0].get("env", [])}
+    assert env.get("SSL_CERT_FILE") == "/etc/frota/ca/ca.crt", env
+    with router_client(cluster, ns, isvc) as client:
+        models = {m.id: m for m in client.models.list().data}
+        assert set(models) == {"smollm2", "sql"}, models
+        assert getattr(models["sql"], "parent", None) == "smollm2", models["sql"]
+        answers["smollm2"], answers["sql"] = ask(client, "smollm2"), ask(client, "sql")
+    assert answers["sql"] != answers["smollm2"], answers
+
+
+def test_an_adapter_loaded_through_the_router_from_https_serves(
+    cluster: Cluster, ns: str, isvc: str, answers: dict[str, str], adapter_server: Any
+) -> None:
+    with router_client(cluster, ns, isvc) as client:
+        reply = router_post(client, "load_lora_adapter",
+                            {"lora_name": "tone", "lora_path": adapter_server.uri("tone")})
+        assert reply.status_code == 200, reply.text
+        ids = wait_until("tone in the router's model list", lambda: (
+            ids := {m.id for m in client.models.list().data}) >= {"tone"} and ids, timeout=60)
+        assert ids == {"smollm2", "sql", "tone"}, ids
+        answers["tone"] = ask(client, "tone")
+        # Greedy: each adapter gives its own answer, and the base model its own again.
+        assert len({answers["smollm2"], answers["sql"], answers["tone"]}) == 3, answers
+        assert ask(client, "smollm2") == answers["smollm2"]
+        assert ask(client, "sql") == answers["sql"]
+
+
+def test_status_shows_both_adapters_resident_on_the_replica(
+    cluster: Cluster, ns: str, isvc: str
+) -> None:
+    def resident() -> dict[str, Any] | None:
+        adapters = {a["name"]: a for a in
+                    cluster.get("inferenceservice", isvc, ns)["status"].get("adapters") or []}
+        ok = all(adapters.get(n, {}).get("residentReplicas") == 1 for n in ("sql", "tone"))
+        return adapters if ok else None
+
+    adapters = wait_until("sql and tone resident in status.adapters", resident, timeout=90)
+    assert adapters["sql"]["source"] == "spec" and adapters["tone"]["source"] == "runtime", adapters
+    assert not any(a.get("lastError") for a in adapters.values()), adapters
+
+
+def test_unloading_one_adapter_leaves_the_others_serving(
+    cluster: Cluster, ns: str, isvc: str, answers: dict[str, str]
+) -> None:
+    with router_client(cluster, ns, isvc) as client:
+        reply = router_post(client, "unload_lora_adapter", {"lora_name": "tone"})
+        assert reply.status_code == 200, reply.text
+        with pytest.raises(openai.NotFoundError) as refused:
+            ask(client, "tone")
+        assert "model_not_found" in str(refused.value), refused.value
+        assert {m.id for m in client.models.list().data} == {"smollm2", "sql"}
+        assert ask(client, "sql") == answers["sql"]
+        assert ask(client, "smollm2") == answers["smollm2"]
