@@ -161,11 +161,12 @@ def chat(client: openai.OpenAI, prompt: str, max_tokens: int = 12) -> str:
     return reply.choices[0].message.content or ""
 
 
-def check_chat_stream_and_completion(client: openai.OpenAI, prompt: str) -> str:
+def check_chat_stream_and_completion(client: openai.OpenAI, prompt: str,
+                                     models: tuple[str, ...] = ("smollm2",)) -> str:
     """The OpenAI surface every serving fleet must answer, through its router: the model
     list, a greedy chat answer naming Paris, the same tokens streamed, a completion.
-    Returns the chat answer."""
-    assert [m.id for m in client.models.list().data] == ["smollm2"]
+    Returns the chat answer. ``models``: what /v1/models lists (the base, then any adapters)."""
+    assert [m.id for m in client.models.list().data] == list(models)
     messages = [{"role": "user", "content": prompt}]
     reply = client.chat.completions.create(model="smollm2", messages=messages,
                                            max_tokens=12, temperature=0)

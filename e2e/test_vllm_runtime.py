@@ -79,7 +79,7 @@ def test_vllm_serves_chat_streams_and_completions_through_the_router(
     cluster: Cluster, ns: str, isvc: str
 ) -> None:
     with router_client(cluster, ns, isvc) as client:
-        fleet.check_chat_stream_and_completion(client, PROMPT)
+        fleet.check_chat_stream_and_completion(client, PROMPT, models=("smollm2", "sql"))
         # A bad request is vLLM's own 4xx, passed through the router in OpenAI's shape.
         with pytest.raises(openai.BadRequestError):
             client.chat.completions.create(
