@@ -28,7 +28,7 @@ from typing import Any
 import kopf
 
 from frota.api import InferenceServiceStatus
-from frota.api.contract import EventReason
+from frota.api.contract import ConditionType, EventReason
 from frota.operator.reconcile import Outcome, reconcile
 from frota.operator.state import Key, OperatorState, key_of, plain
 from frota.operator.status import parse_status
@@ -105,6 +105,9 @@ async def reconcile_once(body: kopf.Body, state: OperatorState) -> Outcome:
         metrics.duration.observe(time.perf_counter() - started)
     if outcome.status is not None:
         state.last_status[key] = outcome.status
+        ready = any(c.type == ConditionType.READY and c.status == "True"
+                    for c in outcome.status.conditions)
+        metrics.ready.labels(*key).set(1 if ready else 0)
     metrics.reconciles.labels(outcome.result).inc()
     for ref in outcome.applied:
         metrics.applied.labels(ref.split("/", 1)[0]).inc()

@@ -49,3 +49,16 @@ class OperatorMetrics:
             "(prefill, decode: groups per unit; empty: spec.replicas).",
             ["namespace", "name", "role"], registry=self.registry,
         )
+        # What an alert on a fleet that is not Ready reads, without kube-state-metrics.
+        self.ready = Gauge(
+            "frota_operator_inferenceservice_ready",
+            "1 while the InferenceService's Ready condition is True, else 0 (as the operator "
+            "last wrote it).",
+            ["namespace", "name"], registry=self.registry,
+        )
+        # Zero from the start: increase() and rate() see the first error or restart only
+        # when the series existed before it.
+        for result in ("converged", "progressing", "invalid", "retry", "error"):
+            self.reconciles.labels(result)
+        for cause in ("rollout", "failure"):
+            self.group_restarts.labels(cause)

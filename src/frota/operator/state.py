@@ -10,6 +10,7 @@ InferenceService's reconcile loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -158,6 +159,8 @@ class OperatorState:
         self.last_status.pop(key, None)
         self.reported_kv.pop(key, None)
         self.reported_adapters.pop(key, None)
+        with contextlib.suppress(KeyError):  # never reconciled to a status
+            self.metrics.ready.remove(*key)
         for scaler in [k for k in self.scalers if k[:2] == key]:
             del self.scalers[scaler]
         self.unwatch(key)
