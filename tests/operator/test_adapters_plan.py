@@ -191,7 +191,7 @@ def test_with_lora_the_network_policy_admits_the_operator_to_read_the_adapters()
     assert from_operator["ports"] == [{"port": "http", "protocol": "TCP"}]
     plain = Spec().build()
     policy = next(o for o in build_children(plain, plan(plain)) if o["kind"] == "NetworkPolicy")
-    assert len(policy["spec"]["ingress"]) == 2
+    assert len(policy["spec"]["ingress"]) == 3  # router, monitoring, ranks
 
 
 def router_args(spec: Spec) -> list[str]:

@@ -201,12 +201,14 @@ def test_router_reads_the_api_key_from_a_mounted_secret_file():
     assert all("secretKeyRef" not in str(e) for e in container["env"])
 
 
-def test_network_policy_admits_only_the_router_and_the_fleets_own_ranks():
+def test_network_policy_admits_only_the_router_monitoring_and_the_fleets_own_ranks():
     policy = one(children(Spec()), "NetworkPolicy")["spec"]
     workers = policy["podSelector"]
     assert workers["matchExpressions"] == [
         {"key": "frota.dev/role", "operator": "In", "values": ["worker", "prefill", "decode"]}]
-    from_router, from_ranks = policy["ingress"]
+    from_router, from_monitoring, from_ranks = policy["ingress"]
+    assert from_monitoring == {"from": [{"namespaceSelector": {"matchLabels": {
+        "frota.dev/monitoring": "true"}}}], "ports": [{"port": "http", "protocol": "TCP"}]}
     assert from_router["from"][0]["podSelector"]["matchLabels"]["frota.dev/role"] == "router"
     assert from_router["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/instance"] == "tiny"
     assert from_ranks["from"][0]["podSelector"] == workers
@@ -214,7 +216,7 @@ def test_network_policy_admits_only_the_router_and_the_fleets_own_ranks():
 
 
 def test_network_policy_admits_the_operator_when_a_role_reads_its_workers_metrics():
-    assert len(one(children(Spec().disaggregated()), "NetworkPolicy")["spec"]["ingress"]) == 2
+    assert len(one(children(Spec().disaggregated()), "NetworkPolicy")["spec"]["ingress"]) == 3
     spec = Spec().disaggregated().set(
         "spec.disaggregation.decode.autoscaling", {"maxReplicas": 4, "target": 8})
     *_, from_operator = one(children(spec), "NetworkPolicy")["spec"]["ingress"]

@@ -41,16 +41,22 @@ def _worker_pods(isvc: InferenceService) -> dict[str, Any]:
 
 # The operator's pods (manifests/base/deployment.yaml), in whatever namespace it runs.
 OPERATOR_POD_LABELS = {Label.NAME: APP_NAME, Label.COMPONENT: "operator"}
+# A namespace with this label (its Prometheus) may scrape the workers' /metrics: a
+# NetworkPolicy cannot admit one path, so it admits the HTTP port (docs/operations.md).
+MONITORING_NAMESPACE_LABEL = "frota.dev/monitoring"
 
 
 def network_policy(isvc: InferenceService) -> dict[str, Any]:
-    """Workers accept HTTP only from this fleet's router (and the operator, when it reads a
-    role's metrics to autoscale it or the adapters they list), and anything from their own
-    fleet's ranks."""
+    """Workers accept HTTP only from this fleet's router, from namespaces labelled
+    `frota.dev/monitoring: "true"` (Prometheus), and from the operator when it reads a role's
+    metrics to autoscale it or the adapters they list; and anything from their own fleet's
+    ranks."""
     router_pods = {"matchLabels": selector_labels(isvc, **{Label.ROLE: "router"})}
     http = [{"port": "http", "protocol": "TCP"}]
+    monitoring = {"namespaceSelector": {"matchLabels": {MONITORING_NAMESPACE_LABEL: "true"}}}
     ingress: list[dict[str, Any]] = [
         {"from": [{"podSelector": router_pods}], "ports": http},
+        {"from": [monitoring], "ports": http},
         {"from": [{"podSelector": _worker_pods(isvc)}]},
     ]
     disagg = isvc.spec.disaggregation
