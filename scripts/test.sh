@@ -20,6 +20,8 @@ if [ "${FROTA_E2E:-1}" != 0 ]; then
   # (without the binaries they skip); cached, and needed by the e2e stage anyway.
   echo "== Kubernetes binaries (e2e/cluster/build.sh; cached)"
   bash e2e/cluster/build.sh >/dev/null
+  echo "== Helm (e2e/cluster/helm.sh; cached)"
+  bash e2e/cluster/helm.sh >/dev/null
 fi
 echo "== pytest (unit + integration)"
 export FROTA_STRICT_SKIPS=1  # a skip for what this script provides fails (tests/conftest.py)
