@@ -1,0 +1,5 @@
+module frota.dev/monitoring/dashboards/gen
+
+go 1.24
+
+require github.com/grafana/grafana-foundation-sdk/go v0.0.22
