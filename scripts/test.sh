@@ -22,6 +22,8 @@ if [ "${FROTA_E2E:-1}" != 0 ]; then
   bash e2e/cluster/build.sh >/dev/null
   echo "== Helm (e2e/cluster/helm.sh; cached)"
   bash e2e/cluster/helm.sh >/dev/null
+  echo "== Prometheus and promtool (e2e/cluster/prometheus.sh; cached)"
+  bash e2e/cluster/prometheus.sh >/dev/null
 fi
 echo "== pytest (unit + integration)"
 export FROTA_STRICT_SKIPS=1  # a skip for what this script provides fails (tests/conftest.py)

@@ -44,6 +44,8 @@ PROVIDED: tuple[tuple[str, str, Callable[[], bool]], ...] = (
      lambda: os.environ.get("FROTA_E2E", "1") != "0"),
     ("no cached helm binary", "scripts/test.sh runs e2e/cluster/helm.sh",
      lambda: os.environ.get("FROTA_E2E", "1") != "0"),
+    ("no cached prometheus binary", "scripts/test.sh runs e2e/cluster/prometheus.sh",
+     lambda: os.environ.get("FROTA_E2E", "1") != "0"),
     ("no `vllm` command", "scripts/test.sh runs scripts/vllm-env.sh and sets FROTA_VLLM",
      lambda: os.environ.get("FROTA_VLLM_TESTS", "1") != "0"),
 )
