@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import secrets
 
 from frota.operator.settings import OperatorSettings
 
@@ -34,12 +35,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     peering.add_argument("--standalone", action="store_true",
                          help="run without peering (a single replica, or tests)")
+    parser.add_argument("--priority", type=int, default=_env_priority(), metavar="N",
+                        help="this replica's peering priority: the highest live one is active "
+                             "(env FROTA_OPERATOR_PRIORITY; default: drawn at random per start, "
+                             "so that two replicas never tie)")
     parser.add_argument("--autoscale-interval", type=float, default=15.0, metavar="SECONDS",
                         help="how often autoscaled InferenceServices read the router's metrics")
     parser.add_argument("--capacity-report-interval", type=float, default=30.0, metavar="SECONDS",
                         help="how often InferenceServices read the KV cache their serving "
                              "workers report (status.capacity)")
     parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
+
+
+def _env_priority() -> int | None:
+    value = os.environ.get("FROTA_OPERATOR_PRIORITY", "")
+    return int(value) if value else None
+
+
+def peering_priority(args: argparse.Namespace) -> int:
+    """This replica's kopf peering priority.
+
+    kopf pauses *every* replica when two live peers share a priority ("possibly conflicting
+    operators"), so replicas started from one Deployment, which share their flags, must not
+    share kopf's default of 0. Unless set, each start draws one from 2**31 values: the
+    chance that two replicas tie is one in two billion, and a restart draws again.
+    """
+    if args.priority is not None:
+        return args.priority
+    return 1 + secrets.randbelow(2**31 - 1)
 
 
 def settings_of(args: argparse.Namespace) -> OperatorSettings:
@@ -69,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
         namespaces=list(settings.namespaces),
         standalone=args.standalone or None,
         peering_name=args.peering,
+        priority=peering_priority(args),
         liveness_endpoint=args.liveness or None,
         memo=kopf.Memo(state=state),
     )
