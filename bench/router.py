@@ -4,17 +4,23 @@
     python bench/router.py --prefix     # prefix-cache hit rate: round-robin vs prefix-aware
     python bench/router.py --disagg     # colocated vs disaggregated prefill/decode (router_disagg.py)
 
---overhead runs the same load (streaming, concurrency 64) against a worker
-directly and through `frota router`, in one run, the targets taking turns over
-`--passes`, and reports the TTFT difference. Each target has one client whose
-connections stay open (warmed up first), as the `openai` client's do; each pass
-also sends one burst on new connections, reported apart (`cold_connections`). By
-default the worker is a STAND-IN (this file, `--stand-in-serve`): an aiohttp
-server that streams fixed tokens at a fixed pace and runs no model. It exists to
-isolate the router's overhead; it says nothing about model speed. `--backend
-smollm2` runs the same measurement against a real `frota worker --model smollm2`.
-When the `vllm-router` binary is found (`--vllm-router PATH`, or on PATH), the
-same load also runs through it, with its CPU per request.
+--overhead measures what a router adds. For each concurrency (`--concurrency`, default
+64,256,1000) and for streaming and non-streaming requests (`--streaming`), it runs
+`--passes` passes (5); in each, the targets (the worker directly, `frota router`, and
+vllm-router when its binary is found: `--vllm-router PATH`, on PATH, or
+/tmp/vr/bin/vllm-router from `pip install vllm-router`) take turns on the same load, in
+an order that rotates per pass. Each target has one client whose connections stay open
+(warmed up first), as the `openai` client's do. A router's added TTFT is paired per
+pass (its p50 minus the direct p50 of the same pass, likewise p99), and every figure
+is the median over passes with its min-max; Frota against vllm-router is paired per
+pass too (`frota_minus_vllm_router`). With two cores or more the router under test
+runs alone on one core (`taskset`), the load generator and the stand-in worker on the
+other; the JSON's `cores` says what shared a core (`--no-pin` turns it off). `--quick`
+is a smoke run (concurrency 64, streaming, 3 passes). By default the worker is a
+STAND-IN (this file, `--stand-in-serve`): an aiohttp server that streams fixed tokens at
+a fixed pace and runs no model. It exists to isolate the router's overhead; it says
+nothing about model speed. `--backend smollm2` runs the same measurement against a real
+`frota worker --model smollm2`.
 
 --prefix starts two workers and runs a workload through the router twice, with
 round-robin and with prefix-aware, restarting the workers in between so both
@@ -190,7 +196,8 @@ def serve_stand_in(args: argparse.Namespace) -> None:
 
 def start_worker(args: argparse.Namespace, name: str, log_dir: Path, *,
                  cache_blocks: int = 0, num_kv_blocks: int | None = None,
-                 threads: int | None = None) -> ServingProcess:
+                 threads: int | None = None,
+                 cores: list[int] | None = None) -> ServingProcess:
     """A stand-in (`cache_blocks`: its simulated prefix cache) or a real worker
     (`num_kv_blocks`: its KV cache size; None sizes it from memory; `threads`: its
     torch intra-op threads, so that workers sharing the machine do not oversubscribe
@@ -209,16 +216,17 @@ def start_worker(args: argparse.Namespace, name: str, log_dir: Path, *,
         if num_kv_blocks:
             argv += ["--num-kv-blocks", str(num_kv_blocks)]
     env = {"OMP_NUM_THREADS": str(threads)} if threads else None
-    return ServingProcess(name, argv, port, log_dir / f"{name}.log", env)
+    return ServingProcess(name, pinned(argv, cores), port, log_dir / f"{name}.log", env)
 
 
 def start_router(workers: list[ServingProcess], policy: str, log_dir: Path,
-                 name: str = "router", extra: list[str] | None = None) -> ServingProcess:
+                 name: str = "router", extra: list[str] | None = None,
+                 cores: list[int] | None = None) -> ServingProcess:
     port = free_port()
     argv = frota_argv("router", "--policy", policy, "--max-inflight", "0",
                       "--workers", ",".join(w.url for w in workers), "--log-level", "warning",
                       *(extra or []), port=port)
-    return ServingProcess(name, argv, port, log_dir / f"{name}.log")
+    return ServingProcess(name, pinned(argv, cores), port, log_dir / f"{name}.log")
 
 
 def find_vllm_router(path: str | None) -> str | None:
@@ -231,11 +239,12 @@ def find_vllm_router(path: str | None) -> str | None:
 
 
 def start_vllm_router(binary: str, workers: list[ServingProcess],
-                      log_dir: Path) -> ServingProcess:
+                      log_dir: Path, cores: list[int] | None = None) -> ServingProcess:
     port = free_port()
     argv = [binary, "--host", "127.0.0.1", "--port", str(port), "--policy", "round_robin",
             "--worker-urls", *[w.url for w in workers]]
-    return ServingProcess("vllm-router", argv, port, log_dir / "vllm-router.log")
+    return ServingProcess("vllm-router", pinned(argv, cores), port,
+                          log_dir / "vllm-router.log")
 
 
 # --------------------------------------------------------------------------- load
@@ -313,136 +322,240 @@ def ms(seconds: float) -> float:
 
 # --------------------------------------------------------------------------- --overhead
 
+# Which core each process gets, where the machine has two or more: the router being
+# measured alone on one, the load generator and the stand-in worker on the other.
+# Only one router carries load at a time (the targets take turns), so the two routers
+# never compete with each other.
+ROUTER_CORE, LOAD_CORE = 1, 0
+
+
+def core_layout() -> dict[str, Any] | None:
+    """The pinning for this machine, or None (one core, or no `taskset`)."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2 or not shutil.which("taskset"):
+        return None
+    return {"router": [cores[ROUTER_CORE]], "load_generator": [cores[LOAD_CORE]],
+            "stand_in_worker": [cores[LOAD_CORE]],
+            "shared": "the load generator and the stand-in worker share one core; the "
+                      "router under test has the other to itself (the idle router and "
+                      "other users' processes are not pinned and may run on either)"}
+
+
+def pinned(argv: list[str], cores: list[int] | None) -> list[str]:
+    """`argv` under `taskset` (exec'd, so the pid, hence the CPU accounting, is the
+    server's own, and every thread it starts inherits the mask)."""
+    return ["taskset", "-c", ",".join(map(str, cores)), *argv] if cores else argv
+
+
+async def request_one(session: aiohttp.ClientSession, url: str,
+                      body: dict[str, Any]) -> Result:
+    """A streaming request (TTFT: the first body chunk) or a non-streaming one (TTFT:
+    the whole answer, which is then the first byte that is of any use)."""
+    if body.get("stream"):
+        return await stream_one(session, url, body)
+    started = time.perf_counter()
+    try:
+        async with session.post(url + "/v1/completions", json=body) as resp:
+            data = await resp.read()
+            elapsed = time.perf_counter() - started
+            return Result(elapsed, elapsed, resp.status == 200 and b'"choices"' in data)
+    except (aiohttp.ClientError, TimeoutError):
+        return Result(float("nan"), time.perf_counter() - started, False)
+
+
+async def load_on(session: aiohttp.ClientSession, url: str, body: dict[str, Any],
+                  requests: int, concurrency: int) -> list[Result]:
+    semaphore = asyncio.Semaphore(concurrency)
+
+    async def one() -> Result:
+        async with semaphore:
+            return await request_one(session, url, body)
+    return await asyncio.gather(*(one() for _ in range(requests)))
+
+
+def rss_mib(proc: ServingProcess) -> float:
+    """Resident memory of the process and its children, MiB."""
+    import psutil
+
+    process = psutil.Process(proc.popen.pid)
+    return sum(p.memory_info().rss for p in [process, *process.children(recursive=True)]
+               ) / 2**20
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """Median over passes, with min and max."""
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    median = (ordered[mid] if len(ordered) % 2
+              else (ordered[mid - 1] + ordered[mid]) / 2)
+    return {"median": round(median, 3), "min": round(ordered[0], 3),
+            "max": round(ordered[-1], 3)}
+
+
 async def overhead(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
-    worker = start_worker(args, "worker", log_dir)
+    """For each concurrency and each of streaming / non-streaming, `--passes` passes; in
+    each pass every target (direct, Frota, vllm-router) runs the same load in turn, in
+    an order that rotates per pass. A router's added TTFT is paired: its pass's p50
+    (p99) minus the direct p50 (p99) of the same pass, so drift over the run (other
+    users, thermal, the page cache) hits both sides of each difference alike. Figures
+    are medians over passes with min-max; Frota against vllm-router is also paired
+    per pass (`frota_minus_vllm_router`)."""
+    layout = core_layout() if not args.no_pin else None
+    if layout:
+        os.sched_setaffinity(0, layout["load_generator"])
+    router_cores = layout["router"] if layout else None
+    worker = start_worker(args, "worker", log_dir,
+                          cores=layout["stand_in_worker"] if layout else None)
     procs = [worker]
     try:
         await worker.wait_ready_async(args.ready_timeout)
-        router = start_router([worker], "round-robin", log_dir)
+        router = start_router([worker], "round-robin", log_dir, cores=router_cores)
         procs.append(router)
         await router.wait_ready_async(60)
         vllm_binary = find_vllm_router(args.vllm_router)
-        vllm_router = None
+        routers: dict[str, ServingProcess] = {"frota": router}
         if vllm_binary:
-            vllm_router = start_vllm_router(vllm_binary, [worker], log_dir)
+            vllm_router = start_vllm_router(vllm_binary, [worker], log_dir, cores=router_cores)
             procs.append(vllm_router)
             await vllm_router.wait_ready_async(60, path="/health")
-        body = {"model": args.model_name, "prompt": "Say hello to the router benchmark.",
-                "max_tokens": args.max_tokens, "stream": True, "temperature": 0}
-        targets = {"direct": worker.url, "frota": router.url}
-        if vllm_router:
-            targets["vllm-router"] = vllm_router.url
-        ttfts: dict[str, list[float]] = {k: [] for k in targets}
-        cold: dict[str, list[float]] = {k: [] for k in targets}
-        failures: dict[str, int] = dict.fromkeys(targets, 0)
-        # Steady state: each target has one client whose connections stay open (as the
-        # openai client's do), warmed up first. Separately, each pass also sends one
-        # burst of `concurrency` requests on new connections, reported as `cold_connections`.
-        sessions = {name: client_session() for name in targets}
-        warm = [body] * args.concurrency
-        for name, url in targets.items():
-            await run_load(url, warm, args.concurrency, sessions[name])
-        routers = {"frota": router, "vllm-router": vllm_router}
-        cpu = dict.fromkeys(targets, 0.0)
-        per_pass = max(args.concurrency, args.requests // args.passes)
-        try:
-            for _ in range(args.passes):  # alternate, so drift hits every target alike
-                for name, url in targets.items():
-                    proc = routers.get(name)
-                    before = proc.cpu_seconds() if proc else 0.0
-                    results = await run_load(url, [body] * per_pass, args.concurrency,
-                                             sessions[name])
-                    if proc:
-                        cpu[name] += proc.cpu_seconds() - before
-                    ttfts[name] += [r.ttft for r in results if r.ok]
-                    failures[name] += sum(not r.ok for r in results)
-                    burst = await run_load(url, warm, args.concurrency)  # new connections
-                    cold[name] += [r.ttft for r in burst if r.ok]
-                    failures[name] += sum(not r.ok for r in burst)
-        finally:
-            for session in sessions.values():
-                await session.close()
-        num_requests = per_pass * args.passes
-        p = {name: {"p50": pct(v, 50), "p99": pct(v, 99)} for name, v in ttfts.items()}
-        added_p50 = p["frota"]["p50"] - p["direct"]["p50"]
-        added_p99 = p["frota"]["p99"] - p["direct"]["p99"]
+            routers["vllm-router"] = vllm_router
+        targets = {"direct": worker.url, **{name: p.url for name, p in routers.items()}}
+        modes = {"stream": [True], "no-stream": [False], "both": [True, False]}[args.streaming]
+        runs = []
+        distributions: dict[str, list[float]] = {}
+        for concurrency in [int(c) for c in str(args.concurrency).split(",")]:
+            for stream in modes:
+                run, ttfts = await overhead_run(args, targets, routers, concurrency, stream)
+                runs.append(run)
+                distributions.setdefault(f"{concurrency}-{'stream' if stream else 'full'}",
+                                         ttfts["frota"])
+                print(json.dumps(run), file=sys.stderr, flush=True)  # progress
         out: dict[str, Any] = {
             "mode": "overhead",
             "backend": STAND_IN_LABEL if args.backend == "stand-in" else "frota worker smollm2",
-            "concurrency": args.concurrency, "requests_per_target": num_requests,
-            "max_tokens": args.max_tokens, "streaming": True,
-            "direct_ttft_p50_ms": ms(p["direct"]["p50"]),
-            "direct_ttft_p99_ms": ms(p["direct"]["p99"]),
-            "router_ttft_p50_ms": ms(p["frota"]["p50"]),
-            "router_ttft_p99_ms": ms(p["frota"]["p99"]),
-            "added_latency_p50_ms": ms(added_p50), "added_latency_p99_ms": ms(added_p99),
-            "router_cpu_ms_per_request": round(cpu["frota"] / num_requests * 1000, 3),
-            "failed_requests": failures,
-            "cold_connections": {  # bursts of `concurrency` requests, each on a new connection
-                "requests_per_target": len(cold["direct"]),
-                **{f"{name}_ttft_{q}_ms": ms(pct(v, int(q[1:]))) for name, v in cold.items()
-                   for q in ("p50", "p99")}},
-            "targets": {"added_latency_p50_ms": 2.0, "added_latency_p99_ms": 10.0},
-            "meets_targets": ms(added_p50) <= 2.0 and ms(added_p99) <= 10.0,
-            "cpu_count": os.cpu_count(),
+            "max_tokens": args.max_tokens, "passes": args.passes,
+            "stand_in_ttft_ms": args.stand_in_ttft * 1000,
+            "stand_in_itl_ms": args.stand_in_itl * 1000,
+            "cpu_count": os.cpu_count(), "cores": layout or "not pinned",
+            "vllm_router": vllm_binary or "not found (pip install vllm-router; "
+                                          "pass --vllm-router PATH)",
+            "runs": runs,
+            "targets": "added TTFT p50 and p99 (medians over passes) <= vllm-router's, "
+                       "CPU per request <= vllm-router's, at every concurrency",
+            "meets_targets": all(r.get("meets_targets", False) for r in runs),
             # Other processes' load skews every latency here; read the numbers with it.
             "load_average_1m": round(os.getloadavg()[0], 2),
         }
-        if vllm_router:
-            v50 = p["vllm-router"]["p50"] - p["direct"]["p50"]
-            v99 = p["vllm-router"]["p99"] - p["direct"]["p99"]
-            out["vllm_router"] = {
-                "binary": vllm_binary, "added_latency_p50_ms": ms(v50),
-                "added_latency_p99_ms": ms(v99),
-                "router_cpu_ms_per_request": round(cpu["vllm-router"] / num_requests * 1000, 3),
-                "ratio_p50_frota_over_vllm_router": round(added_p50 / v50, 2) if v50 > 0
-                else None,
-                "ratio_p99_frota_over_vllm_router": round(added_p99 / v99, 2) if v99 > 0
-                else None}
-        else:
-            out["vllm_router"] = "not found (pip install vllm-router; pass --vllm-router PATH)"
         if args.plot:
-            plot_overhead(ttfts, out, args.plot)
+            plot_overhead(out, args.plot)
         return out
     finally:
         for proc in reversed(procs):
             proc.stop()
 
 
-def plot_overhead(ttfts: dict[str, list[float]], out: dict[str, Any], path: str) -> None:
-    """Left: TTFT distributions, direct and through each router. Right: what each router
-    adds (p50, p99) and its CPU per request."""
+async def overhead_run(args: argparse.Namespace, targets: dict[str, str],
+                       routers: dict[str, ServingProcess], concurrency: int,
+                       stream: bool) -> tuple[dict[str, Any], dict[str, list[float]]]:
+    body = {"model": args.model_name, "prompt": "Say hello to the router benchmark.",
+            "max_tokens": args.max_tokens, "stream": stream, "temperature": 0}
+    per_pass = max(concurrency, args.requests // args.passes)
+    names = list(targets)
+    p50: dict[str, list[float]] = {n: [] for n in names}
+    p99: dict[str, list[float]] = {n: [] for n in names}
+    cpu: dict[str, list[float]] = {n: [] for n in routers}
+    rss: dict[str, float] = dict.fromkeys(routers, 0.0)
+    ttfts: dict[str, list[float]] = {n: [] for n in names}
+    failures = dict.fromkeys(names, 0)
+    # Each target has one client whose connections stay open (as the openai client's
+    # do), warmed up with one wave first.
+    sessions = {name: client_session() for name in names}
+    try:
+        for name, url in targets.items():
+            await load_on(sessions[name], url, body, concurrency, concurrency)
+        for index in range(args.passes):
+            order = names[index % len(names):] + names[:index % len(names)]
+            for name in order:
+                proc = routers.get(name)
+                before = proc.cpu_seconds() if proc else 0.0
+                results = await load_on(sessions[name], targets[name], body, per_pass,
+                                        concurrency)
+                if proc:
+                    cpu[name].append((proc.cpu_seconds() - before) / per_pass * 1000)
+                    rss[name] = max(rss[name], rss_mib(proc))
+                ok = [r.ttft for r in results if r.ok]
+                failures[name] += len(results) - len(ok)
+                ttfts[name] += ok
+                p50[name].append(pct(ok, 50) * 1000)
+                p99[name].append(pct(ok, 99) * 1000)
+    finally:
+        for session in sessions.values():
+            await session.close()
+    added = {name: {"p50": [a - d for a, d in zip(p50[name], p50["direct"], strict=True)],
+                    "p99": [a - d for a, d in zip(p99[name], p99["direct"], strict=True)]}
+             for name in routers}
+    run: dict[str, Any] = {
+        "concurrency": concurrency, "streaming": stream, "requests_per_pass": per_pass,
+        "direct_ttft_ms": {"p50": spread(p50["direct"]), "p99": spread(p99["direct"])},
+        "failed_requests": failures}
+    for name in routers:
+        run[name] = {"added_ttft_p50_ms": spread(added[name]["p50"]),
+                     "added_ttft_p99_ms": spread(added[name]["p99"]),
+                     "ttft_p50_ms": spread(p50[name]), "ttft_p99_ms": spread(p99[name]),
+                     "cpu_ms_per_request": spread(cpu[name]),
+                     "peak_rss_mib": round(rss[name], 1)}
+    if "vllm-router" in routers:
+        paired = {q: [f - v for f, v in zip(added["frota"][q], added["vllm-router"][q],
+                                             strict=True)] for q in ("p50", "p99")}
+        cpu_diff = [f - v for f, v in zip(cpu["frota"], cpu["vllm-router"], strict=True)]
+        run["frota_minus_vllm_router"] = {
+            "added_ttft_p50_ms": spread(paired["p50"]),
+            "added_ttft_p99_ms": spread(paired["p99"]),
+            "cpu_ms_per_request": spread(cpu_diff),
+            "passes_frota_p50_not_worse": sum(d <= 0 for d in paired["p50"]),
+            "passes_frota_p99_not_worse": sum(d <= 0 for d in paired["p99"])}
+        f, v = run["frota"], run["vllm-router"]
+        run["meets_targets"] = (
+            f["added_ttft_p50_ms"]["median"] <= v["added_ttft_p50_ms"]["median"]
+            and f["added_ttft_p99_ms"]["median"] <= v["added_ttft_p99_ms"]["median"]
+            and f["cpu_ms_per_request"]["median"] <= v["cpu_ms_per_request"]["median"]
+            and failures["frota"] == 0)
+    return run, ttfts
+
+
+def plot_overhead(out: dict[str, Any], path: str) -> None:
+    """One panel per figure (added TTFT p50, p99, CPU per request) against concurrency,
+    streaming and non-streaming, each router a line with its min-max over passes."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = {"direct": "gray", "frota": "tab:blue", "vllm-router": "tab:orange"}
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    for name, values in ttfts.items():
-        ordered = sorted(v * 1000 for v in values if v == v)
-        if ordered:
-            left.plot(ordered, [(i + 1) / len(ordered) for i in range(len(ordered))],
-                      label=name, color=colors[name])
-    left.set_xlabel("TTFT (ms)")
-    left.set_ylabel("fraction of requests")
-    left.set_title(f"TTFT, streaming, concurrency {out['concurrency']}")
-    left.legend()
-    routers = {"frota": (out["added_latency_p50_ms"], out["added_latency_p99_ms"],
-                         out["router_cpu_ms_per_request"])}
-    vllm = out.get("vllm_router")
-    if isinstance(vllm, dict):
-        routers["vllm-router"] = (vllm["added_latency_p50_ms"], vllm["added_latency_p99_ms"],
-                                  vllm["router_cpu_ms_per_request"])
-    labels = ["added TTFT p50 (ms)", "added TTFT p99 (ms)", "CPU per request (ms)"]
-    for j, (name, values) in enumerate(routers.items()):
-        right.bar([i + 0.4 * j for i in range(len(labels))], values, 0.4, label=name,
-                  color=colors[name])
-    right.axhline(0, color="black", linewidth=0.5)
-    right.set_xticks([i + 0.2 for i in range(len(labels))], labels)
-    right.set_title(f"router cost (targets: p50 <= 2 ms, p99 <= 10 ms; "
-                    f"load {out['load_average_1m']})")
-    right.legend()
+    colors = {"frota": "tab:blue", "vllm-router": "tab:orange"}
+    figures = [("added_ttft_p50_ms", "added TTFT p50 (ms)"),
+               ("added_ttft_p99_ms", "added TTFT p99 (ms)"),
+               ("cpu_ms_per_request", "router CPU per request (ms)")]
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    for ax, (key, title) in zip(axes, figures, strict=True):
+        for name, color in colors.items():
+            for stream, style in ((True, "-"), (False, "--")):
+                runs = [r for r in out["runs"] if r["streaming"] == stream and name in r]
+                if not runs:
+                    continue
+                x = [r["concurrency"] for r in runs]
+                med = [r[name][key]["median"] for r in runs]
+                low = [m - r[name][key]["min"] for m, r in zip(med, runs, strict=True)]
+                high = [r[name][key]["max"] - m for m, r in zip(med, runs, strict=True)]
+                ax.errorbar(x, med, yerr=[low, high], color=color, linestyle=style,
+                            marker="o", capsize=3,
+                            label=f"{name}, {'streaming' if stream else 'non-streaming'}")
+        ax.axhline(0, color="black", linewidth=0.5)
+        ax.set_xscale("log")
+        ax.set_xlabel("concurrency")
+        ax.set_title(title)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"router overhead, stand-in worker, {out['passes']} passes "
+                 f"(median, min-max), load {out['load_average_1m']}")
     fig.tight_layout()
     fig.savefig(path)
 
@@ -675,11 +788,20 @@ def main() -> int:
                         help="workers: stand-in (default for --overhead) or real smollm2 "
                         "(default for --prefix)")
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
-    parser.add_argument("--concurrency", type=int, default=None)
+    parser.add_argument("--concurrency", default=None,
+                        help="in flight at once; --overhead: a comma list (64,256,1000)")
+    parser.add_argument("--streaming", choices=["both", "stream", "no-stream"],
+                        default="both", help="--overhead: streaming requests, "
+                        "non-streaming ones, or both")
+    parser.add_argument("--quick", action="store_true",
+                        help="--overhead: a smoke run (concurrency 64, streaming, 3 passes)")
+    parser.add_argument("--no-pin", action="store_true",
+                        help="--overhead: do not pin the processes to cores with taskset")
     parser.add_argument("--requests", type=int, default=None,
-                        help="--overhead: requests per target, over all passes (3072); "
+                        help="--overhead: requests per target and concurrency, over all "
+                        "passes (at least one wave of `concurrency` per pass; 2560); "
                         "--disagg: requests (24)")
-    parser.add_argument("--passes", type=int, default=6,
+    parser.add_argument("--passes", type=int, default=5,
                         help="--overhead: the targets take turns this many times")
     parser.add_argument("--plot", default=None,
                         help="draw a PNG: --overhead the TTFT distributions and router CPU, "
@@ -737,19 +859,22 @@ def main() -> int:
         serve_stand_in(args)
         return 0
     if args.disagg:
-        args.concurrency = args.concurrency or 6
+        args.concurrency = int(args.concurrency or 6)
         args.max_tokens = args.max_tokens or 32
         args.requests = args.requests or 24
         args.max_num_seqs = min(args.max_num_seqs, 16)
     elif args.overhead:
         fast_event_loop()
         args.backend = args.backend or "stand-in"
-        args.requests = args.requests or 3072
-        args.concurrency = args.concurrency or 64
+        if args.quick:
+            args.concurrency, args.streaming = args.concurrency or "64", "stream"
+            args.passes, args.requests = 3, args.requests or 384
+        args.requests = args.requests or 2560
+        args.concurrency = args.concurrency or "64,256,1000"
         args.max_tokens = args.max_tokens or 32
     else:
         args.backend = args.backend or "smollm2"
-        args.concurrency = args.concurrency or 8
+        args.concurrency = int(args.concurrency or 8)
         args.max_tokens = args.max_tokens or 12
         shared = args.workload == "shared-prefix"
         args.system_words = args.system_words or (300 if shared else 30)
