@@ -9,7 +9,7 @@ import kubernetes_validate
 import pytest
 
 from frota.operator.builders import build_children
-from frota.operator.builders.model_cache import CACHE_DIR, MARKER_WAIT_ARGS
+from frota.operator.builders.model_cache import CACHE_DIR, MARKER_WAIT_ARGS, PROGRESS_PORT
 from frota.operator.model_cache_status import model_cache_status
 from frota.plan.planner import plan
 from tests.operator.isvc_fixtures import Spec
@@ -41,7 +41,9 @@ def test_one_claim_and_one_job_for_all_replicas_and_no_download_in_any_pod():
     assert job["metadata"]["name"].startswith("tiny-model-cache-")
     [fill] = job["spec"]["template"]["spec"]["containers"]
     key = job["metadata"]["name"].removeprefix("tiny-model-cache-")
-    assert fill["args"] == ["cache", "fill", URI, "--dest", f"/cache/{key}/org/repo"]
+    assert fill["args"] == ["cache", "fill", URI, "--dest", f"/cache/{key}/org/repo",
+                            "--progress-port", str(PROGRESS_PORT)]
+    assert fill["ports"] == [{"name": "progress", "containerPort": PROGRESS_PORT, "protocol": "TCP"}]
     statefulsets = of_kind(objs, "StatefulSet")
     assert len(statefulsets) == 2
     for sts in statefulsets:
@@ -83,7 +85,8 @@ def test_the_job_gets_the_credentials_and_ca_bundle_and_runs_restricted():
     env = {e["name"]: e for e in fill["env"]}
     assert env["HF_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "hf", "key": "token"}}
     assert env["SSL_CERT_FILE"]["value"] == "/etc/frota/ca/ca.crt"
-    assert fill["args"][-1].endswith("/m.gguf")  # the fragment is no part of the file name
+    dest = fill["args"][fill["args"].index("--dest") + 1]
+    assert dest.endswith("/m.gguf")  # the fragment is no part of the file name
     assert pod["restartPolicy"] == "Never" and pod["automountServiceAccountToken"] is False
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert not any("hostPath" in v for v in pod["volumes"])

@@ -51,6 +51,22 @@ async def test_a_failed_job_is_a_failed_cache_with_its_reason(fake_api: FakeApi)
     assert outcome.status.modelCache.reason == "BackoffLimitExceeded: limit"
 
 
+async def test_a_running_job_is_downloading_with_the_fill_pods_last_progress(fake_api: FakeApi) -> None:
+    body = owner()
+    fake_api.live_owner = body
+    first = await reconcile(body, Children(objects=(), pods=(), endpoint_slices=None), api=fake_api)
+    name = first.status.modelCache.job
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "uid": "j1"},
+           "status": {"active": 1}}
+    outcome = await reconcile(body, Children(objects=(job,), pods=(), endpoint_slices=None), api=fake_api,
+                              cache_progress={"bytes": 250, "totalBytes": 1000})
+    cache = outcome.status.modelCache
+    assert (cache.state, cache.bytes, cache.totalBytes, cache.percent) == ("Downloading", 250, 1000, 25)
+    wire = outcome.status.to_wire()
+    assert wire["modelCache"]["progress"] == "Downloading 25% (250 B)"
+    assert wire["readyOfReplicas"] == "0/2"  # two replicas created, none ready yet
+
+
 async def test_without_the_cache_there_is_no_model_cache_status(fake_api: FakeApi) -> None:
     body = owner(cache=False)
     fake_api.live_owner = body

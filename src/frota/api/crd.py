@@ -28,13 +28,13 @@ from frota.api.resource import InferenceService
 PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
      "description": "Whether every replica of the current revision serves."},
-    {"name": "Replicas", "type": "integer", "jsonPath": ".status.readyReplicas",
-     "description": "Ready replicas (units when disaggregated)."},
+    {"name": "Replicas", "type": "string", "jsonPath": ".status.readyOfReplicas",
+     "description": "Ready of existing replicas (units when disaggregated): 0/0 at zero."},
     {"name": "Mode", "type": "string", "jsonPath": ".status.mode", "description": "Colocated or Disaggregated."},
     {"name": "Model", "type": "string", "jsonPath": ".spec.model.name", "description": "Served model name."},
     {"name": "URL", "type": "string", "jsonPath": ".status.url", "description": "OpenAI base URL."},
-    {"name": "Cache", "type": "string", "jsonPath": ".status.modelCache.state", "priority": 1,
-     "description": "The shared model cache's state (spec.model.cache), with -o wide."},
+    {"name": "Cache", "type": "string", "jsonPath": ".status.modelCache.progress", "priority": 1,
+     "description": "The shared model cache (spec.model.cache): Downloading with percent and bytes, Ready, Failed; with -o wide."},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

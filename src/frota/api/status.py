@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from frota.api.contract import ConditionType, WorkerRole
 from frota.api.types import FrotaModel
@@ -89,10 +89,40 @@ class ModelCacheStatus(FrotaModel):
     state: Literal["Pending", "Downloading", "Ready", "Failed"] = Field(
         description="Pending: the Job has not started; Downloading: it runs; Ready: the marker is written; Failed: the Job gave up."
     )
-    bytes: int | None = Field(default=None, ge=0, description="Bytes in the cache, once Ready.")
-    percent: int | None = Field(default=None, ge=0, le=100, description="Progress of the download, where known.")
+    bytes: int | None = Field(
+        default=None, ge=0,
+        description="Bytes downloaded so far while Downloading (as the fill pod last reported); bytes in the cache once Ready.",
+    )
+    totalBytes: int | None = Field(
+        default=None, ge=0, description="Bytes the source announced (Content-Length), where known."
+    )
+    percent: int | None = Field(
+        default=None, ge=0, le=100, description="bytes of totalBytes while Downloading (where the total is known); 100 once Ready."
+    )
+    progress: str | None = Field(
+        default=None, max_length=64,
+        description="The state with its progress, as `kubectl get -o wide` shows it: Downloading 41% (12.0 MiB), Ready (1.2 GiB).",
+    )
     reason: str | None = Field(default=None, max_length=1024, description="Why the Job failed.")
     job: str | None = Field(default=None, max_length=253, description="The Job that fills the cache.")
+
+    @model_validator(mode="after")
+    def _progress(self) -> ModelCacheStatus:
+        # Derived from the fields above, for the printer column (which cannot format numbers).
+        text = self.state
+        if self.state == "Downloading" and self.percent is not None:
+            text += f" {self.percent}%"
+        if self.state in ("Downloading", "Ready") and self.bytes is not None:
+            text += f" ({_size(self.bytes)})"
+        object.__setattr__(self, "progress", text)
+        return self
+
+
+def _size(size: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size} B"
 
 
 class InferenceServiceStatus(FrotaModel):
@@ -108,6 +138,10 @@ class InferenceServiceStatus(FrotaModel):
         default=0, ge=0, description="Replicas (units when disaggregated) that exist; the scale subresource's status."
     )
     readyReplicas: int = Field(default=0, ge=0, description="Replicas (units) whose every group serves.")
+    readyOfReplicas: str | None = Field(
+        default=None, max_length=32,
+        description="readyReplicas/replicas, as the Replicas column of `kubectl get` shows it (0/0 at zero).",
+    )
     roles: list[RoleStatus] = Field(
         default_factory=list, max_length=3,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["role"]},
@@ -133,3 +167,9 @@ class InferenceServiceStatus(FrotaModel):
     modelCache: ModelCacheStatus | None = Field(
         default=None, description="The shared model cache's Job (spec.model.cache); unset while the cache is off."
     )
+
+    @model_validator(mode="after")
+    def _ready_of_replicas(self) -> InferenceServiceStatus:
+        # Derived, never set apart from the counts: a printer column cannot join two fields.
+        object.__setattr__(self, "readyOfReplicas", f"{self.readyReplicas}/{self.replicas}")
+        return self

@@ -2,7 +2,12 @@
 halves of spec.model.cache. The operator's Job runs `fill` once per InferenceService and
 model (it downloads with `frota.server.fetch`, atomically, then writes the marker
 DIR/.frota-cache.json LAST); every worker pod's init container runs `wait`, which only
-reads the read-only claim until the marker is there, so no pod ever downloads."""
+reads the read-only claim until the marker is there, so no pod ever downloads.
+
+While `fill` downloads it answers GET :PORT/progress (--progress-port) with {"bytes", "totalBytes"}:
+the bytes of its partial on disk and the source's Content-Length where one is announced.
+The operator reads it (frota.operator.model_cache_progress), as it reads the workers'
+/metrics, so the Job needs no API access at all."""
 
 from __future__ import annotations
 
@@ -11,14 +16,20 @@ import contextlib
 import hashlib
 import json
 import os
+import ssl
 import sys
+import threading
 import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 MARKER = ".frota-cache.json"
 POLL_SECONDS = 2.0
 TERMINATION_LOG = "/dev/termination-log"  # the container's terminationMessagePath
+PROGRESS_PATH = "/progress"
+TOTAL_TIMEOUT_S = 10.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,6 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     fill = sub.add_parser("fill", help="download URI to --dest, then write the marker beside it")
     fill.add_argument("uri", help="hf://ORG/REPO or an https:// URL (as `frota fetch`)")
     fill.add_argument("--dest", required=True, help="DIR/NAME: the download; the marker is DIR/" + MARKER)
+    fill.add_argument("--progress-port", type=int, default=None,
+                      help=f"serve GET {PROGRESS_PATH} (bytes so far, total) on this port while downloading")
     wait = sub.add_parser("wait", help="wait until DIR/" + MARKER + " exists")
     wait.add_argument("dir", help="the cache directory (the claim's subPath, mounted read-only)")
     wait.add_argument("--timeout", type=float, default=3600.0, help="seconds (default 3600)")
@@ -93,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
     if (body := read_marker(dest.parent)) is not None and body.get("uri") == args.uri:
         print(f"frota cache fill: {args.uri} is already cached in {dest.parent}", file=sys.stderr)
         return 0  # a recreated Job finds the work done
+    server = serve_progress(dest, args.uri, args.progress_port) if args.progress_port else None
     try:
         fetch(args.uri, dest, "model")
         checked = ["content-length"] + (["sha256"] if expected_sha256(args.uri) else [])
@@ -103,6 +117,10 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"frota cache fill: {args.uri}: cannot write {dest}: {exc}", file=sys.stderr)
         return 1
+    finally:
+        if server is not None:
+            server.shutdown()
+            server.server_close()
     print(f"frota cache fill: {args.uri} -> {dest}", file=sys.stderr)
     _report(json.loads(marker.read_text())["bytes"])
     return 0
@@ -115,3 +133,69 @@ def _report(size: int) -> None:
         return  # not in a pod: nothing to tell, and /dev is no place to create a file
     with contextlib.suppress(OSError):
         log.write_text(json.dumps({"bytes": size}))
+
+
+def downloaded_bytes(dest: Path) -> int:
+    """Bytes written so far: DEST's partials (a file or a directory) and DEST once renamed."""
+    total = 0
+    for path in [dest, *dest.parent.glob(f"{_glob_escape(dest.name)}.partial-*")]:
+        with contextlib.suppress(OSError):  # renamed or removed while we look
+            if path.is_file():
+                total += path.stat().st_size
+            elif path.is_dir():
+                total += sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    return total
+
+
+def announced_bytes(uri: str) -> int | None:
+    """The Content-Length of a single-file https:// URI (a .gguf or an archive); None for a
+    directory or hf:// (many files), or when the server does not say. Asked by a GET that
+    is closed unread, not a HEAD: a presigned URL is signed for GET only."""
+    from frota.server.fetch import ARCHIVE_SUFFIXES  # lazily, as run() (the layering)
+
+    url = uri.split("#", 1)[0]
+    if not uri.startswith("https://") or not url.split("?", 1)[0].endswith((*ARCHIVE_SUFFIXES, ".gguf")):
+        return None
+    request = urllib.request.Request(url, headers={"User-Agent": "frota-fetch"})
+    if token := os.environ.get("HF_TOKEN"):
+        request.add_unredirected_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=TOTAL_TIMEOUT_S,
+                                    context=ssl.create_default_context()) as response:
+            length = response.headers.get("Content-Length")
+    except (OSError, ValueError):
+        return None  # progress without a total: bytes only, and the download says why it fails
+    return int(length) if length and length.isdigit() else None
+
+
+def serve_progress(dest: Path, uri: str, port: int, host: str = "0.0.0.0") -> ThreadingHTTPServer:
+    """GET /progress -> {"bytes": N, "totalBytes": M or null}, from a daemon thread."""
+    total: list[int | None] = [None]
+
+    class Progress(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path != PROGRESS_PATH:
+                self.send_error(404)
+                return
+            body = json.dumps({"bytes": downloaded_bytes(dest), "totalBytes": total[0]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # the operator polls: its reads are no news in the Job's log
+
+    server = ThreadingHTTPServer((host, port), Progress)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="progress", daemon=True).start()
+    # The total is asked for beside the download, so a slow answer never delays it.
+    threading.Thread(target=lambda: total.__setitem__(0, announced_bytes(uri)), daemon=True).start()
+    return server
+
+
+def _glob_escape(name: str) -> str:
+    import glob
+
+    return glob.escape(name)

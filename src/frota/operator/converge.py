@@ -88,7 +88,8 @@ async def reconcile_once(body: kopf.Body, state: OperatorState) -> Outcome:
         outcome = await reconcile(snapshot, state.children(key), api=state.kube,
                                   old_status=old, applied=state.applied,
                                   reported_kv=_reported_kv(state, key, old),
-                                  reported_adapters=state.reported_adapters.get(key))
+                                  reported_adapters=state.reported_adapters.get(key),
+                                  cache_progress=state.cache_progress.get(key))
     except kopf.TemporaryError:
         metrics.reconciles.labels("retry").inc()
         raise

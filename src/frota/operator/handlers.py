@@ -27,7 +27,15 @@ from frota.api.contract import (
     ChildKind,
     Label,
 )
-from frota.operator import adapter_report, autoscale, autoscaler, converge, kv_report, peering
+from frota.operator import (
+    adapter_report,
+    autoscale,
+    autoscaler,
+    converge,
+    kv_report,
+    model_cache_progress,
+    peering,
+)
 from frota.operator.desired import InvalidSpec, desired_state
 from frota.operator.observe import IMAGE_PULL_REASONS
 from frota.operator.settings import OperatorSettings
@@ -270,5 +278,6 @@ async def report_capacity(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     key = key_of(body)
     pods = state.children(key).pods
     await kv_report.refresh(state, key, intent.serving_role, pods)
+    await model_cache_progress.refresh(state, key, pods)
     if intent.lora:
         await adapter_report.refresh(state, key, intent.serving_role, pods)

@@ -4,8 +4,9 @@ Only what the operator already reads: the Job's status (active, succeeded, its F
 condition) and its pods' container states. `frota cache fill` writes `{"bytes": N}` to
 its termination message when it succeeds, and the Job's container uses
 FallbackToLogsOnError, so a failed download's last log line (the FetchError) is the
-terminated state's message: no pods/log permission is needed. Progress while it runs is
-not reported (percent stays unset): the pod's log is the place to look."""
+terminated state's message: no pods/log permission is needed. Progress while it runs
+(`progress`: bytes so far and the source's total) is what the running fill pod last
+answered on /progress (frota.operator.model_cache_progress says why that way)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,10 @@ REASON_CHARS = 1024
 
 
 def model_cache_status(job: Mapping[str, Any] | None, name: str,
-                       pods: Sequence[Mapping[str, Any]] = ()) -> ModelCacheStatus:
-    """The state of the Job `name` (None: not created or not seen yet)."""
+                       pods: Sequence[Mapping[str, Any]] = (),
+                       progress: Mapping[str, int | None] | None = None) -> ModelCacheStatus:
+    """The state of the Job `name` (None: not created or not seen yet); `progress` the
+    fill pod's last {"bytes", "totalBytes"} while it runs."""
     if job is None:
         return ModelCacheStatus(state="Pending", job=name)
     status = job.get("status") or {}
@@ -35,7 +38,7 @@ def model_cache_status(job: Mapping[str, Any] | None, name: str,
             why = f"{why}: {' '.join(last.split())}"
         return ModelCacheStatus(state="Failed", job=name, reason=why[:REASON_CHARS])
     if status.get("active"):
-        return ModelCacheStatus(state="Downloading", job=name)
+        return ModelCacheStatus(state="Downloading", job=name, **_progress(progress))
     return ModelCacheStatus(state="Pending", job=name)
 
 
@@ -62,3 +65,14 @@ def _bytes(messages: Sequence[str]) -> int | None:
         if isinstance(value, int) and value >= 0:
             return value
     return None
+
+
+def _progress(progress: Mapping[str, int | None] | None) -> dict[str, int]:
+    """bytes, totalBytes and percent (floored, so 100 only once Ready) where known."""
+    if not progress or progress.get("bytes") is None:
+        return {}
+    done, total = progress["bytes"], progress.get("totalBytes")
+    out = {"bytes": done}
+    if total:
+        out |= {"totalBytes": total, "percent": min(99, done * 100 // total)}
+    return out

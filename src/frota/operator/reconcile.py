@@ -170,13 +170,15 @@ async def reconcile(
     applied: Applied | None = None,
     reported_kv: int | None = None,
     reported_adapters: Sequence[Mapping[str, str | None]] | None = None,
+    cache_progress: Mapping[str, int | None] | None = None,
 ) -> Outcome:
     """Converge one InferenceService with its spec and write its status.
 
     `old_status` is the status last written, when the caller knows it better
     than the (possibly lagging) body does. `reported_kv` is the KV cache, in
     tokens per replica, the serving engines last reported (None: not known);
-    `reported_adapters` the LoRA adapters each serving replica lists (None: not known).
+    `reported_adapters` the LoRA adapters each serving replica lists (None: not known);
+    `cache_progress` the model-cache fill pod's last {"bytes", "totalBytes"} (None: none).
     """
     meta = body["metadata"]
     name, namespace = meta["name"], meta.get("namespace") or "default"
@@ -219,7 +221,8 @@ async def reconcile(
                                     reported_kv=reported_kv, reported_adapters=reported_adapters)
     if job := next((o for o in desired.shared if o["kind"] == "Job"), None):  # spec.model.cache
         name_ = job["metadata"]["name"]
-        cache = model_cache_status(children.find("Job", name_), name_, children.pods)
+        cache = model_cache_status(children.find("Job", name_), name_, children.pods,
+                                   progress=cache_progress)
         outcome.status = outcome.status.model_copy(update={"modelCache": cache})
     outcome.result = "converged" if is_settled(outcome.status) else "progressing"
     await _write_status(api, body, namespace, name, outcome.status, old_status)

@@ -71,6 +71,8 @@ class OperatorState:
     # The LoRA adapters each answering serving replica lists (name -> path), read by the same
     # timer; empty: no replica serves. Absent until the timer has looked.
     reported_adapters: dict[Key, tuple[Mapping[str, str | None], ...]] = field(default_factory=dict)
+    # The running model-cache fill pod's {"bytes", "totalBytes"} (model_cache_progress).
+    cache_progress: dict[Key, dict[str, int | None]] = field(default_factory=dict)
     # Where the autoscaler reads metrics (tests point these at their own servers).
     metrics_url: Callable[[InferenceService], str | None] = autoscale.metrics_url
     role_metrics_urls: Callable[[Iterable[Mapping[str, Any]], str], list[str]] = (
@@ -159,6 +161,7 @@ class OperatorState:
         self.last_status.pop(key, None)
         self.reported_kv.pop(key, None)
         self.reported_adapters.pop(key, None)
+        self.cache_progress.pop(key, None)
         with contextlib.suppress(KeyError):  # never reconciled to a status
             self.metrics.ready.remove(*key)
         for scaler in [k for k in self.scalers if k[:2] == key]:

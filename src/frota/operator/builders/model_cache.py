@@ -27,6 +27,7 @@ WAIT_SECONDS = 3600
 COMPONENT = "model-cache"
 MARKER_WAIT_ARGS = ["cache", "wait"]
 WAIT_MOUNT = "/model-cache"  # the whole claim, in the wait init container only
+PROGRESS_PORT = 8081  # `frota cache fill --progress-port`: GET /progress while downloading
 
 
 def enabled(isvc: InferenceService, location: ModelLocation) -> bool:
@@ -72,7 +73,10 @@ def job(isvc: InferenceService, location: ModelLocation) -> dict[str, Any]:
         "image": isvc.spec.engine.image,
         "imagePullPolicy": isvc.spec.engine.imagePullPolicy,
         "command": ["frota"],
-        "args": ["cache", "fill", location.uri, "--dest", f"{JOB_MOUNT}/{key}/{relative}"],
+        "args": ["cache", "fill", location.uri, "--dest", f"{JOB_MOUNT}/{key}/{relative}",
+                 "--progress-port", str(PROGRESS_PORT)],
+        # Read by the operator's capacity timer (model_cache_progress): no API access needed.
+        "ports": [{"name": "progress", "containerPort": PROGRESS_PORT, "protocol": "TCP"}],
         "env": fetch_env(isvc),
         "resources": FETCH_RESOURCES,
         "securityContext": pods.container_security_context(),
