@@ -7,7 +7,12 @@ reads the read-only claim until the marker is there, so no pod ever downloads.
 While `fill` downloads it answers GET :PORT/progress (--progress-port) with {"bytes", "totalBytes"}:
 the bytes of its partial on disk and the source's Content-Length where one is announced.
 The operator reads it (frota.operator.model_cache_progress), as it reads the workers'
-/metrics, so the Job needs no API access at all."""
+/metrics, so the Job needs no API access at all.
+
+`fill --convert DIR` (the vllm runtime's GGUF models) then writes the HF-layout copy vLLM
+reads into DIR, by `frota convert`'s exporter, before the marker: so what is cached is the
+converted form and no pod converts. An `alias:` URI is not downloaded (the image holds it),
+only converted."""
 
 from __future__ import annotations
 
@@ -37,6 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     fill = sub.add_parser("fill", help="download URI to --dest, then write the marker beside it")
     fill.add_argument("uri", help="hf://ORG/REPO or an https:// URL (as `frota fetch`)")
     fill.add_argument("--dest", required=True, help="DIR/NAME: the download; the marker is DIR/" + MARKER)
+    fill.add_argument("--convert", metavar="DIR", default=None,
+                      help="then convert the GGUF model into DIR as an HF-layout checkpoint (for vLLM)")
     fill.add_argument("--progress-port", type=int, default=None,
                       help=f"serve GET {PROGRESS_PATH} (bytes so far, total) on this port while downloading")
     wait = sub.add_parser("wait", help="wait until DIR/" + MARKER + " exists")
@@ -58,17 +65,52 @@ def files_of(path: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
-def write_marker(dest: Path, uri: str, checked: list[str]) -> Path:
-    """DEST's files, what was checked while downloading, and when; written atomically."""
-    files = files_of(dest)
+def write_marker(dest: Path, uri: str, checked: list[str], converted: Path | None = None) -> Path:
+    """DEST's files (and the converted copy's, under its directory name), what was checked
+    while downloading, and when; written atomically."""
+    files = files_of(dest) if dest.exists() else {}
+    if converted is not None:
+        files |= {f"{converted.name}/{name}": f for name, f in files_of(converted).items()}
     marker = dest.parent / MARKER
     body = {"uri": uri, "path": dest.name, "checked": checked, "files": files,
             "bytes": sum(f["size"] for f in files.values()),
             "completedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if converted is not None:
+        body["converted"] = converted.name
     partial = marker.with_name(f"{MARKER}.partial-{os.getpid()}")
     partial.write_text(json.dumps(body, indent=1, sort_keys=True))
     partial.replace(marker)
     return marker
+
+
+class ConversionError(Exception):
+    """The model cannot be converted (not GGUF, an architecture the exporter lacks)."""
+
+
+def convert(source: str, into: Path) -> None:
+    """Write the GGUF model `source` (an alias or a .gguf path) into `into` as an HF-layout
+    checkpoint, atomically: INTO.partial-PID renamed at the end. What a killed run left (a
+    partial, or a whole copy without the marker that vouches for it) is removed first."""
+    import shutil
+
+    from frota.engine.errors import ModelNotFoundError, UnsupportedModelError
+    from frota.engine.loader.export import export_hf  # torch: only where a conversion runs
+
+    for stale in [into, *into.parent.glob(f"{_glob_escape(into.name)}.partial-*")]:
+        if stale.is_dir():
+            shutil.rmtree(stale)
+        elif stale.exists():
+            stale.unlink()
+    partial = into.with_name(f"{into.name}.partial-{os.getpid()}")
+    try:
+        try:
+            export_hf(source, partial, verbose=False)
+        except (ModelNotFoundError, UnsupportedModelError) as exc:
+            raise ConversionError(f"{source}: cannot convert: {exc}") from None
+        partial.rename(into)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
 
 
 def read_marker(directory: Path) -> dict[str, Any] | None:
@@ -103,25 +145,36 @@ def run(args: argparse.Namespace) -> int:
     from frota.server.fetch import FetchError, expected_sha256, fetch
 
     dest = Path(args.dest)
-    if (body := read_marker(dest.parent)) is not None and body.get("uri") == args.uri:
+    converted = Path(args.convert) if args.convert else None
+    if (body := read_marker(dest.parent)) is not None and body.get("uri") == args.uri and (
+            converted is None or body.get("converted") == converted.name):
         print(f"frota cache fill: {args.uri} is already cached in {dest.parent}", file=sys.stderr)
         return 0  # a recreated Job finds the work done
+    image_baked = args.uri.startswith("alias:")
+    if image_baked and converted is None:
+        print(f"frota cache fill: {args.uri} is in the image: only --convert has work to do", file=sys.stderr)
+        return 2
     server = serve_progress(dest, args.uri, args.progress_port) if args.progress_port else None
     try:
-        fetch(args.uri, dest, "model")
-        checked = ["content-length"] + (["sha256"] if expected_sha256(args.uri) else [])
-        marker = write_marker(dest, args.uri, checked)
-    except FetchError as exc:
+        checked: list[str] = []
+        if not image_baked:
+            fetch(args.uri, dest, "model")
+            checked = ["content-length"] + (["sha256"] if expected_sha256(args.uri) else [])
+        if converted is not None:
+            convert(args.uri.removeprefix("alias:") if image_baked else str(dest), converted)
+            checked.append("converted")
+        marker = write_marker(dest, args.uri, checked, converted)
+    except (FetchError, ConversionError) as exc:
         print(f"frota cache fill: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:
-        print(f"frota cache fill: {args.uri}: cannot write {dest}: {exc}", file=sys.stderr)
+        print(f"frota cache fill: {args.uri}: cannot write {converted or dest}: {exc}", file=sys.stderr)
         return 1
     finally:
         if server is not None:
             server.shutdown()
             server.server_close()
-    print(f"frota cache fill: {args.uri} -> {dest}", file=sys.stderr)
+    print(f"frota cache fill: {args.uri} -> {converted or dest}", file=sys.stderr)
     _report(json.loads(marker.read_text())["bytes"])
     return 0
 

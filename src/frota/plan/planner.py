@@ -15,6 +15,7 @@ from frota.api.memory import ModelShape
 from frota.api.runtime import Runtime
 from frota.plan.memory import MemoryBudget, role_budget
 from frota.plan.model_shapes import (
+    CACHE_DIR,
     CONVERTED_DIR,
     AdapterLocation,
     ModelLocation,
@@ -146,13 +147,32 @@ def _engine_env(spec: InferenceServiceSpec) -> dict[str, str]:
     return env
 
 
+# In a model cache (spec.model.cache), the HF-layout copy the fill Job converted.
+CACHED_CONVERSION = "converted"
+
+
+def converts_into_cache(spec: InferenceServiceSpec, location: ModelLocation) -> bool:
+    """Whether the model-cache Job converts the model for vLLM: a GGUF model (image-baked,
+    or a downloaded .gguf) with the vllm runtime and spec.model.cache on. Then the claim
+    holds the converted form and no pod converts."""
+    cache = spec.model.cache
+    if spec.runtime.engine != "vllm" or cache is None or not cache.enabled:
+        return False
+    return location.delivery == "image" or (
+        location.delivery == "download" and location.model_arg.endswith(".gguf"))
+
+
 def model_path(location: ModelLocation, spec: InferenceServiceSpec, converted_dir: str) -> str:
     """What the runtime's server is given as its model.
 
     Frota's runtime reads every delivery itself (an alias's GGUF from the image). vLLM
-    reads HF-layout checkpoints, so an image-baked model is served from its converted
-    copy (`frota convert`, run by an init container, or by `frota up`).
+    reads HF-layout checkpoints, so a GGUF model is served from its converted copy: the
+    model cache's (converted once by its Job), else an image-baked model's (`frota
+    convert`, run by an init container, or by `frota up`).
     """
+    if converts_into_cache(spec, location) and converted_dir == CONVERTED_DIR:
+        # In a cluster; `frota up` has no claim and converts into its own converted_dir.
+        return f"{CACHE_DIR}/{CACHED_CONVERSION}"
     if spec.runtime.engine == "vllm" and location.delivery == "image":
         return f"{converted_dir}/{location.model_arg}"
     return location.model_arg

@@ -3,19 +3,25 @@
 at CACHE_DIR (the subPath of this model's key) and an init container that only waits for
 the Job's marker (`frota cache wait`). So a pod start never downloads: the Job does, once.
 
-The key is a hash of the URI (its #sha256= fragment included): a new model fills a new
-directory of the same claim by a new Job, and pods of the old revision keep theirs."""
+For the vllm runtime a GGUF model (a downloaded .gguf, or one baked into Frota's image) is
+converted by the same Job into KEY/converted, the HF layout vLLM reads, before the marker:
+the converted form is what is cached, and a pod start converts nothing.
+
+The key is a hash of the URI (its #sha256= fragment included, and whether it is converted;
+an image-baked model's also names the image): a new model fills a new directory of the
+same claim by a new Job, and pods of the old revision keep theirs."""
 
 from __future__ import annotations
 
 import hashlib
 from typing import Any
 
-from frota.api import InferenceService
+from frota.api import InferenceService, Resources
 from frota.operator.builders import pods
 from frota.operator.builders.common import labels, metadata
 from frota.operator.builders.workers import FETCH_RESOURCES, ca_bundle, fetch_env
 from frota.plan.model_shapes import CACHE_DIR, ModelLocation
+from frota.plan.planner import CACHED_CONVERSION, converts_into_cache
 
 JOB_MOUNT = "/cache"
 VOLUME = "model-cache"
@@ -32,19 +38,25 @@ PROGRESS_PORT = 8081  # `frota cache fill --progress-port`: GET /progress while 
 
 def enabled(isvc: InferenceService, location: ModelLocation) -> bool:
     cache = isvc.spec.model.cache
-    return cache is not None and cache.enabled and location.delivery == "download"
+    return cache is not None and cache.enabled and (
+        location.delivery == "download" or converts_into_cache(isvc.spec, location))
 
 
 def claim_name(isvc: InferenceService) -> str:
     return f"{isvc.metadata.name}-model-cache"
 
 
-def cache_key(location: ModelLocation) -> str:
-    return hashlib.sha256(location.uri.encode()).hexdigest()[:10]
+def cache_key(location: ModelLocation, isvc: InferenceService | None = None) -> str:
+    what = location.uri
+    if isvc is not None and converts_into_cache(isvc.spec, location):
+        what += "\0converted"  # a directory without the conversion is another directory
+        if location.delivery == "image":
+            what += "\0" + isvc.spec.engine.image  # the image holds the model
+    return hashlib.sha256(what.encode()).hexdigest()[:10]
 
 
 def job_name(isvc: InferenceService, location: ModelLocation) -> str:
-    return f"{isvc.metadata.name}-model-cache-{cache_key(location)}"
+    return f"{isvc.metadata.name}-model-cache-{cache_key(location, isvc)}"
 
 
 def _labels(isvc: InferenceService) -> dict[str, str]:
@@ -62,10 +74,21 @@ def claim(isvc: InferenceService) -> dict[str, Any]:
             "metadata": metadata(isvc, claim_name(isvc), _labels(isvc)), "spec": spec}
 
 
-def job(isvc: InferenceService, location: ModelLocation) -> dict[str, Any]:
-    """`frota cache fill URI --dest /cache/KEY/NAME`: the marker /cache/KEY/.frota-cache.json last."""
-    key = cache_key(location)
+def job(isvc: InferenceService, location: ModelLocation, resources: Resources | None = None) -> dict[str, Any]:
+    """`frota cache fill URI --dest /cache/KEY/NAME [--convert /cache/KEY/converted]`: the
+    marker /cache/KEY/.frota-cache.json last. `resources`: a rank's, which a conversion
+    needs (it holds the dequantized model once)."""
+    key = cache_key(location, isvc)
     relative = location.model_arg.removeprefix(CACHE_DIR + "/")
+    convert = converts_into_cache(isvc.spec, location)
+    args = ["cache", "fill", location.uri, "--dest", f"{JOB_MOUNT}/{key}/{relative}",
+            "--progress-port", str(PROGRESS_PORT)]
+    if convert:
+        args += ["--convert", f"{JOB_MOUNT}/{key}/{CACHED_CONVERSION}"]
+    job_resources: dict[str, Any] = FETCH_RESOURCES
+    if convert and resources is not None:
+        job_resources = {"requests": {"cpu": resources.cpu, "memory": resources.memory},
+                         "limits": {"memory": resources.memory}}
     tmp, tmp_mount = pods.tmp_volume()
     ca_volumes, ca_mounts, _ = ca_bundle(isvc)
     container = {
@@ -73,12 +96,11 @@ def job(isvc: InferenceService, location: ModelLocation) -> dict[str, Any]:
         "image": isvc.spec.engine.image,
         "imagePullPolicy": isvc.spec.engine.imagePullPolicy,
         "command": ["frota"],
-        "args": ["cache", "fill", location.uri, "--dest", f"{JOB_MOUNT}/{key}/{relative}",
-                 "--progress-port", str(PROGRESS_PORT)],
+        "args": args,
         # Read by the operator's capacity timer (model_cache_progress): no API access needed.
         "ports": [{"name": "progress", "containerPort": PROGRESS_PORT, "protocol": "TCP"}],
         "env": fetch_env(isvc),
-        "resources": FETCH_RESOURCES,
+        "resources": job_resources,
         "securityContext": pods.container_security_context(),
         # The last lines of the log (the error) become the pod's termination message.
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -99,11 +121,12 @@ def job(isvc: InferenceService, location: ModelLocation) -> dict[str, Any]:
                      "template": {"metadata": {"labels": _labels(isvc)}, "spec": pod}}}
 
 
-def cache_children(isvc: InferenceService, location: ModelLocation) -> list[dict[str, Any]]:
-    """The claim and its Job, or nothing while the cache is off (or the model is not downloaded)."""
+def cache_children(isvc: InferenceService, location: ModelLocation,
+                   resources: Resources | None = None) -> list[dict[str, Any]]:
+    """The claim and its Job, or nothing while the cache is off (or has nothing to hold)."""
     if not enabled(isvc, location):
         return []
-    return [claim(isvc), job(isvc, location)]
+    return [claim(isvc), job(isvc, location, resources)]
 
 
 def worker_volumes(isvc: InferenceService, location: ModelLocation) -> tuple[list, list, list]:
@@ -113,7 +136,7 @@ def worker_volumes(isvc: InferenceService, location: ModelLocation) -> tuple[lis
     The init container mounts the whole claim, not the subPath: a subPath that does not
     exist yet is created by the kubelet (owned by root), which the Job could then not
     write into. By the time the worker container starts, the Job has made it."""
-    key = cache_key(location)
+    key = cache_key(location, isvc)
     mount = {"name": VOLUME, "mountPath": CACHE_DIR, "subPath": key, "readOnly": True}
     _, tmp_mount = pods.tmp_volume()
     init = {

@@ -118,12 +118,12 @@ def model_volumes(isvc: InferenceService, location: ModelLocation) -> tuple[list
     if location.delivery == "pvc":
         volume = {"name": "model", "persistentVolumeClaim": {"claimName": location.pvc_claim, "readOnly": True}}
         return [volume], [{"name": "model", "mountPath": MODELS_DIR, "readOnly": True}], []
-    if location.delivery != "download":
-        return [], [], []  # baked into the image, or generated (synthetic)
     from frota.operator.builders import model_cache  # it builds on this module's helpers
 
     if model_cache.enabled(isvc, location):
-        return model_cache.worker_volumes(isvc, location)  # the Job downloads, once
+        return model_cache.worker_volumes(isvc, location)  # the Job downloads (converts), once
+    if location.delivery != "download":
+        return [], [], []  # baked into the image, or generated (synthetic)
     return _fetch(isvc, "fetch-model", "model-cache", CACHE_DIR, location.uri, location.model_arg)
 
 
@@ -157,6 +157,10 @@ def converted_model(isvc: InferenceService, location: ModelLocation,
     model as an HF-layout directory: Frota's image runs `frota convert` into an emptyDir."""
     if isvc.spec.runtime.engine != "vllm" or location.delivery != "image":
         return [], [], []
+    from frota.operator.builders import model_cache
+
+    if model_cache.enabled(isvc, location):
+        return [], [], []  # the model-cache Job converted it once (model_volumes mounts it)
     # Converting holds the dequantized model once: the rank's memory is enough.
     return _filled_by_frota(
         isvc, "convert-model", "converted", CONVERTED_DIR,
@@ -306,7 +310,8 @@ def worker_children(isvc: InferenceService, topology: Topology) -> list[dict[str
     from frota.operator.builders.model_cache import cache_children
 
     # The claim and the Job that fills it, before the pods that wait for it.
-    out = [engine_configmap(isvc, topology), *cache_children(isvc, topology.model)]
+    rank = topology.shape_of(topology.roles[0]).resources if topology.roles else None
+    out = [engine_configmap(isvc, topology), *cache_children(isvc, topology.model, rank)]
     out += [role_service(isvc, role) for role in topology.roles]
     for group in topology.groups:
         out.append(group_service(isvc, group))
