@@ -57,7 +57,6 @@ def test_an_image_baked_model_is_only_converted(tmp_path: Path, monkeypatch: pyt
     exporter, seen = fake_export()
     monkeypatch.setattr(export, "export_hf", exporter)
     dest, converted = tmp_path / "key" / "smollm2", tmp_path / "key" / "converted"
-    dest.parent.mkdir()
     assert main(["cache", "fill", "alias:smollm2", "--dest", str(dest), "--convert", str(converted)]) == 0
     assert seen == ["smollm2"] and not dest.exists()
     marker = json.loads((tmp_path / "key" / cache.MARKER).read_text())

@@ -96,6 +96,7 @@ def convert(source: str, into: Path) -> None:
     from frota.engine.errors import ModelNotFoundError, UnsupportedModelError
     from frota.engine.loader.export import export_hf  # torch: only where a conversion runs
 
+    into.parent.mkdir(parents=True, exist_ok=True)  # an image-baked model downloaded nothing there
     for stale in [into, *into.parent.glob(f"{_glob_escape(into.name)}.partial-*")]:
         if stale.is_dir():
             shutil.rmtree(stale)
