@@ -111,3 +111,14 @@ def test_wait_ignores_a_half_written_marker_and_returns_once_it_is_whole(tmp_pat
         assert cache.wait_for_marker(tmp_path, timeout=5, poll=0.05) == {"uri": "x"}
     finally:
         timer.cancel()
+
+
+def test_fill_of_a_sha256_mismatch_exits_permanent_and_a_truncated_body_retryable(
+        local_ca: LocalCA, tmp_path: Path) -> None:
+    from tests.cli.https_server import Truncated
+
+    with serving(local_ca, {"/w/m.gguf": GGUF, "/w/t.gguf": Truncated(GGUF[:100], len(GGUF))}) as base:
+        assert main(["cache", "fill", f"{base}/w/m.gguf#sha256={'0' * 64}",
+                     "--dest", str(tmp_path / "a" / "m.gguf")]) == cache.EXIT_PERMANENT
+        assert main(["cache", "fill", f"{base}/w/t.gguf", "--dest", str(tmp_path / "b" / "t.gguf")]) == 1
+    assert cache.read_marker(tmp_path / "a") is None and cache.read_marker(tmp_path / "b") is None

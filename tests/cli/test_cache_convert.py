@@ -104,7 +104,9 @@ def test_a_model_the_exporter_refuses_fails_with_the_reason(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     dest, converted = tmp_path / "key" / "m", tmp_path / "key" / "converted"
     dest.parent.mkdir()
-    assert main(["cache", "fill", "alias:no-such-model", "--dest", str(dest), "--convert", str(converted)]) == 1
+    # another try cannot help: the status that fails the Job at once
+    assert main(["cache", "fill", "alias:no-such-model", "--dest", str(dest), "--convert", str(converted)]) == \
+        cache.EXIT_PERMANENT
     assert "cannot convert" in capsys.readouterr().err
     assert cache.read_marker(tmp_path / "key") is None and not converted.exists()
 

@@ -8,6 +8,7 @@ import json
 import kubernetes_validate
 import pytest
 
+from frota.cli import cache as cache_cli
 from frota.operator.builders import build_children
 from frota.operator.builders.model_cache import CACHE_DIR, MARKER_WAIT_ARGS, PROGRESS_PORT
 from frota.operator.model_cache_status import model_cache_status
@@ -88,6 +89,11 @@ def test_the_job_gets_the_credentials_and_ca_bundle_and_runs_restricted():
     dest = fill["args"][fill["args"].index("--dest") + 1]
     assert dest.endswith("/m.gguf")  # the fragment is no part of the file name
     assert pod["restartPolicy"] == "Never" and pod["automountServiceAccountToken"] is False
+    # A wrong checksum fails the Job at once rather than downloading it backoffLimit times more.
+    [fail, ignore] = job["spec"]["podFailurePolicy"]["rules"]
+    assert fail == {"action": "FailJob", "onExitCodes": {"containerName": "fill", "operator": "In",
+                                                          "values": [cache_cli.EXIT_PERMANENT]}}
+    assert ignore["action"] == "Ignore"
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert not any("hostPath" in v for v in pod["volumes"])
     for container in (fill, *[s["spec"]["template"]["spec"]["initContainers"][0]

@@ -32,6 +32,10 @@ from typing import Any
 
 MARKER = ".frota-cache.json"
 POLL_SECONDS = 2.0
+# `fill`'s exit status when another try cannot help (the body's sha256 is not the URL's, the
+# model cannot be converted): the Job's podFailurePolicy fails the Job at once on it,
+# instead of downloading the same wrong bytes backoffLimit times more.
+EXIT_PERMANENT = 3
 TERMINATION_LOG = "/dev/termination-log"  # the container's terminationMessagePath
 PROGRESS_PATH = "/progress"
 TOTAL_TIMEOUT_S = 10.0
@@ -167,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
         marker = write_marker(dest, args.uri, checked, converted)
     except (FetchError, ConversionError) as exc:
         print(f"frota cache fill: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_PERMANENT if _permanent(exc) else 1
     except OSError as exc:
         print(f"frota cache fill: {args.uri}: cannot write {converted or dest}: {exc}", file=sys.stderr)
         return 1
@@ -178,6 +182,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"frota cache fill: {args.uri} -> {converted or dest}", file=sys.stderr)
     _report(json.loads(marker.read_text())["bytes"])
     return 0
+
+
+def _permanent(exc: Exception) -> bool:
+    # fetch names a checksum problem (a mismatch, a malformed #sha256=) in its message.
+    return isinstance(exc, ConversionError) or "sha256" in str(exc)
 
 
 def _report(size: int) -> None:

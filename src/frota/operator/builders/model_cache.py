@@ -33,6 +33,9 @@ WAIT_SECONDS = 3600
 COMPONENT = "model-cache"
 MARKER_WAIT_ARGS = ["cache", "wait"]
 WAIT_MOUNT = "/model-cache"  # the whole claim, in the wait init container only
+# `frota cache fill`'s exit status when retrying cannot help (frota.cli.cache.EXIT_PERMANENT;
+# the operator may not import the command line): the Job fails at once on it.
+EXIT_PERMANENT = 3
 PROGRESS_PORT = 8081  # `frota cache fill --progress-port`: GET /progress while downloading
 
 
@@ -118,6 +121,11 @@ def job(isvc: InferenceService, location: ModelLocation, resources: Resources | 
     return {"apiVersion": "batch/v1", "kind": "Job",
             "metadata": metadata(isvc, job_name(isvc, location), _labels(isvc)),
             "spec": {"backoffLimit": BACKOFF_LIMIT,
+                     "podFailurePolicy": {"rules": [
+                         {"action": "FailJob", "onExitCodes": {
+                             "containerName": "fill", "operator": "In", "values": [EXIT_PERMANENT]}},
+                         # A pod evicted or preempted is retried without counting it.
+                         {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]},
                      "template": {"metadata": {"labels": _labels(isvc)}, "spec": pod}}}
 
 
