@@ -64,8 +64,9 @@ def make_requests(tokenizer, n: int, prompt_range, output_range, seed: int = 0, 
     return requests
 
 
-def run_frota(engine, requests, tag: str = "") -> dict:
-    """Submit everything at once, step to the end; per-token timestamps give TTFT and ITL."""
+def run_frota(engine, requests, tag: str = "", adapters=None) -> dict:
+    """Submit everything at once, step to the end; per-token timestamps give TTFT and ITL.
+    `adapters`: the LoRA adapter of each request (None: the base model)."""
     from frota.engine import SamplingParams
 
     t0 = time.perf_counter()
@@ -77,7 +78,8 @@ def run_frota(engine, requests, tag: str = "") -> dict:
     bs = engine.block_manager.block_size
     for i, (prompt, out_len) in enumerate(requests):
         engine.add_request(f"{tag}{i}", prompt, SamplingParams(max_tokens=out_len, temperature=0,
-                                                               ignore_eos=True))
+                                                               ignore_eos=True),
+                           adapter=adapters[i] if adapters else None)
     generated = 0
     while engine.has_unfinished:
         outs = engine.step()
@@ -181,10 +183,12 @@ class VllmPeer:
     """vLLM's CPU backend on the same requests, loaded once in its own environment
     (bench/vllm_offline.py), running them each time `run` is called."""
 
-    def __init__(self, model_dir: str, dtype: str, rounds, warmup, args) -> None:
+    def __init__(self, model_dir: str, dtype: str, rounds, warmup, args, lora=None,
+                 prefix_caching: bool = True) -> None:
         spec = {"model": model_dir, "dtype": dtype, "max_num_seqs": 64,
                 "max_num_batched_tokens": args.max_batched_tokens,
-                "rounds": rounds, "warmup": warmup}
+                "rounds": rounds, "warmup": warmup, "lora": lora,
+                "enable_prefix_caching": prefix_caching}
         self._spec = tempfile.NamedTemporaryFile("w", suffix=".json")  # noqa: SIM115
         json.dump(spec, self._spec)
         self._spec.flush()

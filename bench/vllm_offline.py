@@ -5,7 +5,10 @@ Runs in vLLM's own environment (`scripts/vllm-env.sh`), never imports Frota:
     ~/.cache/frota-vllm/0.32.0/bin/python bench/vllm_offline.py REQUESTS.json
 
 REQUESTS.json: {"model": HF directory, "dtype", "max_num_seqs", "max_num_batched_tokens",
-"rounds": [[[prompt token ids, output tokens], ...], ...], "warmup": [...]}. It loads the
+"rounds": [[[prompt token ids, output tokens(, adapter name)], ...], ...], "warmup": [...],
+"lora": null or {"max_loras", "max_lora_rank", "adapters": {name: PEFT directory}},
+"enable_prefix_caching": true}, where a
+request's third item names its LoRA adapter (bench/lora.py). It loads the
 model, runs the warm-up, prints `READY`, then for each line read from stdin (a round's
 index) runs that round's requests, so the caller can alternate its own runs with vLLM's
 while both stay loaded. Each round has its own prompts: a repeated one would be served
@@ -65,18 +68,32 @@ def main() -> int:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
+    lora = spec.get("lora")
+    lora_args = {}
+    lora_requests = {}
+    if lora:
+        from vllm.lora.request import LoRARequest
+
+        lora_args = {"enable_lora": True, "max_loras": lora["max_loras"],
+                     "max_lora_rank": lora["max_lora_rank"]}
+        # vLLM's adapter ids start at 1 (0 is no adapter)
+        lora_requests = {name: LoRARequest(name, i, path)
+                         for i, (name, path) in enumerate(lora["adapters"].items(), start=1)}
     started = time.perf_counter()
     llm = LLM(model=spec["model"], dtype=spec["dtype"], max_num_seqs=spec["max_num_seqs"],
               max_num_batched_tokens=spec["max_num_batched_tokens"], max_model_len=2048,
-              seed=0, disable_log_stats=False)
+              seed=0, disable_log_stats=False,
+              enable_prefix_caching=spec.get("enable_prefix_caching", True), **lora_args)
     ready_s = time.perf_counter() - started
 
     def run(requests: list) -> tuple[list, float]:
-        prompts = [TokensPrompt(prompt_token_ids=ids) for ids, _ in requests]
-        params = [SamplingParams(max_tokens=n, min_tokens=n, temperature=0, ignore_eos=True)
-                  for _, n in requests]
+        prompts = [TokensPrompt(prompt_token_ids=r[0]) for r in requests]
+        params = [SamplingParams(max_tokens=r[1], min_tokens=r[1], temperature=0, ignore_eos=True)
+                  for r in requests]
+        adapters = [lora_requests[r[2]] if len(r) > 2 and r[2] else None for r in requests]
         t0 = time.perf_counter()
-        outputs = llm.generate(prompts, params, use_tqdm=False)
+        outputs = llm.generate(prompts, params, use_tqdm=False,
+                               **({"lora_request": adapters} if lora_requests else {}))
         return outputs, time.perf_counter() - t0
 
     run(spec["warmup"])
