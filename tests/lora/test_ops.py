@@ -31,6 +31,13 @@ def projection(dtype: torch.dtype) -> SlotProjection:
     # slot 3 holds a rank-3 adapter in the rank-8 pool: its padding stays zero
     for j in range(len(WIDTHS)):
         proj.a[3, :, j * RANK + 3:(j + 1) * RANK] = 0
+        proj.b[j][3, 3:] = 0
+    # slot 1's adapter leaves the second target (k) out: zeros, rank 0
+    proj.a[1, :, RANK:2 * RANK] = 0
+    proj.b[1][1] = 0
+    for slot in range(SLOTS):
+        for j in range(len(WIDTHS)):
+            proj.set_rank(slot, j, 3 if slot == 3 else 0 if (slot, j) == (1, 1) else RANK)
     return proj
 
 
@@ -99,5 +106,45 @@ def test_the_kernel_refuses_rows_outside_the_batch_instead_of_reading_past_it():
     x, y = torch.randn(2, HIDDEN), torch.zeros(2, sum(WIDTHS))
     for rows, slots in (([2], [0]), ([0], [SLOTS])):
         with pytest.raises(RuntimeError, match="out of range"):
-            kernel.lora_gather(y, x, proj.a, proj.b, proj.offsets, torch.tensor(rows), torch.tensor(slots))
+            kernel.lora_gather(y, x, proj.a, proj.b, proj.offsets, proj.ranks, torch.tensor(rows),
+                               torch.tensor(slots))
+    bad = proj.ranks.clone()
+    bad[0, 0] = RANK + 1
+    with pytest.raises(RuntimeError, match="rank"):
+        kernel.lora_gather(y, x, proj.a, proj.b, proj.offsets, bad, torch.tensor([0]), torch.tensor([0]))
     assert not y.any()
+
+
+@pytest.mark.parametrize("dtype", list(CASES), ids=str)
+def test_prefill_segments_get_their_slots_delta_over_its_own_ranks(dtype):
+    proj = projection(dtype)
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(9, HIDDEN, generator=generator).to(dtype)
+    y = torch.randn(9, sum(WIDTHS), generator=generator).to(dtype)
+    # chunks of 3 rows under slot 3 (rank 3), 2 base rows, 4 rows under slot 1 (k left out)
+    batch = build_batch([(0, 3, 3), (3, 2, None), (5, 4, 1)], x.device)
+    assert batch is not None and batch.segments and batch.decode_rows is None
+    expected = reference(y, x, proj, [(r, 3) for r in range(3)] + [(r, 1) for r in range(5, 9)])
+    out = ops.add_lora(y.clone(), x, proj, batch)
+    assert torch.equal(out[3:5], y[3:5]), f"{dtype}: a base-model row changed"
+    scale = (expected - y.double()).abs().max().item()
+    error = (out.double() - expected).abs().max().item()
+    assert error <= CASES[dtype] * scale, f"segments, {dtype}: error {error:.3g} vs scale {scale:.3g}"
+
+
+def test_a_slot_written_from_an_adapter_records_its_rank_per_target():
+    from frota.engine.lora.slots import ShardRanges, SlotPool
+
+    proj = SlotProjection("qkv_proj", HIDDEN, WIDTHS, SLOTS, RANK, torch.float32, torch.device("cpu"))
+    pool = SlotPool({(0, "qkv_proj"): proj}, range(1), SLOTS,
+                    ShardRanges(q=(0, WIDTHS[0]), kv=(0, WIDTHS[1]), ff=(0, 0)))
+
+    from types import SimpleNamespace
+
+    # what the pool reads of a LoadedAdapter: (layer, target) -> (A [in, r], B [r, out])
+    adapter = SimpleNamespace(weights={(0, "q_proj"): (torch.ones(HIDDEN, 5), torch.ones(5, WIDTHS[0])),
+                                       (0, "v_proj"): (torch.ones(HIDDEN, 2), torch.ones(2, WIDTHS[2]))})
+    pool.write(2, adapter)
+    assert proj.ranks[2].tolist() == [5, 0, 2] and proj.slot_ranks[2] == [5, 0, 2]
+    pool.write(2, SimpleNamespace(weights={}))  # rewritten: nothing left of the old one
+    assert proj.ranks[2].tolist() == [0, 0, 0] and not proj.a[2].any()

@@ -36,9 +36,11 @@ bool prefill_attention_amx(const at::Tensor& q, const at::Tensor& k, const at::T
                            double scale);
 
 // lora_ops.cpp: y[row] += (x[row] @ A[slot]) @ B_j[slot] for each listed decode row, in place
-// (LoRA's BGMV over the slot pool: A [slots, in, k*R], B_j [slots, R, width_j] at offsets[j]).
+// (LoRA's BGMV over the slot pool: A [slots, in, k*R], B_j [slots, R, width_j] at offsets[j],
+// each slot's rank per target in ranks [slots, k], 0 for a target it leaves out).
 void lora_gather(at::Tensor& y, const at::Tensor& x, const at::Tensor& a, const std::vector<at::Tensor>& b,
-                 const std::vector<int64_t>& offsets, const at::Tensor& rows, const at::Tensor& slots);
+                 const std::vector<int64_t>& offsets, const at::Tensor& ranks, const at::Tensor& rows,
+                 const at::Tensor& slots);
 
 // The quant extension's int4_mm(x, qs, d, m, group), which that module exports as a pointer
 // in a capsule of this name: each extension keeps its own compiler flags.

@@ -10,6 +10,11 @@
 // (Blocking rows of one slot together, to read each weight once for several, measured
 // slower here: the sums of several rows no longer fit the registers.)
 //
+// Each slot's rank per target (`ranks`, [slots, k]) bounds the work: A's columns past an
+// adapter's rank, and a target it leaves out (rank 0), are zeros in the pool and are not
+// read. With the pool at rank 64, a rank-8 adapter of q and v reads 3% of the qkv
+// projection's A. Skipping them leaves every other sum as it was, term for term.
+//
 // Each row's result depends on its own x, A and B alone (no cross-row reduction), so a
 // request's delta does not change with what it is batched beside.
 #include <ATen/ATen.h>
@@ -65,17 +70,19 @@ void vec_mat(float* out, const float* coef, int64_t terms, const W* mat, int64_t
   for (; c < width; ++c) block<1, kSkipZeros>(out + c, coef, terms, mat + c, stride);
 }
 
-// One row: xa = x @ A (all fused ranks side by side), then y[offset_j:] += xa_j @ B_j.
+// One row: per target j of rank r_j (0: left out), xa_j = x @ A[:, j*R : j*R + r_j], then
+// y[offset_j:] += xa_j @ B_j[:r_j].
 template <typename X, typename W>
 void lora_row(X* y, const X* x, const W* a, const std::vector<const W*>& b,
-              const std::vector<int64_t>& widths, const std::vector<int64_t>& offsets,
+              const std::vector<int64_t>& widths, const std::vector<int64_t>& offsets, const int64_t* ranks,
               int64_t in_features, int64_t rank, float* xf, float* xa, float* acc) {
   const int64_t fused = rank * static_cast<int64_t>(b.size());
   for (int64_t h = 0; h < in_features; ++h) xf[h] = as_float(x[h]);
-  vec_mat<false>(xa, xf, in_features, a, fused, fused);
   for (size_t j = 0; j < b.size(); ++j) {
-    const int64_t width = widths[j];
-    vec_mat<true>(acc, xa + j * rank, rank, b[j], width, width);
+    const int64_t r = ranks[j], width = widths[j];
+    if (r == 0) continue;
+    vec_mat<false>(xa + j * rank, xf, in_features, a + j * rank, fused, r);
+    vec_mat<true>(acc, xa + j * rank, r, b[j], width, width);
     X* out = y + offsets[j];
     for (int64_t c = 0; c < width; ++c) out[c] = static_cast<X>(as_float(out[c]) + acc[c]);
   }
@@ -83,7 +90,8 @@ void lora_row(X* y, const X* x, const W* a, const std::vector<const W*>& b,
 
 template <typename X, typename W>
 void lora_rows(at::Tensor& y, const at::Tensor& x, const at::Tensor& a, const std::vector<at::Tensor>& b,
-               const std::vector<int64_t>& offsets, const at::Tensor& rows, const at::Tensor& slots) {
+               const std::vector<int64_t>& offsets, const at::Tensor& ranks, const at::Tensor& rows,
+               const at::Tensor& slots) {
   const int64_t in_features = a.size(1), rank = b[0].size(1);
   std::vector<int64_t> widths;
   int64_t widest = 0;
@@ -93,6 +101,8 @@ void lora_rows(at::Tensor& y, const at::Tensor& x, const at::Tensor& a, const st
   }
   const int64_t* row_of = rows.data_ptr<int64_t>();
   const int64_t* slot_of = slots.data_ptr<int64_t>();
+  const int64_t* rank_of = ranks.data_ptr<int64_t>();
+  const int64_t targets = static_cast<int64_t>(b.size());
   X* y_data = y.data_ptr<X>();
   const X* x_data = x.data_ptr<X>();
   const W* a_data = a.data_ptr<W>();
@@ -104,7 +114,8 @@ void lora_rows(at::Tensor& y, const at::Tensor& x, const at::Tensor& a, const st
       const int64_t row = row_of[i], slot = slot_of[i];
       for (size_t j = 0; j < b.size(); ++j) b_slot[j] = b[j].data_ptr<W>() + slot * rank * widths[j];
       lora_row<X, W>(y_data + row * y_stride, x_data + row * x_stride, a_data + slot * in_features * fused,
-                     b_slot, widths, offsets, in_features, rank, xf.data(), xa.data(), acc.data());
+                     b_slot, widths, offsets, rank_of + slot * targets, in_features, rank, xf.data(), xa.data(),
+                     acc.data());
     }
   });
 }
@@ -112,10 +123,12 @@ void lora_rows(at::Tensor& y, const at::Tensor& x, const at::Tensor& a, const st
 }  // namespace
 
 // y [T, out] (in place) += each listed row's delta under its slot. x [T, in]; A [slots, in,
-// k * R]; B_j [slots, R, width_j], writing y's columns offsets[j]...; rows and slots int64 [n].
-// x, y, A and B share a dtype: float32 or bfloat16 (the slot pool is allocated in the model's).
+// k * R]; B_j [slots, R, width_j], writing y's columns offsets[j]...; ranks int64 [slots, k],
+// each at most R; rows and slots int64 [n]. x, y, A and B share a dtype: float32 or bfloat16
+// (the slot pool is allocated in the model's).
 void lora_gather(at::Tensor& y, const at::Tensor& x, const at::Tensor& a, const std::vector<at::Tensor>& b,
-                 const std::vector<int64_t>& offsets, const at::Tensor& rows, const at::Tensor& slots) {
+                 const std::vector<int64_t>& offsets, const at::Tensor& ranks, const at::Tensor& rows,
+                 const at::Tensor& slots) {
   TORCH_CHECK(!b.empty() && b.size() == offsets.size(), "one offset per B");
   TORCH_CHECK(y.dim() == 2 && x.dim() == 2 && y.size(0) == x.size(0) && y.stride(1) == 1 && x.stride(1) == 1,
               "x and y must be [tokens, width] with contiguous rows");
@@ -128,6 +141,13 @@ void lora_gather(at::Tensor& y, const at::Tensor& x, const at::Tensor& a, const 
     TORCH_CHECK(offsets[j] >= 0 && offsets[j] + b[j].size(2) <= y.size(1), "B's columns must lie in y");
   }
   TORCH_CHECK(x.scalar_type() == y.scalar_type(), "x and y must share a dtype");
+  TORCH_CHECK(ranks.scalar_type() == at::kLong && ranks.is_contiguous() && ranks.dim() == 2 &&
+                  ranks.size(0) == a.size(0) && ranks.size(1) == static_cast<int64_t>(b.size()),
+              "ranks must be a contiguous int64 [slots, targets]");
+  const int64_t* rank_data = ranks.data_ptr<int64_t>();
+  for (int64_t i = 0; i < ranks.numel(); ++i)
+    TORCH_CHECK(rank_data[i] >= 0 && rank_data[i] <= b[0].size(1), "a slot's rank ", rank_data[i],
+                " is outside 0..", b[0].size(1));
   TORCH_CHECK(rows.scalar_type() == at::kLong && slots.scalar_type() == at::kLong && rows.is_contiguous() &&
                   slots.is_contiguous() && rows.numel() == slots.numel(),
               "rows and slots must be int64 vectors of one length");
@@ -137,8 +157,8 @@ void lora_gather(at::Tensor& y, const at::Tensor& x, const at::Tensor& a, const 
     TORCH_CHECK(row_of[i] >= 0 && row_of[i] < y.size(0) && slot_of[i] >= 0 && slot_of[i] < a.size(0),
                 "row ", row_of[i], " or slot ", slot_of[i], " out of range");
   const auto xt = x.scalar_type(), wt = a.scalar_type();
-  if (xt == at::kFloat && wt == at::kFloat) return lora_rows<float, float>(y, x, a, b, offsets, rows, slots);
+  if (xt == at::kFloat && wt == at::kFloat) return lora_rows<float, float>(y, x, a, b, offsets, ranks, rows, slots);
   if (xt == at::kBFloat16 && wt == at::kBFloat16)
-    return lora_rows<c10::BFloat16, c10::BFloat16>(y, x, a, b, offsets, rows, slots);
+    return lora_rows<c10::BFloat16, c10::BFloat16>(y, x, a, b, offsets, ranks, rows, slots);
   TORCH_CHECK(false, "lora_gather runs float32 or bfloat16 activations and adapters of the same dtype");
 }

@@ -5,7 +5,9 @@ that is the C++ kernel `lora_ops.cpp` (in the attention kernels' module), which 
 pool (bench/lora_ops.py: about a tenth of the torch gather's time, which copies them out
 first). Elsewhere, or with `FROTA_CPU_KERNELS=0`, each row's A and B are gathered by its
 slot and one batched matmul serves them all (torch ops; on CUDA untested until a GPU runs
-it). Prefill chunks go by segment (SGMV): one matmul pair per chunk, whose rows share a slot.
+it). Prefill chunks go by segment (SGMV): one matmul pair per chunk and target, whose rows
+share a slot. The kernel and the segments read only each slot's own rank per target (the
+pool's columns past it are zeros, and a target the adapter leaves out is skipped whole).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ def add_lora(y: torch.Tensor, x: torch.Tensor, proj: SlotProjection, batch: LoRA
     r = proj.max_rank
     if batch.decode_rows is not None and (kernel := gather_kernel(x, proj)) is not None \
             and y.dtype == x.dtype and y.stride(-1) == 1 and x.stride(-1) == 1:
-        kernel.lora_gather(y, x, proj.a, proj.b, proj.offsets, batch.decode_rows,
+        kernel.lora_gather(y, x, proj.a, proj.b, proj.offsets, proj.ranks, batch.decode_rows,
                            batch.decode_slots)
     elif batch.decode_rows is not None:
         rows, slots = batch.decode_rows, batch.decode_slots
@@ -43,7 +45,9 @@ def add_lora(y: torch.Tensor, x: torch.Tensor, proj: SlotProjection, batch: LoRA
             delta = torch.bmm(xa[:, :, j * r : (j + 1) * r], b.index_select(0, slots)).squeeze(1)
             y[:, offset : offset + b.shape[2]].index_add_(0, rows, delta.to(y.dtype))
     for start, end, slot in batch.segments:
-        xa = x[start:end] @ proj.a[slot]
         for j, (offset, b) in enumerate(zip(proj.offsets, proj.b, strict=True)):
-            y[start:end, offset : offset + b.shape[2]] += (xa[:, j * r : (j + 1) * r] @ b[slot]).to(y.dtype)
+            rank = proj.slot_ranks[slot][j]
+            if rank:
+                xa = x[start:end] @ proj.a[slot, :, j * r : j * r + rank]
+                y[start:end, offset : offset + b.shape[2]] += (xa @ b[slot, :rank]).to(y.dtype)
     return y

@@ -64,9 +64,19 @@ class SlotProjection:
         self.a = torch.zeros(num_slots, in_features, len(widths) * max_rank, dtype=dtype, device=device)
         self.b = [torch.zeros(num_slots, max_rank, w, dtype=dtype, device=device) for w in widths]
         self.offsets = [sum(widths[:i]) for i in range(len(widths))]
+        # Each slot's rank per target, 0 where its adapter leaves the target out: the
+        # columns past it are zeros, and the C++ kernel and the prefill segments skip them.
+        # Host-side bookkeeping (the kernel reads it on the CPU), not adapter weights.
+        self.ranks = torch.zeros(num_slots, len(widths), dtype=torch.long)
+        self.slot_ranks: list[list[int]] = [[0] * len(widths) for _ in range(num_slots)]
 
     def nbytes(self) -> int:
+        """The adapter weights' bytes (A and every B): what the memory plan reserves."""
         return sum(t.numel() * t.element_size() for t in (self.a, *self.b))
+
+    def set_rank(self, slot: int, target: int, rank: int) -> None:
+        self.ranks[slot, target] = rank
+        self.slot_ranks[slot][target] = rank
 
 
 class SlotPool:
@@ -143,6 +153,7 @@ class SlotPool:
             row_parallel = name in ROW_PARALLEL
             for j, target in enumerate(proj.targets):
                 proj.b[j][slot].zero_()
+                proj.set_rank(slot, j, 0)
                 pair = adapter.weights.get((self.layers[layer], target))
                 if pair is None:
                     continue
@@ -155,6 +166,7 @@ class SlotPool:
                 r = a.shape[1]
                 proj.a[slot, :, j * r_max : j * r_max + r].copy_(a)
                 proj.b[j][slot, :r].copy_(b)
+                proj.set_rank(slot, j, r)
 
 
 class SlotsBusy(Exception):
