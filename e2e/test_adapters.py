@@ -2,8 +2,8 @@
 the cluster (TLS from a CA made at test time, given by ``spec.model.caBundle``), one more
 loaded at run time through the router, requests routed by adapter name, unloading.
 
-One Frota InferenceService serves the module (one replica: a model load is the cost) and
-the tests run in file order: spec adapter, runtime load, status, unload.
+One Frota InferenceService serves the module and the tests run in file order: spec
+adapter, runtime load, status, a second replica that gets both adapters, unload from both.
 """
 
 from __future__ import annotations
@@ -98,6 +98,48 @@ def test_status_shows_both_adapters_resident_on_the_replica(
     assert not any(a.get("lastError") for a in adapters.values()), adapters
 
 
+def worker_models(cluster: Cluster, ns: str, pod: str) -> set[str]:
+    """What one worker pod itself lists on /v1/models (not the router's union)."""
+    with cluster.reach(ns, pod, fleet.WORKER_PORT) as (host, port):
+        return {m["id"] for m in httpx.get(f"http://{host}:{port}/v1/models", timeout=30).json()["data"]}
+
+
+def test_a_replica_started_later_serves_the_spec_and_the_runtime_adapter(
+    cluster: Cluster, ns: str, isvc: str, answers: dict[str, str]
+) -> None:
+    (first,) = fleet.serving_pods(cluster, ns, isvc)
+    cluster.kubectl("scale", "inferenceservice", isvc, "-n", ns, "--replicas", "2")
+    wait_ready(cluster, ns, isvc)
+
+    def two_serving() -> list[str] | None:
+        pods = fleet.serving_pods(cluster, ns, isvc)
+        return pods if len(pods) == 2 else None
+
+    (new,) = set(wait_until("two serving workers", two_serving, timeout=300)) - {first}
+
+    def both_adapters() -> set[str] | None:
+        ids = worker_models(cluster, ns, new)
+        return ids if ids >= {"sql", "tone"} else None
+
+    # The spec's adapter comes with the pod; the runtime one, loaded before the pod existed,
+    # is given to it by the router before it serves.
+    assert wait_until("both adapters on the new worker", both_adapters, timeout=90) \
+        == {"smollm2", "sql", "tone"}
+    with cluster.reach(ns, new, fleet.WORKER_PORT) as (host, port):
+        direct = openai.OpenAI(base_url=f"http://{host}:{port}/v1", api_key="unused",
+                               timeout=120, max_retries=0)
+        assert ask(direct, "tone") == answers["tone"]  # greedy float32: the same adapter's answer
+        assert ask(direct, "sql") == answers["sql"]
+
+    def on_both() -> dict[str, Any] | None:
+        adapters = {a["name"]: a for a in
+                    cluster.get("inferenceservice", isvc, ns)["status"].get("adapters") or []}
+        return adapters if all(adapters.get(n, {}).get("residentReplicas") == 2
+                               for n in ("sql", "tone")) else None
+
+    wait_until("sql and tone resident on both replicas in status.adapters", on_both, timeout=120)
+
+
 def test_unloading_one_adapter_leaves_the_others_serving(
     cluster: Cluster, ns: str, isvc: str, answers: dict[str, str]
 ) -> None:
@@ -111,3 +153,6 @@ def test_unloading_one_adapter_leaves_the_others_serving(
         assert {m.id for m in client.models.list().data} == {"smollm2", "sql"}
         assert ask(client, "sql") == answers["sql"]
         assert ask(client, "smollm2") == answers["smollm2"]
+    # The unload reached every replica.
+    for pod in fleet.serving_pods(cluster, ns, isvc):
+        assert worker_models(cluster, ns, pod) == {"smollm2", "sql"}, pod

@@ -1,5 +1,6 @@
 """charts/frota on a clean cluster: `helm install`, `helm upgrade` to a changed value, and
 `helm uninstall`, which leaves no operator object behind and keeps the CRDs, as Helm does.
+With two replicas, one is active and reconciles, and a standby takes over when it goes.
 
 Runs first in the suite (e2e/conftest.py orders it), before any test installs the operator
 with kustomize; the rest of the suite then installs it that way on the same cluster.
@@ -30,6 +31,7 @@ VALUES = ["--set", f"namespaceOverride={OPERATOR_NS},namespace.create=true",
           "--set", "resources.requests.cpu=50m,resources.requests.memory=128Mi"]
 CRDS = ("inferenceservices.frota.dev", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev")
 SELECTOR = {"app.kubernetes.io/name": "frota", "app.kubernetes.io/component": "operator"}
+INSTANCE = "app.kubernetes.io/instance"
 
 
 class Helm:
@@ -89,11 +91,54 @@ def _exists(cluster: Cluster, obj: dict[str, Any]) -> bool:
     return bool(out.strip())
 
 
-def test_chart_installs_upgrades_and_uninstalls_the_operator(cluster: Cluster, helm: Helm) -> None:
+def _isvc(name: str, namespace: str) -> dict[str, Any]:
+    """An InferenceService whose worker pods stay Pending: what is judged is the operator."""
+    return {"apiVersion": "frota.dev/v1alpha1", "kind": "InferenceService",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"model": {"name": "smollm2", "uri": "alias:smollm2"},
+                     "resources": {"cpu": "1", "memory": "3Gi"},
+                     "placement": {"nodeSelector": {"frota.dev/e2e": "nowhere"}}}}
+
+
+def _reconciled(cluster: Cluster, namespace: str, name: str) -> bool:
+    return bool(cluster.get("statefulsets", namespace=namespace, **{INSTANCE: name}))
+
+
+def _peers(cluster: Cluster) -> dict[str, int]:
+    """kopf's live peers (identity: user@pod-name/...) and their priorities."""
+    status = cluster.get("clusterkopfpeering", "frota").get("status") or {}
+    return {identity: peer["priority"] for identity, peer in status.items()}
+
+
+def _check_one_replica_active_and_handing_over(cluster: Cluster, namespace: str) -> None:
+    # The two replicas share their flags; kopf pauses every peer that ties on priority, so
+    # with its default of 0 for both nothing was ever reconciled.
+    cluster.apply(_isvc("peered", namespace), namespace=namespace)
+    wait_until("the active operator replica to reconcile an InferenceService",
+               lambda: _reconciled(cluster, namespace, "peered"), timeout=90)
+    wait_until("both replicas in the peering object", lambda: len(_peers(cluster)) == 2, timeout=60)
+    peers = _peers(cluster)
+    assert len(set(peers.values())) == 2, f"the replicas tie on priority: {peers}"
+    # Delete the active replica (the highest priority): the other takes over.
+    active = max(peers, key=peers.__getitem__)
+    (pod,) = [p["metadata"]["name"] for p in cluster.get("pods", namespace=OPERATOR_NS, **SELECTOR)
+              if f"@{p['metadata']['name']}" in active]
+    cluster.kubectl("delete", "pod", pod, "-n", OPERATOR_NS, "--wait=false")
+    cluster.apply(_isvc("handed-over", namespace), namespace=namespace)
+    wait_until("a standby replica to take over and reconcile a new InferenceService",
+               lambda: _reconciled(cluster, namespace, "handed-over"), timeout=150)
+    cluster.kubectl("delete", "inferenceservices", "--all", "-n", namespace, "--wait=true",
+                    "--timeout=90s")
+
+
+def test_chart_installs_upgrades_and_uninstalls_the_operator(cluster: Cluster, helm: Helm,
+                                                             namespace: str) -> None:
     helm("install", RELEASE, str(CHART), "-n", RELEASE_NS, *VALUES)
     cluster.wait_crds_established(list(CRDS))
     wait_until("the chart's operator Deployment to roll out (2 replicas, Available)",
                lambda: _rolled_out(cluster, 1), timeout=180)
+    _check_one_replica_active_and_handing_over(cluster, namespace)
+    wait_until("the Deployment's replacement pod", lambda: _rolled_out(cluster, 1), timeout=180)
     namespace = cluster.get("namespace", OPERATOR_NS)
     assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
     assert cluster.get("poddisruptionbudget", "frota-operator", OPERATOR_NS)["spec"]["minAvailable"] == 1
