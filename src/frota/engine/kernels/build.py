@@ -22,6 +22,7 @@ import hashlib
 import logging
 import os
 import platform
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -85,7 +86,12 @@ _loaded: dict[str, ModuleType | None] = {}
 def load(kind: str) -> ModuleType | None:
     """The `kind` kernels module (see the module docstring), or None; decided once per process."""
     if kind not in _loaded:
+        started = time.monotonic()
         _loaded[kind] = _load(EXTENSIONS[kind])
+        if _loaded[kind] is not None:  # how long a cold start spends here (a compile, or a load)
+            seconds = round(time.monotonic() - started, 3)
+            log.info("C++ %s kernels ready in %.2f s", kind, seconds,
+                     extra={"fields": {"kernels": kind, "kernel_load_s": seconds}})
     return _loaded[kind]
 
 
