@@ -41,3 +41,31 @@ def test_safetensors_llama_logits_match_transformers(tmp_path, tie):
     with torch.inference_mode():
         expected = hf(torch.tensor([ids])).logits[0]
     torch.testing.assert_close(reference_logits(model, ids), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_safetensors_tensors_are_views_of_the_mapped_file_with_their_values(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from frota.engine.loader.safetensors import mapped_tensors
+
+    torch.manual_seed(0)
+    tensors = {"a": torch.randn(3, 5), "b": torch.randn(7).to(torch.bfloat16),
+               "c": torch.randn(2, 2, 2).to(torch.float16), "d": torch.arange(6).view(2, 3),
+               "e": torch.tensor(1.5)}
+    save_file(tensors, tmp_path / "m.safetensors", metadata={"format": "pt"})
+    reference = load_file(tmp_path / "m.safetensors")
+    mapped = dict(mapped_tensors(tmp_path / "m.safetensors"))
+    assert mapped.keys() == reference.keys()
+    for name, tensor in mapped.items():
+        assert tensor.dtype == reference[name].dtype and torch.equal(tensor, reference[name]), name
+    # one mapping of the file serves every tensor: nothing was read into a copy
+    assert len({t.untyped_storage().data_ptr() for t in mapped.values()}) == 1
+
+
+def test_a_truncated_safetensors_file_is_refused_by_name(tmp_path):
+    from frota.engine.errors import UnsupportedModelError
+    from frota.engine.loader.safetensors import mapped_tensors
+
+    (tmp_path / "bad.safetensors").write_bytes(b"\xff\xff\xff\x00\x00\x00\x00\x00{}")
+    with pytest.raises(UnsupportedModelError, match="bad.safetensors"):
+        list(mapped_tensors(tmp_path / "bad.safetensors"))

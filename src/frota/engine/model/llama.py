@@ -175,7 +175,7 @@ class LlamaForCausalLM(nn.Module):
             if params[name].shape != tensor.shape:
                 raise ValueError(f"weight {name!r}: shape {tuple(tensor.shape)}, model expects "
                                  f"{tuple(params[name].shape)}")
-            params[name].copy_(tensor.to(params[name].dtype))
+            params[name].copy_(tensor)  # converts the dtype in the one copy
             loaded.add(name)
         if self.cfg.tie_word_embeddings:
             loaded.add("lm_head.weight")
