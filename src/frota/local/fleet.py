@@ -8,6 +8,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
+from frota.api.contract import Role
 from frota.local.ports import free_ports, require_free
 from frota.local.supervisor import GroupSpec, ProcessSpec
 from frota.local.topology import (
@@ -148,7 +149,7 @@ def _router_spec(topology: LocalTopology, groups: list[GroupSpec], opts: FleetOp
     return ProcessSpec(
         name="router", argv=argv, env={**topology.router_env, "FROTA_LOG_LEVEL": opts.log_level},
         port=opts.port,
-        role="router", ready_url=f"http://{_connect_host(opts.host)}:{opts.port}/ready",
+        role=Role.ROUTER, ready_url=f"http://{_connect_host(opts.host)}:{opts.port}/ready",
         live_url=f"http://{_connect_host(opts.host)}:{opts.port}/health",
     )
 

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
+from frota.api.contract import Role
+
 _PR_SET_PDEATHSIG = 1
 
 
@@ -44,7 +46,7 @@ class ProcessSpec:
     # kills the process (and so restarts its group), as a kubelet would.
     live_url: str | None = None
     port: int | None = None
-    role: str = "worker"
+    role: Role = Role.WORKER
     replica: int | None = None
     rank: int = 0
 

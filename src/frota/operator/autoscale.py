@@ -44,12 +44,12 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from frota.api import InferenceService, InferenceServiceSpec, ScaleToZero, ScalingPolicy
-from frota.api.contract import Label, RouterMetric, WorkerMetric
+from frota.api.contract import Label, Role, RouterMetric, WorkerMetric
 from frota.operator.builders import service_url
 from frota.plan.topology import WORKER_PORT
 
 TOLERANCE = 0.1  # no change while the metric is within 10% of the target
-ROLES = ("prefill", "decode")
+ROLES = (Role.PREFILL, Role.DECODE)  # the roles with an autoscaling of their own
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from frota.api import Capacity, Condition, InferenceServiceStatus, RoleStatus
-from frota.api.contract import ConditionType, Reason
+from frota.api.contract import ConditionType, Reason, Role, WorkerRole
 from frota.operator.adapter_report import Listing, adapter_statuses
 from frota.operator.observe import GroupView, ImageProblem, Observed
 
@@ -45,7 +45,7 @@ class Intent:
     url: str
     mode: Literal["Colocated", "Disaggregated"] = "Colocated"
     capacity: Capacity | None = None
-    serving_role: str = "worker"
+    serving_role: WorkerRole = Role.WORKER
     role_services: Mapping[str, str] = field(default_factory=dict)  # role -> Service the router reads
     lora: bool = False  # LoRA on: status.adapters is kept
     adapters: tuple[str, ...] = ()  # spec.adapters' names, in order
