@@ -235,6 +235,30 @@ async def test_at_zero_a_demand_announced_by_the_router_brings_a_replica_back_at
     assert any("holds a request" in e.get("message", "") for e in events), events
 
 
+async def test_a_disaggregated_fleet_takes_both_roles_to_zero_and_brings_both_back_on_demand(
+    cluster: Cluster, operator: Operator
+) -> None:
+    autoscaling = {"minReplicas": 0, "maxReplicas": 2, "target": 4, "scaleToZero": {}}
+    await cluster.create_isvc(sample("pd", replicas=1, autoscaling=autoscaling, disaggregation={
+        "prefill": {"replicas": 1}, "decode": {"replicas": 2}}))
+    await groups_created(cluster, "pd", 3)
+    await cluster.run_router("pd-router")
+    applied = {k: v for k, v in cluster.isvc("pd")["spec"].items() if k != "replicas"}
+    # what the autoscaler does once the router has been idle for idleSeconds
+    await cluster.patch_isvc("pd", {"spec": {"replicas": 0}}, subresource="scale")
+    await wait_for(lambda: not owned(cluster, "pd")["StatefulSet"], what="no group of either role")
+    assert "pd-router" in owned(cluster, "pd")["Deployment"]
+    await wait_for(status_is(cluster, "pd", "Ready", "True", "ScaledToZero"), what="zero")
+
+    await cluster.patch_isvc("pd", {"metadata": {"annotations": {
+        "router.frota.dev/demanded-at": "2026-12-04T12:00:00Z"}}})
+    await groups_created(cluster, "pd", 3)  # a whole unit: its prefill and both decode groups
+    assert set(owned(cluster, "pd")["StatefulSet"]) == {"pd-prefill-0", "pd-decode-0", "pd-decode-1"}
+    assert cluster.isvc("pd")["spec"]["replicas"] == 1
+    # GitOps: zero and back changed no field but the replicas the autoscaler owns
+    assert {k: v for k, v in cluster.isvc("pd")["spec"].items() if k != "replicas"} == applied
+
+
 async def test_delete_lets_the_garbage_collector_take_every_child(
     cluster: Cluster, operator: Operator
 ) -> None:
