@@ -259,6 +259,27 @@ async def test_a_disaggregated_fleet_takes_both_roles_to_zero_and_brings_both_ba
     assert {k: v for k, v in cluster.isvc("pd")["spec"].items() if k != "replicas"} == applied
 
 
+async def test_a_vllm_fleet_goes_to_zero_and_comes_back_on_demand_as_a_frota_one_does(
+    cluster: Cluster, operator: Operator
+) -> None:
+    autoscaling = {"minReplicas": 0, "maxReplicas": 2, "target": 4, "scaleToZero": {}}
+    await cluster.create_isvc(sample("vl", replicas=1, autoscaling=autoscaling,
+                                     runtime={"engine": "vllm"}, resources={"cpu": "2", "memory": "5Gi"},
+                                     engine={"dtype": "float32", "maxModelLen": 2048,
+                                             "kvCache": {"blockSize": 32}}))
+    await groups_created(cluster, "vl", 1)
+    await cluster.run_router("vl-router")
+    await cluster.patch_isvc("vl", {"spec": {"replicas": 0}}, subresource="scale")
+    await wait_for(lambda: not owned(cluster, "vl")["StatefulSet"], what="no groups")
+    await wait_for(status_is(cluster, "vl", "Ready", "True", "ScaledToZero"), what="zero")
+    await cluster.patch_isvc("vl", {"metadata": {"annotations": {
+        "router.frota.dev/demanded-at": "2026-12-04T12:00:00Z"}}})
+    await groups_created(cluster, "vl", 1)
+    (group,) = owned(cluster, "vl")["StatefulSet"].values()
+    container = group["spec"]["template"]["spec"]["containers"][0]
+    assert "vllm" in " ".join(container.get("command", []) + container.get("args", []))
+
+
 async def test_delete_lets_the_garbage_collector_take_every_child(
     cluster: Cluster, operator: Operator
 ) -> None:
