@@ -18,6 +18,9 @@ pytestmark = pytest.mark.skipif(not packing.supported(torch.float32),
 @pytest.mark.parametrize(("dtype", "tol"), [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_packed_equals_f_linear(rows, dtype, tol, bias):
+    if not packing.supported(dtype):  # the engine then keeps F.linear for that dtype
+        pytest.skip(f"oneDNN cannot pack {dtype} weights on this CPU (bfloat16 needs avx512bw, "
+                    "avx512vl and avx512dq, or avx_ne_convert)")
     torch.manual_seed(rows)
     layer = nn.Linear(96, 200, bias=bias).to(dtype)
     x = torch.randn(rows, 96, dtype=dtype)
@@ -49,6 +52,13 @@ def test_pack_linears_replaces_only_plain_linears():
     assert type(model[2]) is _Sub and type(model[3]) is nn.Linear  # subclass, float16: untouched
     torch.testing.assert_close(after, before, atol=1e-5, rtol=1e-5)
     assert packing.pack_linears(model) == 0  # idempotent
+
+
+def test_a_dtype_onednn_cannot_pack_here_is_left_to_f_linear():
+    model = nn.Sequential(nn.Linear(64, 64).to(torch.bfloat16))
+    packed = packing.pack_linears(model)
+    assert packed == int(packing.supported(torch.bfloat16))
+    assert isinstance(model[0], packing.PackedLinear | packing.AmxLinear) == bool(packed)
 
 
 def test_packing_can_be_turned_off(monkeypatch):
