@@ -6,7 +6,8 @@ import contextlib
 import aiohttp
 import pytest
 
-from frota.router.app import RouterConfig, read_api_keys
+from frota.router.app import RouterConfig, build_app, read_api_keys
+from frota.router.discovery import StaticDiscovery
 
 BODY = {"model": "fake", "prompt": "hello", "stream": True}
 
@@ -195,3 +196,19 @@ async def test_stop_cuts_off_what_is_left_at_the_drain_timeout(
             rest = await r.read()
         assert b"[DONE]" not in rest
     assert "cutting 1 connection(s), 1 with a request in flight" in caplog.text
+
+
+async def test_two_routers_share_a_port_with_reuse_port(start_worker):
+    worker = await start_worker()
+    apps = [build_app(RouterConfig(probe_interval=0.05), StaticDiscovery([worker.url]))
+            for _ in range(2)]
+    port = await apps[0].start("127.0.0.1", 0, reuse_port=True)
+    try:
+        assert await apps[1].start("127.0.0.1", port, reuse_port=True) == port
+        await apps[0].stop()  # the other one goes on serving the port
+        async with aiohttp.ClientSession() as session, session.get(
+                f"http://127.0.0.1:{port}/health") as r:
+            assert r.status == 200
+    finally:
+        for app in apps:
+            await app.stop()

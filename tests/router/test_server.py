@@ -11,10 +11,9 @@ from dataclasses import dataclass, field
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from frota.router.errors import json_response
-from frota.router.server import HttpServer, Request, open_stream
+from frota.router.server import Answer, HttpServer, Request, Response, open_stream
 
 TIMEOUT = 5.0
 GET = b"GET / HTTP/1.1\r\nHost: t\r\n\r\n"
@@ -77,7 +76,7 @@ def assert_openai_error(response: RawResponse, status: int, code: str) -> dict:
     return error
 
 
-async def echo(request: Request) -> web.Response:
+async def echo(request: Request) -> Response:
     return json_response({"method": request.method, "target": request.target,
                           "body": request.body.decode("latin-1"),
                           "version": request.http_version,
@@ -101,7 +100,7 @@ Connect = Callable[..., Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWrit
 async def serve() -> AsyncIterator[Serve]:
     servers: list[HttpServer] = []
 
-    async def start(handler: Callable[[Request], Awaitable[web.StreamResponse]],
+    async def start(handler: Callable[[Request], Awaitable[Answer]],
                     **limits: object) -> tuple[HttpServer, int]:
         server = HttpServer(handler, **limits)  # type: ignore[arg-type]
         servers.append(server)
@@ -131,8 +130,8 @@ async def connect() -> AsyncIterator[Connect]:
 
 
 
-def text(status: int, body: bytes = b"") -> web.Response:
-    return web.Response(status=status, body=body)
+def text(status: int, body: bytes = b"") -> Response:
+    return Response(status, body)
 
 
 @dataclass
@@ -143,7 +142,7 @@ class Recorder:
     body: bytes = b""
     requests: list[Request] = field(default_factory=list)
 
-    async def __call__(self, request: Request) -> web.Response:
+    async def __call__(self, request: Request) -> Response:
         self.requests.append(request)
         return text(self.status, self.body)
 
@@ -194,7 +193,7 @@ async def test_a_compressed_body_passes_through_as_sent(serve, connect):
 async def test_pipelined_requests_are_answered_in_order(serve, connect):
     events: list[str] = []
 
-    async def handler(request: Request) -> web.Response:
+    async def handler(request: Request) -> Response:
         events.append(f"start {request.path}")
         await asyncio.sleep({"/slow": 0.2, "/mid": 0.05}.get(request.path, 0.0))
         events.append(f"end {request.path}")
@@ -225,17 +224,17 @@ async def test_http10_request_is_answered_then_closed(serve, connect):
 
 async def stream_in_two(request: Request, first: bytes, between: Callable[[], Awaitable[object]],
                         last: bytes, headers: list[tuple[str, str]] | None = None,
-                        ) -> web.StreamResponse:
+                        ) -> Answer:
     """Answer with a 200 stream: `first`, then (once `between()` is done) `last`, and end."""
-    stream = await open_stream(request, 200, headers or [], first)
+    stream = open_stream(request, 200, headers or [], first)
     await between()
     stream.write(last)
-    await stream.end()
-    return stream.response
+    stream.end()
+    return stream
 
 
 async def test_streamed_response_to_http10_is_unchunked_and_ends_with_close(serve, connect):
-    async def handler(request: Request) -> web.StreamResponse:
+    async def handler(request: Request) -> Answer:
         return await stream_in_two(request, b"one ", lambda: asyncio.sleep(0.01), b"two",
                                    [("Content-Type", "text/event-stream")])
 
@@ -252,16 +251,16 @@ async def test_streamed_response_to_http10_is_unchunked_and_ends_with_close(serv
 async def test_stream_chunks_decode_with_aiohttp(serve):
     gate = asyncio.Event()
 
-    async def handler(request: Request) -> web.StreamResponse:
-        stream = await open_stream(request, 201, [("Content-Type", "text/event-stream")],
+    async def handler(request: Request) -> Answer:
+        stream = open_stream(request, 201, [("Content-Type", "text/event-stream")],
                                    b"data: first\n\n")
         stream.write(b"")  # nothing to send: must not end the chunked body
         await gate.wait()
         stream.write(b"data: second\n\n")
         stream.write(b"x" * 70000)
-        await stream.end()
-        await stream.end()  # twice is harmless
-        return stream.response
+        stream.end()
+        stream.end()  # twice is harmless
+        return stream
 
     _, port = await serve(handler)
     async with aiohttp.ClientSession() as session:
@@ -281,11 +280,11 @@ async def test_stream_chunks_decode_with_aiohttp(serve):
 
 async def test_a_stream_the_handler_left_open_is_ended_and_the_connection_reused(serve,
                                                                                    connect):
-    async def handler(request: Request) -> web.StreamResponse:
-        stream = await open_stream(request, 200, [], b"abc")
+    async def handler(request: Request) -> Answer:
+        stream = open_stream(request, 200, [], b"abc")
         if request.path == "/more":
             stream.write(b"def")
-        return stream.response  # not ended
+        return stream  # not ended
 
     _, port = await serve(handler)
     reader, writer = await connect(port)
@@ -417,7 +416,7 @@ async def test_expect_100_continue_is_answered_before_the_body(serve, connect):
 
 
 async def test_a_handler_that_raises_gets_500_and_the_server_goes_on(serve, connect):
-    async def handler(request: Request) -> web.Response:
+    async def handler(request: Request) -> Response:
         if request.path == "/boom":
             raise RuntimeError("handler bug")
         return text(200, b"fine")
@@ -436,10 +435,10 @@ async def test_a_handler_that_raises_gets_500_and_the_server_goes_on(serve, conn
 
 
 async def test_a_stream_whose_handler_raises_is_cut_off_not_answered_twice(serve, connect):
-    async def handler(request: Request) -> web.StreamResponse:
+    async def handler(request: Request) -> Answer:
         if request.path == "/ok":
             return text(200, b"fine")
-        stream = await open_stream(request, 200, [], b"partial")
+        stream = open_stream(request, 200, [], b"partial")
         stream.write(b"more")
         raise RuntimeError("handler bug mid-stream")
 
@@ -463,7 +462,7 @@ class Stalling:
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
     gone: list[bool] = field(default_factory=list)  # request.client_gone when cancelled
 
-    async def __call__(self, request: Request) -> web.Response:
+    async def __call__(self, request: Request) -> Response:
         self.started.set()
         try:
             await asyncio.sleep(30)
@@ -504,8 +503,8 @@ async def test_a_slow_reader_pauses_the_stream_source_and_resumes_it(serve, conn
         calls.append("resume")
         resumed.set()
 
-    async def handler(request: Request) -> web.StreamResponse:
-        stream = await open_stream(request, 200, [], b"START")
+    async def handler(request: Request) -> Answer:
+        stream = open_stream(request, 200, [], b"START")
         stream.set_flow_control(pause, resume)
         chunk = b"x" * 65536
         while not paused.is_set() and stream.num_bytes < 256 * 1024 * 1024:
@@ -513,15 +512,15 @@ async def test_a_slow_reader_pauses_the_stream_source_and_resumes_it(serve, conn
         sent.append(stream.num_bytes)
         await resumed.wait()
         stream.write(b"END")
-        await stream.end()
-        return stream.response
+        stream.end()
+        return stream
 
     server, port = await serve(handler)
     sock = await small_buffer_socket(port)
     await asyncio.get_running_loop().sock_sendall(sock, GET)  # and nothing reads it yet
     await asyncio.wait_for(paused.wait(), TIMEOUT)
     (conn,) = server.connections
-    assert conn.raw_transport.get_write_buffer_size() > 0
+    assert conn.transport.get_write_buffer_size() > 0
     await asyncio.sleep(0.2)  # the client still reads nothing: the source stays paused
     assert calls == ["pause"]
     reader, _ = await connect(port, sock=sock)
@@ -536,7 +535,7 @@ async def test_close_lets_a_request_in_flight_finish_and_says_the_connection_clo
         serve, connect):
     started = asyncio.Event()
 
-    async def handler(request: Request) -> web.Response:
+    async def handler(request: Request) -> Response:
         if request.path == "/slow":
             started.set()
             await asyncio.sleep(0.3)
@@ -596,7 +595,7 @@ async def test_a_stream_begun_before_close_leaves_its_connection_open_for_the_ne
         begun.set()
         await finish.wait()
 
-    async def handler(request: Request) -> web.StreamResponse:
+    async def handler(request: Request) -> Answer:
         if request.path != "/stream":
             return text(200, b"after")
         return await stream_in_two(request, b"first ", held_open, b"last")
@@ -621,7 +620,7 @@ async def test_close_lets_an_answer_finish_reaching_a_slow_client(serve, connect
     started = asyncio.Event()
     body = bytes(range(256)) * (32 * 1024)  # 8 MiB: far more than the socket buffers hold
 
-    async def handler(request: Request) -> web.Response:
+    async def handler(request: Request) -> Response:
         started.set()
         await asyncio.sleep(0.1)
         return text(200, body)
@@ -686,3 +685,29 @@ async def test_a_request_that_stalls_halfway_is_closed_after_keepalive_timeout(s
     writer.write(b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\nhalf")
     await assert_closed(reader)  # the other half never came: closed, nothing served
     assert handler.requests == []
+
+
+async def test_http10_keep_alive_is_kept_alive_and_says_so(serve, connect):
+    _, port = await serve(echo)
+    reader, writer = await connect(port)
+    for _ in range(2):
+        writer.write(b"GET /old HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+        response = await read_response(reader)
+        assert response.status == 200 and response.headers["connection"] == "keep-alive"
+
+
+async def test_reuse_port_lets_two_servers_listen_on_one_port(connect):
+    first = HttpServer(echo)
+    port = await first.listen("127.0.0.1", 0, reuse_port=True)
+    try:
+        with pytest.raises(OSError):  # without it, the port is taken
+            await HttpServer(echo).listen("127.0.0.1", port)
+        second = HttpServer(echo)
+        assert await second.listen("127.0.0.1", port, reuse_port=True) == port
+        await first.close(grace=0.1)  # the other one goes on serving the port
+        reader, writer = await connect(port)
+        writer.write(GET)
+        assert (await read_response(reader)).status == 200
+        await second.close(grace=0.1)
+    finally:
+        await first.close(grace=0.1)

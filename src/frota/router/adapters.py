@@ -47,12 +47,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 
 from frota.router.errors import error_body, error_response, json_response
 from frota.router.health import Worker, WorkerPool
 from frota.router.metrics import RouterMetrics
 from frota.router.policies import RouteRequest
+from frota.router.server import Response
 
 log = logging.getLogger(__name__)
 
@@ -249,7 +249,7 @@ class Adapters:
     def _serving(self) -> list[tuple[WorkerPool, Worker]]:
         return [(pool, w) for pool in self.pools for w in pool.healthy()]
 
-    async def load(self, body: dict[str, Any]) -> web.Response:
+    async def load(self, body: dict[str, Any]) -> Response:
         """`POST /v1/load_lora_adapter` through the router (see the module docstring)."""
         name, path = body.get("lora_name"), body.get("lora_path")
         if not isinstance(name, str) or not name or not isinstance(path, str) or not path:
@@ -274,7 +274,7 @@ class Adapters:
         failed = [o for o in outcomes if o.status != 200 and not o.already_loaded]
         return _answer(outcomes, fresh, failed)
 
-    async def unload(self, body: dict[str, Any]) -> web.Response:
+    async def unload(self, body: dict[str, Any]) -> Response:
         """`POST /v1/unload_lora_adapter` through the router."""
         name = body.get("lora_name")
         if not isinstance(name, str) or not name:
@@ -324,20 +324,19 @@ def _result(status: int, ok: bool) -> str:
     return "ok" if status == 200 else "noop" if ok else "error"
 
 
-def _no_workers() -> web.Response:
+def _no_workers() -> Response:
     return error_response(503, "no healthy worker to load the adapter onto; retry once the "
                           "fleet serves", "service_unavailable", "no_healthy_workers",
                           headers={"Retry-After": "1"})
 
 
 def _answer(outcomes: Sequence[Outcome], fresh: Sequence[Outcome],
-            failed: Sequence[Outcome]) -> web.Response:
+            failed: Sequence[Outcome]) -> Response:
     """200 with the first success when nothing failed and something changed; every
     worker saying "already"/"not there": the first one's answer; else the first 4xx."""
     if not failed:
         first = fresh[0] if fresh else outcomes[0]
-        return web.Response(status=first.status, body=first.body,
-                            headers={"Content-Type": first.content_type})
+        return Response(first.status, first.body, [("Content-Type", first.content_type)])
     chosen = next((o for o in failed if 400 <= o.status < 500), None)
     status = chosen.status if chosen is not None else 502
     message, type_, code = (chosen or failed[0]).error()

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 
 from frota.api.contract import AdmissionDefault
 from frota.router.adapters import LOAD_PATH, UNLOAD_PATH, AdapterConfig, Adapters
@@ -34,7 +33,7 @@ from frota.router.policies import (
     make_policy,
 )
 from frota.router.proxy import Proxy, ProxyConfig, RequestContext
-from frota.router.server import Handler, HttpServer, Request
+from frota.router.server import Answer, Handler, HttpServer, Request, Response
 from frota.router.upstream import UpstreamClient
 from frota.router.validation import refused
 
@@ -156,11 +155,14 @@ class RouterApp:
             self.routes[LOAD_PATH] = {"POST": self._load_adapter}
             self.routes[UNLOAD_PATH] = {"POST": self._unload_adapter}
 
-    async def start(self, host: str, port: int, *, backlog: int = 2048) -> int:
-        """Start discovery and health checks, then listen; returns the port."""
+    async def start(self, host: str, port: int, *, backlog: int = 2048,
+                    reuse_port: bool = False) -> int:
+        """Start discovery and health checks, then listen; returns the port. With
+        `reuse_port`, several router processes can listen on the same port."""
         await self.router.start()
         self.server = HttpServer(self.handle)
-        self.port = await self.server.listen(host, port, backlog=backlog)
+        self.port = await self.server.listen(host, port, backlog=backlog,
+                                             reuse_port=reuse_port)
         return self.port
 
     async def stop(self) -> None:
@@ -168,7 +170,7 @@ class RouterApp:
             await self.server.close(grace=self.router.config.drain_timeout)
         await self.router.close()
 
-    async def handle(self, request: Request) -> web.StreamResponse:
+    async def handle(self, request: Request) -> Answer:
         methods = self.routes.get(request.path)
         if methods is None:
             return error_response(404, f"no such endpoint: {request.path}",
@@ -184,7 +186,7 @@ class RouterApp:
                 return refused
         return await handler(request)
 
-    def _check_key(self, request: Request) -> web.Response | None:
+    def _check_key(self, request: Request) -> Response | None:
         """Bearer-token check; None when the key is one of the configured ones."""
         auth = request.headers.get("authorization", "")
         token = auth[7:].strip().encode() if auth[:7].lower() == "bearer " else b""
@@ -194,7 +196,7 @@ class RouterApp:
                    else "incorrect API key provided")
         return error_response(401, message, "invalid_request_error", "invalid_api_key")
 
-    async def _proxied(self, request: Request) -> web.StreamResponse:
+    async def _proxied(self, request: Request) -> Answer:
         router = self.router
         started = time.perf_counter()
         endpoint = request.path
@@ -237,7 +239,7 @@ class RouterApp:
                     await adapters.ensure_loaded(adapter, pool)
             ctx = RequestContext(request, route, started)
             response = await router.proxy.plan_for(ctx).execute(ctx)
-            if (response.status in (502, 503) and not response.prepared
+            if (response.status in (502, 503) and isinstance(response, Response)
                     and not router.proxy.pool.healthy() and router.config.hold.seconds > 0):
                 # Its workers went away before the first byte (a fleet scaling to zero):
                 # held like a request that arrived now, then routed again.
@@ -252,35 +254,35 @@ class RouterApp:
             router.metrics.request_latency.labels(endpoint).observe(
                 time.perf_counter() - started)
 
-    async def _models(self, request: Request) -> web.StreamResponse:
+    async def _models(self, request: Request) -> Answer:
         """A worker's `/v1/models`, plus the adapters only other workers hold."""
         response = await self._proxied(request)
         if (not self.router.adapters.names or response.status != 200
-                or not isinstance(response, web.Response) or response.body is None):
+                or not isinstance(response, Response)):
             return response
         try:
-            payload = json.loads(response.body)  # type: ignore[arg-type]
+            payload = json.loads(response.body)
         except (ValueError, TypeError):
             return response
         if not self.router.adapters.merge_models(payload):
             return response
-        headers = {k: v for k, v in response.headers.items() if k.lower() != "content-type"}
+        headers = {k: v for k, v in response.headers if k.lower() != "content-type"}
         return json_response(payload, headers=headers)
 
-    async def _load_adapter(self, request: Request) -> web.Response:
+    async def _load_adapter(self, request: Request) -> Response:
         body = _json_object(request.body)
-        return body if isinstance(body, web.Response) else await self.router.adapters.load(body)
+        return body if isinstance(body, Response) else await self.router.adapters.load(body)
 
-    async def _unload_adapter(self, request: Request) -> web.Response:
+    async def _unload_adapter(self, request: Request) -> Response:
         body = _json_object(request.body)
-        if isinstance(body, web.Response):
+        if isinstance(body, Response):
             return body
         return await self.router.adapters.unload(body)
 
-    async def _health(self, request: Request) -> web.Response:
+    async def _health(self, request: Request) -> Response:
         return json_response({"status": "ok"})
 
-    async def _ready(self, request: Request) -> web.Response:
+    async def _ready(self, request: Request) -> Response:
         pool = self.router.pool
         num_healthy = len(pool.healthy()) if pool else 0
         if num_healthy:
@@ -288,11 +290,11 @@ class RouterApp:
         return error_response(503, "no healthy worker yet", "service_unavailable",
                               "no_healthy_workers", headers={"Retry-After": "1"})
 
-    async def _metrics(self, request: Request) -> web.Response:
-        return web.Response(body=self.router.metrics.render(), headers={
-            "Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+    async def _metrics(self, request: Request) -> Response:
+        return Response(200, self.router.metrics.render(), [
+            ("Content-Type", "text/plain; version=0.0.4; charset=utf-8")])
 
-    async def _workers(self, request: Request) -> web.Response:
+    async def _workers(self, request: Request) -> Response:
         """The router's view of its workers (for people and tests)."""
         router = self.router
         workers = router.pool.workers.values() if router.pool else []
@@ -303,7 +305,7 @@ class RouterApp:
                 if w.lora is not None else {})} for w in workers]})
 
 
-def _json_object(body: bytes) -> dict[str, Any] | web.Response:
+def _json_object(body: bytes) -> dict[str, Any] | Response:
     """`body` as a JSON object, or the 400 that says it is not one."""
     try:
         parsed = json.loads(body) if body else None

@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 from prometheus_client import Counter, Histogram
 
 from frota.api.contract import RouterMetric
@@ -44,6 +43,7 @@ from frota.router.proxy import (
     RoutePlan,
     forwarded_headers,
 )
+from frota.router.server import Answer
 from frota.router.upstream import UpstreamError
 
 log = logging.getLogger(__name__)
@@ -181,7 +181,7 @@ class DisaggPlan(RoutePlan):
         assert disagg.metrics is not None
         self.metrics = disagg.metrics
 
-    async def execute(self, ctx: RequestContext) -> web.StreamResponse:
+    async def execute(self, ctx: RequestContext) -> Answer:
         handle, prefill = await self._prefill(ctx)
         if handle is None:
             return await self._colocated(ctx, prefill)
@@ -193,7 +193,7 @@ class DisaggPlan(RoutePlan):
         self.metrics.requests.labels("disaggregated").inc()
         return response
 
-    async def _colocated(self, ctx: RequestContext, reason: str) -> web.StreamResponse:
+    async def _colocated(self, ctx: RequestContext, reason: str) -> Answer:
         self.metrics.fallbacks.labels(reason).inc()
         self.metrics.requests.labels("colocated_fallback").inc()
         return await DirectPlan(self.proxy).execute(ctx)
@@ -236,7 +236,7 @@ class DisaggPlan(RoutePlan):
         return handle, worker
 
     async def _decode(self, ctx: RequestContext,
-                      handle: dict[str, Any]) -> web.StreamResponse | None:
+                      handle: dict[str, Any]) -> Answer | None:
         """The decode worker's answer, relayed; None when the request should run
         colocated: any answer but 200 (409: the KV layout does not fit, 424: the prefill
         peer is gone) or a failure before the first byte."""

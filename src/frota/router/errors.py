@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from aiohttp import web
+from frota.router.server import Response
+
+JSON = ("Content-Type", "application/json; charset=utf-8")
 
 
 def json_response(payload: Any, status: int = 200,
-                  headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(body=json.dumps(payload).encode(), status=status, headers=headers,
-                        content_type="application/json", charset="utf-8")
+                  headers: dict[str, str] | None = None) -> Response:
+    response = Response(status, json.dumps(payload).encode(), headers or ())
+    response.headers.append(JSON)
+    return response
 
 
 def error_body(message: str, type_: str, code: str | int | None = None,
@@ -21,16 +24,10 @@ def error_body(message: str, type_: str, code: str | int | None = None,
 
 def error_response(status: int, message: str, type_: str, code: str | int | None = None,
                    *, param: str | None = None,
-                   headers: dict[str, str] | None = None) -> web.Response:
+                   headers: dict[str, str] | None = None) -> Response:
     """A JSON error response in the OpenAI shape."""
     return json_response(error_body(message, type_, code, param), status=status,
                          headers=headers)
-
-
-def refusal(status: int, message: str, code: str) -> web.Response:
-    """An answer the router gives on its own (bad requests, limits, crashes)."""
-    type_ = "internal_error" if status >= 500 else "invalid_request_error"
-    return error_response(status, message, type_, code)
 
 
 def sse_error_event(message: str, type_: str = "upstream_error", code: str | int = 502) -> bytes:

@@ -30,13 +30,13 @@ from dataclasses import dataclass
 from urllib.parse import quote
 
 import aiohttp
-from aiohttp import web
 
 from frota.api.contract import GROUP, PLURAL, VERSION, Annotation
 from frota.router.discovery import KubeApi
 from frota.router.errors import error_response
 from frota.router.health import WorkerPool
 from frota.router.metrics import RouterMetrics
+from frota.router.server import Response
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class Hold:
         self._last_announced = -float("inf")
         self._announcing: asyncio.Task[None] | None = None
 
-    async def until_serving(self, pool: WorkerPool) -> web.Response | None:
+    async def until_serving(self, pool: WorkerPool) -> Response | None:
         """None once `pool` has a worker in rotation (at once when it has one); else the
         503 to answer: holding is off, the room is full, or the hold time ran out."""
         if pool.healthy() or self.config.seconds <= 0:
@@ -117,7 +117,7 @@ class Hold:
         return self._refusal(f"no worker became ready within {self.config.seconds:g}s "
                              "(the fleet may be starting from zero)", "hold_timeout")
 
-    def _refusal(self, message: str, code: str) -> web.Response:
+    def _refusal(self, message: str, code: str) -> Response:
         return error_response(503, f"{message}; retry after {self.config.retry_after}s",
                               "service_unavailable", code,
                               headers={"Retry-After": str(self.config.retry_after)})

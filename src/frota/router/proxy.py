@@ -25,13 +25,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from aiohttp import web
-
 from frota.router.errors import error_response, sse_error_event
 from frota.router.health import Worker, WorkerPool
 from frota.router.metrics import RouterMetrics
 from frota.router.policies import RouteRequest, RoutingPolicy
-from frota.router.server import Request, open_stream
+from frota.router.server import Answer, Request, Response, open_stream
 from frota.router.upstream import UpstreamClient, UpstreamError, UpstreamResponse
 
 log = logging.getLogger(__name__)
@@ -64,7 +62,7 @@ class ProxyConfig:
 class RetryableFailure(Exception):
     """An attempt failed before its first byte reached the client."""
 
-    def __init__(self, reason: str, response: web.Response | None = None) -> None:
+    def __init__(self, reason: str, response: Response | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
         self.response = response  # the worker's own answer, passed on if retries run out
@@ -164,13 +162,12 @@ class Proxy:
                 upstream.close()
             if status >= 500:
                 self.pool.record_failure(worker, f"answered {status}", eject_now=status == 503)
-            response = web.Response(status=status, body=body,
-                                    headers=_response_headers(upstream, worker))
+            response = Response(status, body, _response_headers(upstream, worker))
             raise RetryableFailure(f"status_{status}", response)
         return upstream
 
     async def respond(self, upstream: UpstreamResponse, worker: Worker,
-                      ctx: RequestContext) -> web.StreamResponse:
+                      ctx: RequestContext) -> Answer:
         """The client's answer from an attempt that went ahead: a stream relayed as it
         comes, anything else read whole. Raise `RetryableFailure` when nothing has
         reached the client yet."""
@@ -181,7 +178,7 @@ class Proxy:
         finally:
             upstream.close()  # no-op when fully read; cuts the worker off otherwise
 
-    async def read_whole(self, upstream: UpstreamResponse, worker: Worker) -> web.Response:
+    async def read_whole(self, upstream: UpstreamResponse, worker: Worker) -> Response:
         """Read a non-streaming answer whole; a failure is still retryable."""
         try:
             body = await upstream.read()
@@ -189,11 +186,10 @@ class Proxy:
             self.pool.record_failure(worker, f"body: {exc}")
             raise RetryableFailure("disconnected") from exc
         self.pool.record_success(worker)
-        return web.Response(status=upstream.status, body=body,
-                            headers=_response_headers(upstream, worker))
+        return Response(upstream.status, body, _response_headers(upstream, worker))
 
     async def relay_stream(self, upstream: UpstreamResponse, worker: Worker,
-                           ctx: RequestContext) -> web.StreamResponse:
+                           ctx: RequestContext) -> Answer:
         """Pass a streaming answer through chunk by chunk.
 
         The first chunk is awaited before the client's response starts, so a worker
@@ -210,8 +206,8 @@ class Proxy:
             self.pool.record_failure(worker, "empty stream")
             raise RetryableFailure("empty_stream")
         self.pool.record_success(worker)
-        stream = await open_stream(ctx.request, upstream.status,
-                                   _response_headers(upstream, worker), first)
+        stream = open_stream(ctx.request, upstream.status, _response_headers(upstream, worker),
+                             first)
         last = time.perf_counter()
         self.metrics.ttft.observe(last - ctx.started)
         itl = self.metrics.itl
@@ -235,15 +231,15 @@ class Proxy:
             stream.write(sse_error_event(
                 f"the worker serving this stream failed ({exc.reason}); "
                 "the response is incomplete, retry the request"))
-        await stream.end()
-        return stream.response
+        stream.end()
+        return stream
 
 
 class RoutePlan(ABC):
     """How one request travels through the fleet (direct today; prefill/decode later)."""
 
     @abstractmethod
-    async def execute(self, ctx: RequestContext) -> web.StreamResponse:
+    async def execute(self, ctx: RequestContext) -> Answer:
         """Serve `ctx` and return the response (already written when streamed)."""
 
 
@@ -254,7 +250,7 @@ class DirectPlan(RoutePlan):
     def __init__(self, proxy: Proxy) -> None:
         self.proxy = proxy
 
-    async def execute(self, ctx: RequestContext) -> web.StreamResponse:
+    async def execute(self, ctx: RequestContext) -> Answer:
         proxy, config = self.proxy, self.proxy.config
         tried: set[str] = set()
         failure: RetryableFailure | None = None

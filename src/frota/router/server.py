@@ -1,58 +1,59 @@
-"""The router's HTTP server: aiohttp's low-level server with the router's limits.
+"""The router's HTTP server: HTTP/1.1 on an asyncio protocol and httptools' parser (llhttp).
 
-aiohttp (`aiohttp.web.Server`, no application or URL dispatcher) parses requests with
-llhttp, keeps connections alive, answers the requests of one connection in order
-(pipelined ones wait), closes connections idle for `keepalive_timeout` and ones that
-start a request's head and stall (slowloris), and cancels a request's handler when
-its client disconnects (`handler_cancellation`: the proxy then closes the upstream
-connection, and the worker aborts the generation). What this module adds is the
-router's contract on the wire:
+Hand-written on public APIs (`asyncio.Protocol`, `httptools.HttpRequestParser`) because
+it is cheaper than aiohttp's server for what the router does (figures in
+docs/benchmarks.md, "Overhead"). A connection parses what it receives as it arrives and
+answers its requests one at a time, in order: pipelined ones wait (it stops reading
+while MAX_PIPELINED are waiting). It keeps connections alive, closes one idle for
+`keepalive_timeout`, and closes one whose request (head or body) has not fully arrived
+`keepalive_timeout` after it began (slowloris), without serving it. When a client
+disconnects, its request's handler is cancelled (the proxy then closes the upstream
+connection, and the worker aborts the generation). The router's contract on the wire:
 
-- Bad input is answered in the OpenAI error shape and the connection closed:
-  malformed requests 400, a request line and headers over `max_header_bytes` 431
-  (aiohttp's parser also bounds each header line and their count, which bounds what
-  it buffers), bodies over `max_body` 413, protocol upgrades 400. aiohttp's own
-  answers to unparsable requests come from `RequestHandler.handle_error`, overridden.
-- A handler that raises answers 500 and the connection stays usable.
-- A request's body must arrive within `keepalive_timeout` too, else the connection
-  is closed and nothing is served.
-- `close` drains: every answer from then on says `Connection: close`, and a
-  connection whose last answer did not is kept open until it has been idle for
-  `idle_grace`, so a client that sent its next request before it could see the
-  close is answered, not cut off (aiohttp's own shutdown closes after an answer that
-  promised keep-alive, which breaks the client's next request).
-- Handlers get a `Request` with the body read and return an aiohttp response.
-- A relayed stream is a `ResponseStream`: aiohttp writes its head (with the first
-  chunk) and its end; in between, `write` frames each chunk and hands it to the
-  client's transport without waiting, in the upstream connection's own callback:
-  awaiting aiohttp's `StreamResponse.write` per chunk instead costs a task wake-up
-  per token (measured in docs/benchmarks.md, "Overhead"). When the client reads
-  slower than the worker writes, flow control pauses the source (`set_flow_control`).
+- Bad input is answered in the OpenAI error shape and the connection closed: malformed
+  requests 400 (llhttp's reason; HTTP/1.1 without Host too), a request line and headers
+  over `max_header_bytes` or more than MAX_HEADERS headers 431 (counted as they arrive,
+  so an endless header is cut off at the limit), bodies over `max_body` 413 (before the
+  body when its length says so), protocol upgrades and CONNECT 400.
+- `Expect: 100-continue` is answered when the request's turn comes, before its body is
+  waited for.
+- A handler that raises answers 500 and the connection stays usable; one that raises
+  mid-stream has its connection closed (the client sees the stream cut off).
+- HTTP/1.0 is answered as such: closed after the answer unless it asked for keep-alive,
+  and a stream is sent unframed and ended by the close.
+- `close` drains: every answer from then on says `Connection: close`, and a connection
+  whose last answer did not is kept open until it has been idle for `idle_grace`, so a
+  client that sent its next request before it could see the close is answered, not cut
+  off.
+- Handlers get a `Request` with the body read and return a `Response`, or the
+  `ResponseStream` they opened with `open_stream`: its head goes out with the first
+  chunk, `write` frames each chunk and hands it to the client's transport without
+  waiting, in the upstream connection's own callback (awaiting a writer per chunk costs
+  a task wake-up per token), and `end` ends it. When the client reads slower than the
+  worker writes, flow control pauses the source (`set_flow_control`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from email.utils import formatdate
+from http import HTTPStatus
 from typing import Any
 
-from aiohttp import web
-from aiohttp.http import HttpVersion11
-from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
-from aiohttp.web_protocol import RequestHandler, RequestPayloadError
-
-from frota.router.errors import refusal
+import httptools
 
 log = logging.getLogger(__name__)
 
 MAX_BODY = 64 * 1024 * 1024
 MAX_HEADER_BYTES = 64 * 1024
-# One header line (name and value), and how many: what aiohttp's parser buffers
-# before the whole head is checked against `max_header_bytes`.
-MAX_FIELD_BYTES = 16 * 1024
 MAX_HEADERS = 100
 KEEPALIVE_TIMEOUT = 75.0
+# Requests of one connection parsed and waiting for their turn before it stops reading.
+MAX_PIPELINED = 16
 # While draining: how long a kept-alive connection may sit idle before it is closed.
 DRAIN_IDLE_GRACE = 1.0
 DRAIN_POLL_SECONDS = 0.05
@@ -62,67 +63,111 @@ Refusal = tuple[int, str, str]
 BODY_TOO_LARGE: Refusal = (413, "request body too large", "request_too_large")
 HEAD_TOO_LARGE: Refusal = (431, "request headers too large", "request_header_fields_too_large")
 NO_UPGRADES: Refusal = (400, "protocol upgrades are not supported", "unsupported_upgrade")
+NO_HOST: Refusal = (400, "malformed HTTP request (HTTP/1.1 without a Host header)",
+                    "bad_request")
 INTERNAL: Refusal = (500, "internal router error", "internal_error")
+
+_REASONS = {s.value: s.phrase for s in HTTPStatus}
+_CHUNKED = ("Transfer-Encoding", "chunked")
+
+
+class Headers(Mapping[str, str]):
+    """A request's headers by case-insensitive name (a repeated header: its first value);
+    `raw` holds them as sent."""
+
+    __slots__ = ("_first", "raw")
+
+    def __init__(self, raw: list[tuple[str, str]]) -> None:
+        self.raw = raw
+        first: dict[str, str] = {}
+        for name, value in raw:
+            first.setdefault(name.lower(), value)
+        self._first = first
+
+    def __getitem__(self, name: str) -> str:
+        return self._first[name.lower()]
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self._first.get(name.lower(), default)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name.lower() in self._first
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._first)
+
+    def __len__(self) -> int:
+        return len(self._first)
+
+    def getall(self, name: str) -> list[str]:
+        name = name.lower()
+        return [v for n, v in self.raw if n.lower() == name]
 
 
 class Request:
-    """One request with its body read. `headers` is case-insensitive (a repeated
-    header: its first value); `raw_headers` are the headers as sent."""
+    """One request with its body read. `headers` is case-insensitive; `raw_headers` are
+    the headers as sent."""
 
-    __slots__ = ("body", "headers", "method", "path", "raw", "target")
+    __slots__ = ("_conn", "body", "headers", "http_version", "method", "path", "target")
 
-    def __init__(self, raw: web.BaseRequest, body: bytes) -> None:
-        self.raw = raw
-        self.method = raw.method
-        self.target = raw.raw_path  # path and query, as sent (ASCII: the parser checks)
+    def __init__(self, conn: _Connection, message: _Message) -> None:
+        self._conn = conn
+        self.method = message.method
+        self.target = message.target  # path and query, as sent (ASCII: the parser checks)
         self.path = self.target.partition("?")[0]
-        self.headers = raw.headers
-        self.body = body
+        self.headers = Headers(message.headers)
+        self.http_version = message.version
+        self.body = message.body()
 
     @property
     def raw_headers(self) -> list[tuple[str, str]]:
-        return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in self.raw.raw_headers]
-
-    @property
-    def http_version(self) -> str:
-        return f"{self.raw.version.major}.{self.raw.version.minor}"
+        return self.headers.raw
 
     @property
     def client_gone(self) -> bool:
-        transport = self.raw.transport
+        transport = self._conn.transport
         return transport is None or transport.is_closing()
 
 
-Handler = Callable[[Request], Awaitable[web.StreamResponse]]
+class Response:
+    """A whole answer. `headers` must leave out Content-Length, Transfer-Encoding and
+    Connection: the server writes those."""
 
+    __slots__ = ("body", "headers", "status")
 
-class _Head(web.StreamResponse):
-    # The head goes out with the first chunk in one write, as aiohttp's `Response`
-    # does with its body.
-    _send_headers_immediately = False
+    def __init__(self, status: int = 200, body: bytes = b"",
+                 headers: Iterable[tuple[str, str]] | Mapping[str, str] = ()) -> None:
+        self.status = status
+        self.body = body
+        self.headers: list[tuple[str, str]] = list(
+            headers.items() if isinstance(headers, Mapping) else headers)
+
+    def header(self, name: str) -> str | None:
+        name = name.lower()
+        return next((v for n, v in self.headers if n.lower() == name), None)
 
 
 class ResponseStream:
     """A streamed answer (chunked; unframed to HTTP/1.0 clients, which are closed after):
     `open_stream` starts it, `write` sends a chunk without waiting, `end` ends it. The
-    handler returns `response`. Writes after the client left are dropped (its task is
-    being cancelled)."""
+    handler returns it. Writes after the client left are dropped (its task is being
+    cancelled)."""
 
-    __slots__ = ("_chunked", "_conn", "num_bytes", "response")
+    __slots__ = ("_conn", "chunked", "ended", "num_bytes", "status")
 
-    def __init__(self, raw: web.BaseRequest, response: web.StreamResponse,
-                 chunked: bool) -> None:
-        self.response = response
-        self._conn: _Connection = raw.protocol  # type: ignore[assignment]
-        self._chunked = chunked
+    def __init__(self, conn: _Connection, status: int, chunked: bool) -> None:
+        self._conn = conn
+        self.status = status
+        self.chunked = chunked
+        self.ended = False
         self.num_bytes = 0
 
     def write(self, data: bytes) -> None:
-        transport = self._conn.raw_transport
+        transport = self._conn.transport
         if not data or transport is None or transport.is_closing():
             return
         self.num_bytes += len(data)
-        transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
+        transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self.chunked else data)
 
     def set_flow_control(self, pause: Callable[[], None], resume: Callable[[], None]) -> None:
         """Call `pause` when the client's send buffer fills up, `resume` when it drains."""
@@ -130,122 +175,383 @@ class ResponseStream:
         if self._conn.writing_paused:
             pause()
 
-    async def end(self) -> None:
+    def end(self) -> None:
+        if self.ended:
+            return
+        self.ended = True
         self._conn.flow = None
-        await self.response.write_eof()
+        transport = self._conn.transport
+        if self.chunked and transport is not None and not transport.is_closing():
+            transport.write(b"0\r\n\r\n")
 
 
-async def open_stream(request: Request, status: int, headers: Iterable[tuple[str, str]],
-                      first: bytes) -> ResponseStream:
-    """Start a streamed answer with its first chunk."""
-    raw = request.raw
-    response = _Head(status=status, headers=list(headers))
-    chunked = raw.version >= HttpVersion11
-    if chunked:  # said outright: `ResponseStream.write` frames what follows the same way
-        response.enable_chunked_encoding()
-    await response.prepare(raw)
-    await response.write(first)
-    stream = ResponseStream(raw, response, chunked)
+Answer = Response | ResponseStream
+Handler = Callable[[Request], Awaitable[Answer]]
+
+
+def open_stream(request: Request, status: int, headers: Iterable[tuple[str, str]],
+                first: bytes) -> ResponseStream:
+    """Start a streamed answer with its first chunk (head and chunk in one write)."""
+    conn = request._conn
+    message = conn.queue[0]
+    chunked = message.version != "1.0"
+    stream = ResponseStream(conn, status, chunked)
+    conn.stream = stream
+    headers = list(headers)
+    if chunked:
+        headers.append(_CHUNKED)
+    else:
+        message.keep_alive = False  # the close ends an unframed body
+    head = conn.head(message, status, headers)
+    transport = conn.transport
+    if transport is not None and not transport.is_closing():
+        transport.write(head + (b"%x\r\n%b\r\n" % (len(first), first) if chunked else first))
     stream.num_bytes = len(first)
     return stream
 
 
-def _hang_up(raw: web.BaseRequest) -> web.StreamResponse:
-    """Close the connection without an answer (aiohttp finds it closed and drops the
-    response returned here)."""
-    raw.protocol.force_close()
-    return web.Response()
+def _refusal_body(status: int, message: str, code: str) -> bytes:
+    # The OpenAI error shape of frota.router.errors, which builds on this module.
+    type_ = "internal_error" if status >= 500 else "invalid_request_error"
+    return json.dumps({"error": {"message": message, "type": type_, "param": None,
+                                 "code": code}}).encode()
 
 
-def _refuse(refused: Refusal) -> web.Response:
-    """A refusal, after which the connection closes. The header says so because aiohttp
-    leaves it out for HTTP/1.0, and it answers an unparsable request as HTTP/1.0."""
-    response = refusal(*refused)
-    response.headers["Connection"] = "close"
-    response.force_close()
-    return response
+def _refusal(refused: Refusal) -> Response:
+    return Response(refused[0], _refusal_body(*refused),
+                    [("Content-Type", "application/json; charset=utf-8")])
 
 
-class _Connection(RequestHandler):
-    """aiohttp's connection protocol; unparsable requests are refused in the OpenAI
-    shape, a stream being written hears of the client's flow control, and the server
-    keeps track of the transports to drain them on close."""
+class _Refused(Exception):
+    """Raised in a parser callback: stop parsing, this request is refused."""
 
-    def __init__(self, owner: HttpServer, manager: web.Server, **kwargs: Any) -> None:
-        super().__init__(manager, **kwargs)
-        self.owner = owner
-        self.raw_transport: asyncio.Transport | None = None
+
+class _Message:
+    """A request as the parser delivers it: the head, then the body piece by piece."""
+
+    __slots__ = ("_waiter", "complete", "expect_continue", "headers", "keep_alive",
+                 "method", "num_body_bytes", "num_head_bytes", "parts", "refusal", "target",
+                 "version")
+
+    def __init__(self) -> None:
+        self.method = ""
+        self.target = ""
+        self.version = "1.1"
+        self.headers: list[tuple[str, str]] = []
+        self.keep_alive = True
+        self.expect_continue = False
+        self.num_head_bytes = 0
+        self.num_body_bytes = 0
+        self.parts: list[bytes] = []
+        self.complete = False
+        self.refusal: Refusal | None = None
+        self._waiter: asyncio.Future[None] | None = None
+
+    def body(self) -> bytes:
+        parts = self.parts
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def settle(self) -> None:
+        """The body is complete or refused: wake whoever waits for it."""
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def wait_for_body(self) -> None:
+        while not self.complete and self.refusal is None:
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+
+
+class _Connection(asyncio.Protocol):
+    """One client connection: parses its requests and answers them in order."""
+
+    def __init__(self, server: HttpServer) -> None:
+        self.server = server
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.partial: _Message | None = None  # being received, head or body
+        self.in_head = False
+        self.num_requests = 0  # received whole
+        self.queue: deque[_Message] = deque()  # whose heads are in, in order; [0] is served
+        self.stopped = False  # parsing is over: refused, or the client said it closes
+        self.reading_paused = False
+        self.task: asyncio.Task[None] | None = None  # answering `queue`
+        self.handling = False  # a handler is running or its answer is being written
+        self.closing = False  # the last head written said `Connection: close`
+        self.stream: ResponseStream | None = None
+        self.writing_paused = False
         # A stream's (pause, resume) for its source, while one is being written.
         self.flow: tuple[Callable[[], None], Callable[[], None]] | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
-        self.raw_transport = transport  # type: ignore[assignment]
-        self.owner.connections.add(self)
-
-    def connection_lost(self, exc: BaseException | None) -> None:
-        self.owner.connections.discard(self)
-        self.flow = None
-        super().connection_lost(exc)
+        # When the connection is closed unless a request is handled by then.
+        self.deadline = self.loop.time() + server.keepalive_timeout
 
     @property
     def busy(self) -> bool:
         """A request is being read, answered or queued, or an answer is still being
         flushed."""
-        transport = self.raw_transport
-        return bool(self._request_in_progress or self._messages or (
+        transport = self.transport
+        return bool(self.partial is not None or self.queue or (
             transport is not None and transport.get_write_buffer_size()))
 
+    # -- asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.server.connections.add(self)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.server.connections.discard(self)
+        self.transport = None
+        self.flow = None
+        if self.task is not None:
+            self.task.cancel()
+
     def pause_writing(self) -> None:
-        super().pause_writing()
+        self.writing_paused = True
         if self.flow is not None:
             self.flow[0]()
 
     def resume_writing(self) -> None:
-        super().resume_writing()
+        self.writing_paused = False
         if self.flow is not None:
             self.flow[1]()
 
-    def handle_error(self, request: web.BaseRequest, status: int = 500,
-                     exc: BaseException | None = None,
-                     message: str | None = None) -> web.StreamResponse:
-        # Clients send garbage now and then: not an error of the router's.
-        log.debug("refused a request from %s: %s", request.remote, message or exc)
-        if request.writer.output_size > 0:
-            raise ConnectionError("an answer is under way: no room for an error")
-        if isinstance(exc, LineTooLong) or (
-                isinstance(exc, BadHttpMessage) and "Too many headers" in exc.message):
-            return _refuse(HEAD_TOO_LARGE)
-        if status == 400:  # llhttp's reason, without the excerpt it draws under it
-            reason = ((message or "").strip().splitlines() or ["unparsable"])[0]
-            reason = reason.rstrip(":")[:200]
-            return _refuse((400, f"malformed HTTP request ({reason})", "bad_request"))
-        return _refuse(INTERNAL)
+    def data_received(self, data: bytes) -> None:
+        if self.stopped:
+            return
+        began_in_head, num_requests = self.in_head, self.num_requests
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserCallbackError as exc:
+            if not isinstance(exc.__context__, _Refused):
+                raise
+            return
+        except httptools.HttpParserUpgrade:  # refused in on_headers_complete already
+            return
+        except httptools.HttpParserError as exc:
+            reason = (str(exc).strip() or "unparsable")[:200]
+            self._refuse((400, f"malformed HTTP request ({reason})", "bad_request"))
+            return
+        if self.in_head:
+            # A head still incomplete: count what it has received so far, which bounds
+            # what the parser buffers. Exact when it began at the start of this data or
+            # before; one that began after another request in the same data is counted
+            # from the next data on.
+            partial = self.partial
+            assert partial is not None
+            if began_in_head:
+                partial.num_head_bytes += len(data)
+            elif self.num_requests == num_requests:
+                partial.num_head_bytes = len(data)
+            if partial.num_head_bytes > self.server.max_header_bytes:
+                self._refuse(HEAD_TOO_LARGE)
 
+    # -- parser callbacks
+    def on_message_begin(self) -> None:
+        self.partial = _Message()
+        self.in_head = True
+        self.deadline = self.loop.time() + self.server.keepalive_timeout
 
-class _WebServer(web.Server):
-    """aiohttp's low-level server, making `_Connection`s."""
+    def on_url(self, url: bytes) -> None:
+        message = self.partial
+        assert message is not None
+        message.target += url.decode("latin-1")
 
-    def __init__(self, owner: HttpServer, handler: Callable[[web.BaseRequest],
-                 Awaitable[web.StreamResponse]], **kwargs: Any) -> None:
-        super().__init__(handler, handler_cancellation=True, **kwargs)
-        self.owner = owner
+    def on_header(self, name: bytes, value: bytes) -> None:
+        message = self.partial
+        assert message is not None
+        message.headers.append((name.decode("latin-1"), value.decode("latin-1")))
+        if len(message.headers) > MAX_HEADERS:
+            self._refuse(HEAD_TOO_LARGE)
+            raise _Refused
 
-    def __call__(self) -> RequestHandler:
-        return _Connection(self.owner, self, loop=self._loop, **self._kwargs)
+    def on_headers_complete(self) -> None:
+        message = self.partial
+        assert message is not None
+        self.in_head = False
+        parser = self.parser
+        message.method = parser.get_method().decode("ascii")
+        message.version = parser.get_http_version()
+        message.keep_alive = parser.should_keep_alive()
+        self.queue.append(message)
+        refused = self._refusal_of(message)
+        if refused is not None:
+            self._refuse(refused)
+            raise _Refused
+        self._start()
 
-    def _make_request(self, message: Any, payload: Any, protocol: RequestHandler,
-                      writer: Any, task: asyncio.Task[None]) -> web.BaseRequest:
-        return _RawRequest(message, payload, protocol, writer, task, self._loop)
+    def on_body(self, body: bytes) -> None:
+        message = self.partial
+        assert message is not None
+        message.num_body_bytes += len(body)
+        if message.num_body_bytes > self.server.max_body:
+            self._refuse(BODY_TOO_LARGE)
+            raise _Refused
+        message.parts.append(body)
 
+    def on_message_complete(self) -> None:
+        message = self.partial
+        assert message is not None
+        self.partial = None
+        self.num_requests += 1
+        message.complete = True
+        message.settle()
+        if not message.keep_alive:  # nothing after it is read
+            self.stopped = True
+            raise _Refused
+        if len(self.queue) >= MAX_PIPELINED and not self.reading_paused:
+            self.reading_paused = True
+            self.transport.pause_reading()  # type: ignore[union-attr]
 
-class _RawRequest(web.BaseRequest):
-    """aiohttp's request; while the server drains, its answer asks the client to close."""
+    def _refusal_of(self, message: _Message) -> Refusal | None:
+        """What the head alone says to refuse the request with, if anything; it also
+        reads the Content-Length and whether a 100-continue is expected."""
+        head_bytes = len(message.target)
+        upgrade = connection_upgrade = host = False
+        length = None
+        for name, value in message.headers:
+            head_bytes += len(name) + len(value)
+            lower = name.lower()
+            if lower == "upgrade":
+                upgrade = True
+            elif lower == "connection":
+                connection_upgrade = "upgrade" in value.lower()
+            elif lower == "host":
+                host = True
+            elif lower == "content-length":
+                length = int(value)  # llhttp has checked it is a number
+            elif lower == "expect":
+                message.expect_continue = value.lower() == "100-continue"
+        if message.method == "CONNECT" or (upgrade and connection_upgrade):
+            return NO_UPGRADES
+        if head_bytes > self.server.max_header_bytes:
+            return HEAD_TOO_LARGE
+        if length is not None and length > self.server.max_body:
+            return BODY_TOO_LARGE
+        if not host and message.version == "1.1":
+            return NO_HOST
+        return None
 
-    @property
-    def keep_alive(self) -> bool:  # read once, when the answer's head is written
-        owner: HttpServer = self.protocol.owner  # type: ignore[union-attr]
-        return not owner.draining and not self._message.should_close
+    def _refuse(self, refused: Refusal) -> None:
+        """Refuse the request being received (or a new one, when none is) once its turn
+        comes, and read nothing more."""
+        self.stopped = True
+        self.in_head = False
+        message = self.partial
+        if message is None:
+            message = _Message()
+            self.queue.append(message)
+        elif not self.queue or self.queue[-1] is not message:
+            self.queue.append(message)
+        self.partial = None
+        if message.refusal is None:
+            message.refusal = refused
+            log.debug("refusing a request: %s", refused[1])
+        message.settle()
+        if self.transport is not None:
+            self.transport.pause_reading()
+        self._start()
+
+    # -- answering
+    def _start(self) -> None:
+        if self.task is None:
+            self.task = self.loop.create_task(self._answer_all())
+
+    async def _answer_all(self) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        server = self.server
+        server.tasks.add(task)
+        try:
+            while self.queue and self.transport is not None and not self.transport.is_closing():
+                message = self.queue[0]
+                if message.refusal is None and not message.complete:
+                    if message.expect_continue and self.transport is not None:
+                        self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                    await message.wait_for_body()
+                if message.refusal is not None:
+                    self._write(message, _refusal(message.refusal), close=True)
+                    return
+                self.handling = True
+                try:
+                    await self._handle(message)
+                finally:
+                    self.handling = False
+                    self.stream = None
+                    self.flow = None
+                self.queue.popleft()
+                if self.reading_paused and len(self.queue) < MAX_PIPELINED and not self.stopped:
+                    self.reading_paused = False
+                    if self.transport is not None:
+                        self.transport.resume_reading()
+                if self.partial is None:  # else the request being received keeps its own
+                    self.deadline = self.loop.time() + server.keepalive_timeout
+        finally:
+            self.task = None
+            server.tasks.discard(task)
+
+    async def _handle(self, message: _Message) -> None:
+        request = Request(self, message)
+        try:
+            answer = await self.server.handler(request)
+        except Exception:
+            if request.client_gone:
+                return
+            log.exception("unhandled error serving %s %s", message.method, message.target)
+            if self.stream is not None:  # a stream broke off: end it by closing
+                self._close()
+                return
+            answer = _refusal(INTERNAL)
+        if isinstance(answer, ResponseStream):
+            answer.end()
+            if self.closing:
+                self._close()
+            return
+        self._write(message, answer)
+
+    def head(self, message: _Message, status: int, headers: list[tuple[str, str]],
+             length: int | None = None) -> bytes:
+        """The answer's head; says (and notes) `Connection: close` when the connection
+        closes after it."""
+        close = self.closing = not message.keep_alive or self.server.draining
+        lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}\r\n"]
+        lines += [f"{name}: {value}\r\n" for name, value in headers]
+        if length is not None:
+            lines.append(f"Content-Length: {length}\r\n")
+        if close:
+            lines.append("Connection: close\r\n")
+        elif message.version == "1.0":
+            lines.append("Connection: keep-alive\r\n")
+        lines.append(self.server.head_end)
+        return "".join(lines).encode("latin-1")
+
+    def _write(self, message: _Message, response: Response, *, close: bool = False) -> None:
+        if close:
+            message.keep_alive = False
+        body = response.body
+        status = response.status
+        no_body = status < 200 or status in (204, 304)
+        head = self.head(message, status, response.headers, None if no_body else len(body))
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        transport.write(head if no_body or message.method == "HEAD" else head + body)
+        if self.closing:
+            self._close()
+
+    def _close(self) -> None:
+        """Close once what was written is sent; nothing more is read or answered."""
+        self.stopped = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def expire(self, now: float) -> None:
+        """Close the connection when it has been idle, or a request has taken to arrive,
+        for longer than `keepalive_timeout`."""
+        if not self.handling and now >= self.deadline and self.transport is not None:
+            if self.queue and self.queue[0].complete:
+                return  # about to be answered
+            self._close()
 
 
 class HttpServer:
@@ -260,28 +566,29 @@ class HttpServer:
         self.keepalive_timeout = keepalive_timeout
         self.connections: set[_Connection] = set()
         self.draining = False
-        self._tasks: set[asyncio.Task[Any]] = set()  # handlers running
-        self._web: _WebServer | None = None
+        self.tasks: set[asyncio.Task[Any]] = set()  # connections answering
+        self.head_end = ""  # the Date header and the head's blank line
         self._server: asyncio.AbstractServer | None = None
+        self._sweeper: asyncio.Task[None] | None = None
 
-    async def listen(self, host: str, port: int, *, backlog: int = 2048) -> int:
-        """Start listening; returns the port (useful with port 0)."""
-        line = min(MAX_FIELD_BYTES, self.max_header_bytes)
-        self._web = _WebServer(
-            self, self._serve, keepalive_timeout=self.keepalive_timeout,
-            max_line_size=line, max_field_size=line, max_headers=MAX_HEADERS,
-            # Bodies pass through as sent; a refused body is not waited for.
-            auto_decompress=False, lingering_time=0, access_log=None)
+    async def listen(self, host: str, port: int, *, backlog: int = 2048,
+                     reuse_port: bool = False) -> int:
+        """Start listening; returns the port (useful with port 0). With `reuse_port`,
+        other processes may listen on the same port (SO_REUSEPORT), and the kernel
+        spreads new connections among them."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(self._web, host, port, backlog=backlog,
-                                                reuse_address=True)
+        self._tick()
+        self._server = await loop.create_server(
+            lambda: _Connection(self), host, port, backlog=backlog, reuse_address=True,
+            reuse_port=reuse_port)
+        self._sweeper = loop.create_task(self._sweep())
         return self._server.sockets[0].getsockname()[1]
 
     async def close(self, grace: float = 5.0, idle_grace: float = DRAIN_IDLE_GRACE) -> None:
         """Stop accepting and drain: requests in flight get `grace` seconds, and every
         answer from now on says `Connection: close`. A connection is closed once it has
         been idle for `idle_grace`; what is left at `grace` is cut off."""
-        if self._server is None or self._web is None:
+        if self._server is None:
             return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
@@ -294,71 +601,31 @@ class HttpServer:
                 if conn.busy:
                     idle_since.pop(conn, None)
                 elif now - idle_since.setdefault(conn, now) >= idle_grace:
-                    conn.force_close()
+                    conn._close()
             await asyncio.sleep(DRAIN_POLL_SECONDS)
-        cut = [conn for conn in self.connections if conn.raw_transport is not None]
+        cut = [conn for conn in self.connections if conn.transport is not None]
         if cut:
             busy = sum(conn.busy for conn in cut)
             log.warning("drain: %.0f s grace over, cutting %d connection(s), %d with a "
                         "request in flight", grace, len(cut), busy)
         for conn in cut:
-            conn.raw_transport.abort()
-        if self._tasks:  # cancelled by their connections' loss
-            await asyncio.wait(list(self._tasks), timeout=1.0)
-        self._server = self._web = None
+            conn.transport.abort()  # type: ignore[union-attr]
+        if self.tasks:  # cancelled by their connections' loss
+            await asyncio.wait(list(self.tasks), timeout=1.0)
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        self._server = self._sweeper = None
 
-    # -- one request
-    async def _serve(self, raw: web.BaseRequest) -> web.StreamResponse:
-        headers = raw.headers
-        if raw.method == "CONNECT" or (
-                "upgrade" in headers and "upgrade" in headers.get("connection", "").lower()):
-            return _refuse(NO_UPGRADES)
-        head_bytes = len(raw.raw_path) + sum(len(k) + len(v) for k, v in raw.raw_headers)
-        if head_bytes > self.max_header_bytes:
-            return _refuse(HEAD_TOO_LARGE)
-        length = raw.content_length
-        if length is not None and length > self.max_body:
-            return _refuse(BODY_TOO_LARGE)
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks.add(task)
-        try:
-            body = b""
-            if raw.body_exists:
-                if headers.get("expect", "").lower() == "100-continue":
-                    await raw.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-                try:
-                    body = await self._read_body(raw)
-                except TimeoutError:  # the body stalled: treated like a stalled head
-                    return _hang_up(raw)
-                except RequestPayloadError as exc:  # e.g. broken chunked framing
-                    return _refuse((400, f"malformed HTTP request ({exc})", "bad_request"))
-                if body is None:
-                    return _refuse(BODY_TOO_LARGE)
-            request = Request(raw, body)
-            try:
-                return await self.handler(request)
-            except Exception:
-                if request.client_gone:
-                    return _hang_up(raw)
-                log.exception("unhandled error serving %s %s", raw.method, request.target)
-                if raw.writer.output_size > 0:  # a stream broke off: end it by closing
-                    return _hang_up(raw)
-                return refusal(*INTERNAL)
-        finally:
-            self._tasks.discard(task)
-            raw.protocol.flow = None  # type: ignore[attr-defined]
+    def _tick(self) -> None:
+        self.head_end = f"Date: {formatdate(usegmt=True)}\r\n\r\n"
 
-    async def _read_body(self, raw: web.BaseRequest) -> bytes | None:
-        """The whole body; None when it is over `max_body`."""
-        content = raw.content
-        parts: list[bytes] = []
-        size = 0
-        # A body already received whole is read without a timer.
-        async with asyncio.timeout(None if content.is_eof() else self.keepalive_timeout):
-            while chunk := await content.readany():
-                size += len(chunk)
-                if size > self.max_body:
-                    return None
-                parts.append(chunk)
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+    async def _sweep(self) -> None:
+        """Keep the Date header current and close connections past their deadline."""
+        loop = asyncio.get_running_loop()
+        interval = min(1.0, self.keepalive_timeout / 4)
+        while True:
+            await asyncio.sleep(interval)
+            self._tick()
+            now = loop.time()
+            for conn in list(self.connections):
+                conn.expire(now)

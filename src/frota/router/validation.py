@@ -14,14 +14,14 @@ engine's to say.
 
 from __future__ import annotations
 
-from aiohttp import web
 from pydantic import ValidationError
 
 from frota.api.openai_requests import REQUEST_MODELS, refusal
 from frota.router.errors import error_response
+from frota.router.server import Response
 
 
-def refused(path: str, body: bytes) -> web.Response | None:
+def refused(path: str, body: bytes) -> Response | None:
     """The 400 for a body of `path` the fleet's models refuse; None when it passes or
     `path` has no model."""
     model = REQUEST_MODELS.get(path)
