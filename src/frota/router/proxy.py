@@ -210,7 +210,7 @@ class Proxy:
                              first)
         last = time.perf_counter()
         self.metrics.ttft.observe(last - ctx.started)
-        itl = self.metrics.itl
+        observe_gap = self.metrics.itl.observe
         clock = time.perf_counter
         write = stream.write
 
@@ -218,7 +218,7 @@ class Proxy:
             nonlocal last
             write(chunk)
             now = clock()
-            itl.observe(now - last)
+            observe_gap(now - last)
             last = now
 
         stream.set_flow_control(upstream.pause_reading, upstream.resume_reading)
