@@ -1,8 +1,9 @@
 """SmolLM2's numeric checks under every switch that changes numerics, each in a process of its
 own (the switches are read once per process): the host's default, FROTA_PACKED_LINEAR=0,
-FROTA_AMX=0, FROTA_CPU_KERNELS=0, and the kernels prebuilt for x86-64-v3 (FROTA_KERNELS_ISA),
-the oldest level the worker image ships. So a CPU that takes another path than the
-development machine's cannot fail where CI passed.
+FROTA_AMX=0, FROTA_CPU_KERNELS=0, and the kernels prebuilt for each ISA level the worker image
+ships (FROTA_KERNELS_ISA: x86-64-v2, v3, v4 and v4 with BF16; a level this CPU cannot run is
+skipped, naming the flags it lacks). So a CPU that takes another path than the development
+machine's cannot fail where CI passed.
 
 Under each: Frota's float32 on the plain path gives transformers' greedy tokens exactly
 (teacher-forced on transformers' own continuation, which is the same claim: every position's
@@ -38,13 +39,14 @@ NUM_TOKENS = 12
 HF_LOGITS_TOL = 1e-3  # as test_smollm2's prefill logits: float32, other summation orders
 FORMATS = {"float32 packed": tf.FLOAT32_ORDER, "int8 KV": tf.INT8_KV, "int4": tf.FLOAT32_ORDER,
            "bfloat16": tf.BFLOAT16}
-V3 = "x86-64-v3"
+PREBUILT = {f"prebuilt-{level.name.removeprefix('x86-64-')}": level for level in isa.LEVELS}
 SWITCHES = {  # name: (environment, what paths.describe must then say of the float32 plain path)
     "default": ({}, ""),
     "plain-linears": ({"FROTA_PACKED_LINEAR": "0"}, ""),
     "no-amx": ({"FROTA_AMX": "0"}, "AMX tiles off"),
     "no-cpp-kernels": ({"FROTA_CPU_KERNELS": "0"}, "C++ kernels off"),
-    "prebuilt-v3": ({prebuilt.ISA_ENV: V3}, f"prebuilt {V3}"),
+    **{name: ({prebuilt.ISA_ENV: level.name}, f"prebuilt {level.name}")
+       for name, level in PREBUILT.items()},
 }
 
 
@@ -74,18 +76,20 @@ def reference(hf_smollm2, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def v3_kernels() -> Path:
-    """A FROTA_KERNELS_DIR holding the x86-64-v3 build only (about a minute and a half on two
+def prebuilt_kernels(level: isa.IsaLevel) -> Path:
+    """A FROTA_KERNELS_DIR holding `level`'s build only (about a minute and a half on two
     cores), cached beside this machine's own builds until the sources or torch change."""
     if not isa.is_x86_64():
         pytest.skip("the prebuilt ISA levels are x86-64's")
+    missing = level.cpu_flags - (isa.host_cpu_flags() or frozenset())
+    if missing:
+        pytest.skip(f"this CPU lacks {', '.join(sorted(missing))}: it cannot run {level.name}")
     key = json.dumps({"torch": torch.__version__, **{k: prebuilt.source_digest(k) for k in prebuilt.KINDS}})
-    root = build.cache_root() / f"prebuilt-{V3}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+    root = build.cache_root() / f"prebuilt-{level.name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
     manifest = root / "manifest.json"
-    built = manifest.is_file() and V3 in json.loads(manifest.read_text()).get("levels", [])
-    if not built and not prebuilt.prebuild(root, [V3]):
-        pytest.skip(f"could not build the C++ kernels for {V3} into {root} (no C++ compiler?)")
+    built = manifest.is_file() and level.name in json.loads(manifest.read_text()).get("levels", [])
+    if not built and not prebuilt.prebuild(root, [level.name]):
+        pytest.skip(f"could not build the C++ kernels for {level.name} into {root} (no C++ compiler?)")
     return root
 
 
@@ -99,11 +103,10 @@ def run_paths(env: dict[str, str], reference: Path, out: Path) -> dict:
 
 
 @pytest.mark.parametrize("switch", list(SWITCHES))
-def test_numeric_paths_hold_under_each_kernel_switch(switch: str, reference: Path, request: pytest.FixtureRequest,
-                                                      tmp_path: Path) -> None:
+def test_numeric_paths_hold_under_each_kernel_switch(switch: str, reference: Path, tmp_path: Path) -> None:
     env, expect = SWITCHES[switch]
-    if switch == "prebuilt-v3":
-        env = {**env, prebuilt.DIR_ENV: str(request.getfixturevalue("v3_kernels"))}
+    if switch in PREBUILT:
+        env = {**env, prebuilt.DIR_ENV: str(prebuilt_kernels(PREBUILT[switch]))}
     result = run_paths(env, reference, tmp_path / "result.pt")
     described = result["paths"]
     assert expect in described["float32 plain"], f"{switch} did not take effect: {described['float32 plain']}"
