@@ -100,8 +100,8 @@ class RouterMetrics:
 class FrequentHistogram(Collector):
     """A histogram without labels for what is observed once per relayed chunk: `observe`
     is one bisect and two additions, where prometheus_client's `Histogram.observe` takes
-    a lock twice and walks the buckets in Python (measured in docs/benchmarks.md,
-    "Overhead"). Exported as a `Histogram` of the same name and buckets would be
+    a lock twice and walks the buckets in Python: 0.3 against 2.0 us per chunk
+    (docs/benchmarks.md, "Overhead"). Exported as a `Histogram` of the same name and buckets would be
     (`_bucket`, `_count`, `_sum`, `_created`). The router observes and is scraped on one
     event loop, so nothing is locked."""
 
