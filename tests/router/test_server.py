@@ -711,3 +711,24 @@ async def test_reuse_port_lets_two_servers_listen_on_one_port(connect):
         await second.close(grace=0.1)
     finally:
         await first.close(grace=0.1)
+
+
+async def test_a_long_pipelined_burst_is_answered_whole_and_in_order(serve, connect):
+    # More requests than the connection queues before it stops reading: it reads on as
+    # it answers them.
+    _, port = await serve(echo)
+    reader, writer = await connect(port)
+    writer.write(b"".join(b"GET /%d HTTP/1.1\r\nHost: t\r\n\r\n" % i for i in range(50)))
+    for i in range(50):
+        assert json.loads((await read_response(reader)).body)["target"] == f"/{i}"
+
+
+async def test_expect_100_continue_with_a_chunked_body(serve, connect):
+    _, port = await serve(echo)
+    reader, writer = await connect(port)
+    writer.write(b"POST /e HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n"
+                 b"Expect: 100-continue\r\n\r\n")
+    interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), TIMEOUT)
+    assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+    writer.write(chunked(b"hel", b"lo"))
+    assert json.loads((await read_response(reader)).body)["body"] == "hello"
