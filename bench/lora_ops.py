@@ -50,6 +50,9 @@ def case(base: torch.nn.Module, rows: int, slots: int, repeat: int) -> dict:
     proj.a.normal_()
     for b in proj.b:
         b.normal_()
+    for slot in range(slots):  # every slot a rank-RANK adapter of q, k and v
+        for j in range(len(proj.b)):
+            proj.set_rank(slot, j, RANK)
     x = torch.randn(rows, HIDDEN)
     slot_of = torch.arange(rows) % slots
     gather = LoRABatch(torch.arange(rows), slot_of, [])

@@ -89,9 +89,10 @@ def test_decode_rows_get_their_own_slots_delta_and_base_rows_stay_untouched(path
 def test_a_rows_delta_is_the_same_bits_batched_or_alone(path, monkeypatch):
     proj = projection(torch.float32)
     generator = torch.Generator().manual_seed(2)
-    x = torch.randn(5, HIDDEN, generator=generator)
-    y = torch.randn(5, sum(WIDTHS), generator=generator)
-    rows = [(0, 1), (1, 0), (2, 1), (3, 3), (4, 2)]
+    x = torch.randn(11, HIDDEN, generator=generator)
+    y = torch.randn(11, sum(WIDTHS), generator=generator)
+    # slot 1's five rows make a block of four and one of one; slot 3's rank 3 a partial tile
+    rows = [(0, 1), (1, 0), (2, 1), (3, 3), (4, 2), (5, 1), (6, 3), (7, 1), (8, 1), (9, 3), (10, 0)]
     batched = run(path, y.clone(), x, proj, rows, monkeypatch)
     for row, slot in rows:
         alone = run(path, y[row:row + 1].clone(), x[row:row + 1], proj, [(0, slot)], monkeypatch)
