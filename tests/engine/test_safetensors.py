@@ -67,5 +67,5 @@ def test_a_truncated_safetensors_file_is_refused_by_name(tmp_path):
     from frota.engine.loader.safetensors import mapped_tensors
 
     (tmp_path / "bad.safetensors").write_bytes(b"\xff\xff\xff\x00\x00\x00\x00\x00{}")
-    with pytest.raises(UnsupportedModelError, match="bad.safetensors"):
+    with pytest.raises(UnsupportedModelError, match=r"bad\.safetensors"):
         list(mapped_tensors(tmp_path / "bad.safetensors"))
