@@ -110,8 +110,8 @@ def test_missing_workers_is_a_clear_error():
 
 
 def test_a_bad_option_value_is_one_line_naming_the_flag():
-    for flags, named in ((["--policy", "prefix-aware", "--prefix-min-match", "2"],
-                          "--prefix-min-match"),
+    for flags, named in ((["--policy", "prefix-aware", "--prefix-balance", "-1"],
+                          "--prefix-balance"),
                          (["--policy", "prefix-aware", "--prefix-balance-abs", "-1"],
                           "--prefix-balance-abs"),
                          (["--policy", "prefix-aware", "--prefix-hot-window", "-1"],

@@ -96,12 +96,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "prefix-aware: a worker may take (1 + this) x its fair share of load")
     add("--prefix-balance-abs", prefix.balance_abs, "prefix-aware: ... or this many requests "
         "more than the least loaded worker, whichever allows more (low load)")
-    add("--prefix-hot-window", prefix.hot_window, "prefix-aware: a prefix behind more than a "
-        "worker's fair share of this many latest requests is hot and gets the relative bound "
-        "only (0: no prefix is ever hot)")
-    add("--prefix-min-match", prefix.min_match, "prefix-aware: follow a remembered prefix only "
-        "when it covers this fraction of the prompt's blocks; else route to the least loaded "
-        "worker")
+    add("--prefix-hot-window", prefix.hot_window, "prefix-aware: a prefix behind more of this "
+        "many latest requests than one worker may take under the load bound is hot: requests "
+        "under it are placed by their longer prefix over the workers its share needs (0: no "
+        "prefix is ever hot)")
     add("--session-header", "x-session-id",
         "session: header carrying the session key (else the body's `user`)")
 
@@ -231,7 +229,7 @@ def config_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         prefix=PrefixAwareConfig(
             block_chars=args.prefix_block_chars, max_blocks=args.prefix_max_blocks,
             balance=args.prefix_balance, balance_abs=args.prefix_balance_abs,
-            hot_window=args.prefix_hot_window, min_match=args.prefix_min_match),
+            hot_window=args.prefix_hot_window),
         session_header=args.session_header,
         max_inflight=args.max_inflight, max_queue=args.max_queue,
         queue_timeout=args.queue_timeout,

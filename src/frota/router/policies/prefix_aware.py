@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections import Counter, OrderedDict, deque
-from collections.abc import Sequence
+import zlib
+from collections import Counter, deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from frota.router.health import Worker
@@ -32,13 +33,53 @@ def prefix_block_hashes(text: str, block_chars: int, max_blocks: int,
     too, so short prompts still have a key. `seed` starts the chain
     (`adapter_seed`).
     """
-    hashes: list[int] = []
-    digest = seed
-    data = text.encode("utf-8", "surrogatepass")
-    step = block_chars  # bytes; equal to characters for ASCII, close enough otherwise
-    for start in range(0, min(len(data), step * max_blocks), step):
-        digest = hashlib.blake2b(digest + data[start:start + step], digest_size=8).digest()
-        hashes.append(int.from_bytes(digest, "big"))
+    return prefix_hashes(_head(text, block_chars, max_blocks), block_chars,
+                         range(1, max_blocks + 1), seed)
+
+
+def placement_levels(max_blocks: int) -> list[int]:
+    """The prefix lengths, in blocks, a prompt may be placed by: 1 to 5, then a quarter
+    longer each time (15 lengths up to 64). Fewer than every block to hash and count,
+    at a cost: a chat's first turn is placed by its own conversation only when
+    it runs a quarter past where it parts from other conversations; else its second
+    turn moves it once."""
+    levels, length = [], 1
+    while length <= max_blocks:
+        levels.append(length)
+        length = max(length + 1, math.ceil(length * 1.25))
+    return levels
+
+
+def _head(text: str, block_chars: int, max_blocks: int) -> bytes:
+    """The bytes of `text` that are hashed. Only those are encoded: n characters make at
+    least n bytes, and an 8k-token prompt is ~32k characters, of which the default 64
+    blocks of 128 hash 8k."""
+    end = block_chars * max_blocks
+    return text[:end].encode("utf-8", "surrogatepass")[:end]
+
+
+def prefix_hashes(data: bytes, step: int, levels: Iterable[int], seed: bytes) -> list[int]:
+    """The hash of `data`'s prefix of each of `levels` blocks of `step` bytes (equal to
+    characters for ASCII, close enough otherwise) shorter than `data`, then of the whole.
+
+    CRC-32 and Adler-32 run on from one prefix to the next, so each costs only its new
+    bytes; together they make 64 bits, the same in every process (unlike `hash()`).
+    Not cryptographic, and need not be: a collision only sends two prefixes to the
+    same worker. A blake2b chain cost 2 us a block in bench/router_policy.py."""
+    crc32, adler32 = zlib.crc32, zlib.adler32
+    crc, adler = crc32(seed), adler32(seed)
+    view = memoryview(data)
+    hashes, start = [], 0
+    for level in levels:
+        end = level * step
+        if end >= len(data):
+            break
+        block = view[start:end]
+        crc, adler, start = crc32(block, crc), adler32(block, adler), end
+        hashes.append(crc << 32 | adler)
+    if start < len(data):
+        block = view[start:]
+        hashes.append(crc32(block, crc) << 32 | adler32(block, adler))
     return hashes
 
 
@@ -52,8 +93,6 @@ class PrefixAwareConfig:
     balance: float = 0.25        # --prefix-balance: up to (1 + this) x the fair share
     balance_abs: int = 8         # --prefix-balance-abs: or this many over the least loaded
     hot_window: int = 64         # --prefix-hot-window: latest requests a hot prefix is seen in
-    min_match: float = 0.5       # --prefix-min-match: share of the blocks a prefix must cover
-    max_table_entries: int = 200_000  # block hashes remembered (LRU)
 
     def check(self) -> None:
         """Raise ValueError naming the flag of the first setting out of range."""
@@ -61,45 +100,49 @@ class PrefixAwareConfig:
                                ("--prefix-max-blocks", self.max_blocks >= 1, ">= 1"),
                                ("--prefix-balance", self.balance >= 0, ">= 0"),
                                ("--prefix-balance-abs", self.balance_abs >= 0, ">= 0"),
-                               ("--prefix-hot-window", self.hot_window >= 0, ">= 0"),
-                               ("--prefix-min-match", 0 <= self.min_match <= 1, "in [0, 1]")):
+                               ("--prefix-hot-window", self.hot_window >= 0, ">= 0")):
             if not ok:
                 raise ValueError(f"prefix-aware: {flag} must be {want}")
 
 
 class PrefixAwarePolicy(RoutingPolicy):
-    """Send a request to the worker that most likely holds its prompt's prefix in KV cache.
+    """Send a request to the worker that most likely holds its prompt's prefix in KV cache,
+    by a placement every router computes alike: two routers (processes or replicas) with
+    no shared state send the same prefix to the same worker.
 
-    The prompt text (see `RouteRequest.prompt_text`) is cut into character blocks
-    and hashed as a chain, which starts from the request's LoRA adapter (so the same
-    prompt under two adapters shares nothing). The router remembers, for each block
-    hash, the worker that owns that prefix (an LRU table of `max_table_entries`). A request
-    goes to the owner of its longest remembered prefix ("prefix_hit") when that
-    prefix covers at least `min_match` of the prompt's hashed blocks. Otherwise
-    what is cached is worth less than an even load: the request goes to the
-    least loaded worker, ties broken by consistent hashing of the prompt ("hash"
-    when the ring's first choice, else "least_outstanding"). So the first turn of
-    a chat whose only shared part is a short system prompt lands where there is
-    room, and its later turns, mostly history, follow it.
+    The prompt text (see `RouteRequest.prompt_text`) is cut into character blocks and
+    hashed as a chain, which starts from the request's LoRA adapter (so the same prompt
+    under two adapters shares nothing). The request is placed by one prefix key: the
+    shortest of its prefixes (`placement_levels` blocks, then the whole) that is not
+    hot. A prefix is hot when it began more of the last `hot_window` requests than one
+    worker may take under the load bound, (1 + balance) x the fair share. So a
+    tenant's requests, whose prompts share a long system prompt and differ after it,
+    are placed by that prompt and meet on one worker; and when every conversation starts
+    with the same system prompt (hot), each conversation is placed by its longer prefix,
+    its first message included, which all its later turns share, so each conversation
+    keeps one worker. A prefix's home is the first worker on the consistent-hash ring
+    from its key ("prefix_hit").
 
-    Load is bounded (consistent hashing with bounded loads): a worker may take a
-    request only while its outstanding count stays within `(1 + balance)` times
-    the fair share, or within `balance_abs` requests of the least loaded worker's,
-    whichever allows more; otherwise the request walks the ring to the next worker
-    with room ("overflow"). The relative bound governs at high load; the absolute
-    one at low load, where a fair share is a handful of requests and one more in a
-    continuous batch costs far less than the prefill a cache miss repeats. A hot
-    prefix, one that brought more than a worker's fair share of the last
-    `hot_window` requests, gets the relative bound alone: no worker can serve it
-    alone without exceeding its share, and spreading it costs one miss on each
-    worker it spreads to, paid back by all its later requests there.
+    A request placed under a hot prefix (its parent, one level shorter) goes to the first
+    worker on its own key's ring walk among the first k of the parent's ring, k the
+    number of workers the parent's share of traffic needs ("spread"): a hot prefix
+    spreads over as few workers as its load needs, each of which then caches it, and a
+    worker joining that set takes keys only from the others.
 
-    The walk starts at the matched prefix's hash, so all the overflows of one
-    prefix try the same workers in the same order, whatever follows the prefix: a
-    hot prefix spreads over as few replicas as the bound allows instead of melting
-    one, and each of them then caches it. An overflow borrows a worker: the prefix
-    keeps its owner, so the next request goes back to where it is cached instead
-    of moving it (and evictions) from worker to worker.
+    Load is bounded (consistent hashing with bounded loads): a worker may take a request
+    only while its outstanding count stays within `(1 + balance)` times the fair share,
+    or within `balance_abs` requests of the least loaded worker's, whichever allows more;
+    otherwise the request walks on to the next worker with room ("overflow"). The
+    relative bound governs at high load; the absolute one at low load, where a fair
+    share is a handful of requests and one more in a continuous batch costs far less
+    than the prefill a cache miss repeats. A request whose every prefix is hot (one
+    prompt repeated) gets the relative bound alone. The walk's order is the same in
+    every router; the loads are each router's own, so routers agree on every request
+    that fits its home and may overflow differently.
+
+    Hotness, too, is each router's own count, over the traffic it sees: routers behind
+    one Service see samples of the same mix and agree on what is hot, except a prefix
+    whose share sits right at the threshold.
     """
 
     name = PolicyName.PREFIX_AWARE
@@ -112,13 +155,10 @@ class PrefixAwarePolicy(RoutingPolicy):
         self.max_blocks = config.max_blocks
         self.balance = config.balance
         self.balance_abs = config.balance_abs
-        self.min_match = config.min_match
-        self.max_table_entries = config.max_table_entries
-        hot_window = config.hot_window
-        self._owner: OrderedDict[int, str] = OrderedDict()
+        self._levels = placement_levels(config.max_blocks)
         self._ring = RingCache()
         # The prefix keys of the last `hot_window` requests, and how often each occurs.
-        self._recent: deque[int] = deque(maxlen=hot_window)
+        self._recent: deque[list[int]] = deque(maxlen=config.hot_window)
         self._recent_counts: Counter[int] = Counter()
         self._seeds: dict[str, bytes] = {}  # adapter -> adapter_seed(adapter)
 
@@ -130,24 +170,31 @@ class PrefixAwarePolicy(RoutingPolicy):
             return relative
         return max(relative, min(w.num_outstanding for w in candidates) + self.balance_abs)
 
-    def _note(self, key: int) -> None:
-        """Count `key` as the prefix of the latest request (the window drops the oldest)."""
+    def _note(self, keys: list[int]) -> None:
+        """Count `keys` as the prefixes of the latest request (the window drops the oldest)."""
         recent, counts = self._recent, self._recent_counts
         if not recent.maxlen:
             return  # --prefix-hot-window 0: nothing is ever hot
         if len(recent) == recent.maxlen:
-            oldest = recent[0]
-            counts[oldest] -= 1
-            if not counts[oldest]:
-                del counts[oldest]
-        recent.append(key)
-        counts[key] += 1
+            for key in recent[0]:
+                counts[key] -= 1
+                if not counts[key]:
+                    del counts[key]
+        recent.append(keys)
+        counts.update(keys)
 
-    def _is_hot(self, key: int, num_candidates: int) -> bool:
-        """True when `key` brought more than one worker's fair share of the recent
-        requests: no single worker can take it alone without exceeding its share."""
-        recent = self._recent
-        return len(recent) > 1 and self._recent_counts[key] * num_candidates > len(recent)
+    def _workers_needed(self, key: int, num_candidates: int) -> int:
+        """How many workers `key`'s share of the last `hot_window` requests needs, each
+        taking up to (1 + balance) x its fair share (more than one: hot). Until the
+        window holds a quarter of its size, the share is of that quarter: with two
+        requests seen, each conversation would be half the traffic."""
+        window = self._recent.maxlen
+        if not window:
+            return 1
+        seen = max(len(self._recent), window / 4)
+        share = self._recent_counts.get(key, 0) / seen
+        return max(1, min(num_candidates, math.ceil(
+            share * num_candidates / (1 + self.balance) - 1e-9)))
 
     def choose(self, request: RouteRequest, candidates: Sequence[Worker]) -> Decision:
         adapter = request.adapter
@@ -155,46 +202,32 @@ class PrefixAwarePolicy(RoutingPolicy):
         if adapter is not None:
             seed = self._seeds.get(adapter) or self._seeds.setdefault(
                 adapter, adapter_seed(adapter))
-        hashes = prefix_block_hashes(request.prompt_text, self.block_chars, self.max_blocks,
-                                     seed)
-        by_url = {w.url: w for w in candidates}
-        owner: Worker | None = None
-        ring_key = hashes[-1] if hashes else 0
-        for i in range(len(hashes) - 1, -1, -1):
-            url = self._owner.get(hashes[i])
-            if url is not None and url in by_url:
-                if (i + 1) >= self.min_match * len(hashes):
-                    owner = by_url[url]
-                    ring_key = hashes[i]  # overflows of one prefix go the same way round
-                break  # the longest remembered prefix decides (over its bound: the ring)
-        self._note(ring_key)
-        bound = self._bound(candidates, hot=self._is_hot(ring_key, len(candidates)))
-        decision: Decision | None = None
-        if owner is not None and owner.num_outstanding + 1 <= bound:
-            decision = Decision(owner, "prefix_hit")
-        if decision is None:
-            ring = list(self._ring.walk(ring_key, candidates))
-            if owner is not None:  # a worthwhile prefix, but its owner is full: walk the ring
-                reason = "overflow"
-                worker = next((w for w in ring if w.num_outstanding + 1 <= bound), None)
-                worker = worker or min(ring, key=lambda w: w.num_outstanding)
-            else:  # nothing worth following: the least loaded, ties by the ring
-                worker = min(ring, key=lambda w: w.num_outstanding)
-                reason = "hash" if worker is ring[0] else "least_outstanding"
-            decision = Decision(worker, reason)
-        self._remember(hashes, decision.worker.url, keep=by_url if owner is not None else None)
-        return decision
-
-    def _remember(self, hashes: list[int], url: str, keep: dict[str, Worker] | None) -> None:
-        """Record `url` as the owner of `hashes`. With `keep` (the request followed a
-        remembered prefix, to its owner or, the owner being full, overflowing), a prefix
-        already owned by a worker in `keep` stays with it and only the new blocks become
-        `url`'s: an overflow must not move a hot prefix, or both workers end up caching
-        it and the next overflow moves it back."""
-        owner = self._owner
-        for h in hashes:
-            if keep is None or owner.get(h) not in keep:
-                owner[h] = url
-            owner.move_to_end(h)
-        while len(owner) > self.max_table_entries:
-            owner.popitem(last=False)
+        data = _head(request.prompt_text, self.block_chars, self.max_blocks)
+        keys = prefix_hashes(data, self.block_chars, self._levels, seed) or [0]
+        self._note(keys)
+        n = len(candidates)
+        # The shortest prefix that is not hot. Counts only fall along a prompt (every
+        # request that counts a prefix counts the shorter ones), so a later turn of a
+        # chat, whose text extends an earlier turn's, stops at the same prefix.
+        level, needed, parent_needed = 0, self._workers_needed(keys[0], n), 1
+        while needed > 1 and level + 1 < len(keys):
+            level += 1
+            parent_needed, needed = needed, self._workers_needed(keys[level], n)
+        hot = needed > 1  # even the whole prompt is hot: one prompt repeated
+        walk: Iterable[Worker] = self._ring.walk(keys[level], candidates)
+        reason = "prefix_hit"
+        if parent_needed > 1 and not hot:  # under a hot parent: among the workers it needs
+            parent = list(self._ring.walk(keys[level - 1], candidates))
+            subset = parent[:parent_needed]
+            first = next(w for w in walk if w in subset)
+            walk = [first, *(w for w in parent if w is not first)]
+            reason = "spread"
+        bound = self._bound(candidates, hot)
+        walk = iter(walk)
+        first = next(walk)
+        if first.num_outstanding + 1 <= bound:
+            return Decision(first, reason)
+        rest = list(walk)
+        worker = next((w for w in rest if w.num_outstanding + 1 <= bound), None)
+        return Decision(worker or min([first, *rest], key=lambda w: w.num_outstanding),
+                        "overflow")

@@ -49,13 +49,17 @@ class RingCache:
 
     def __init__(self, num_vnodes: int = 64) -> None:
         self._num_vnodes = num_vnodes
-        self._key: tuple[str, ...] = ()
+        self._workers: tuple[Worker, ...] = ()
+        self._by_url: dict[str, Worker] = {}
         self._ring = HashRing([], num_vnodes)
 
     def walk(self, key: int, candidates: Sequence[Worker]) -> Iterator[Worker]:
-        urls = tuple(w.url for w in candidates)
-        if urls != self._key:
-            self._key, self._ring = urls, HashRing(urls, self._num_vnodes)
-        by_url = {w.url: w for w in candidates}
+        workers = tuple(candidates)  # compared by identity: a rediscovered worker is new
+        if workers != self._workers:
+            urls = [w.url for w in workers]
+            if urls != list(self._by_url):
+                self._ring = HashRing(urls, self._num_vnodes)
+            self._workers, self._by_url = workers, {w.url: w for w in workers}
+        by_url = self._by_url
         for url in self._ring.walk(key):
             yield by_url[url]
