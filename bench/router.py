@@ -37,7 +37,9 @@ cache (`--num-kv-blocks`; a comma list sweeps sizes) is smaller than the
 workload's working set, which is where cache-aware routing pays: round-robin
 makes every worker cache everything. `--backend stand-in` runs it on stand-ins
 with a SIMULATED prefix cache (an LRU over 64-character blocks, prefill time
-proportional to uncached characters).
+proportional to uncached characters). `--routers 2` puts two router replicas (no
+shared state) before the same workers and sends each request to the next one, a
+chat's turns alternating between them: what a second replica does to the hit rate.
 """
 
 from __future__ import annotations
@@ -576,7 +578,20 @@ def words(rng: random.Random, n: int) -> str:
     return " ".join(rng.choice(vocab) for _ in range(n))
 
 
-async def conversations(url: str, args: argparse.Namespace) -> list[Result]:
+class Alternate:
+    """The routers' URLs in turn, one per request (`--routers`): consecutive requests,
+    a chat's turns included, go to different routers, as behind a Service."""
+
+    def __init__(self, urls: list[str]) -> None:
+        self.urls, self._next = urls, 0
+
+    def __call__(self) -> str:
+        url = self.urls[self._next % len(self.urls)]
+        self._next += 1
+        return url
+
+
+async def conversations(urls: Alternate, args: argparse.Namespace) -> list[Result]:
     """`--conversations` chats, `--turns` each, all sharing one system prompt; each turn
     resends the whole history (with the previous replies), like a chat client does."""
     rng = random.Random(args.seed)
@@ -598,14 +613,14 @@ async def conversations(url: str, args: argparse.Namespace) -> list[Result]:
                     body = {"model": args.model_name, "messages": messages, "stream": True,
                             "max_tokens": args.max_tokens, "temperature": 0,
                             "user": f"conv-{index}"}
-                    result = await stream_one(session, url, body)
+                    result = await stream_one(session, urls(), body)
                     results.append(result)
                     messages.append({"role": "assistant", "content": result.text or "ok"})
         await asyncio.gather(*(chat(i) for i in range(args.conversations)))
     return results
 
 
-async def shared_prefix(url: str, args: argparse.Namespace) -> list[Result]:
+async def shared_prefix(urls: Alternate, args: argparse.Namespace) -> list[Result]:
     """`--groups` tenants, each with its own long system prompt, `--prompts-per-group`
     one-turn questions each, shuffled and sent `--concurrency` at a time (SGLang's
     "generated shared prefix" workload). The system prompts together outweigh one
@@ -621,8 +636,12 @@ async def shared_prefix(url: str, args: argparse.Namespace) -> list[Result]:
                              f"{words(rng, args.question_words)}"}]}
               for g in range(args.groups) for q in range(args.prompts_per_group)]
     rng.shuffle(bodies)
+    semaphore = asyncio.Semaphore(args.concurrency)
     async with client_session() as session:
-        return await run_load(url, bodies, args.concurrency, session)
+        async def one(body: dict[str, Any]) -> Result:
+            async with semaphore:
+                return await stream_one(session, urls(), body)
+        return await asyncio.gather(*(one(b) for b in bodies))
 
 
 async def routing_decisions(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
@@ -673,7 +692,7 @@ async def prefix_one(args: argparse.Namespace, log_dir: Path,
         "mode": "prefix",
         "backend": ("stand-in workers with a SIMULATED prefix cache (LRU of 64-char blocks)"
                     if args.backend == "stand-in" else "frota worker smollm2"),
-        "workers": 2, "workload": workload_description(args),
+        "workers": 2, "routers": args.routers, "workload": workload_description(args),
         "concurrency": args.concurrency, "num_kv_blocks": num_kv_blocks or None,
         "threads_per_worker": threads, "warmup_requests_per_worker": args.warmup,
         "load_average_1m_at_start": round(os.getloadavg()[0], 2)}
@@ -692,20 +711,24 @@ async def prefix_one(args: argparse.Namespace, log_dir: Path,
                                 ("--prefix-hot-window", args.prefix_hot_window)):
                 if policy == "prefix-aware" and value is not None:
                     extra += [flag, str(value)]
-            router = start_router(workers, policy, log_dir, name=f"router-{policy}",
-                                  extra=extra)
-            procs.append(router)
-            await router.wait_ready_async(60)
+            routers = [start_router(workers, policy, log_dir, name=f"router{r}-{policy}",
+                                    extra=extra) for r in range(args.routers)]
+            procs += routers
+            for router in routers:
+                await router.wait_ready_async(60)
             baseline = await warm_up(workers, args)
             started = time.perf_counter()
             load = shared_prefix if args.workload == "shared-prefix" else conversations
-            results = await load(router.url, args)
+            results = await load(Alternate([r.url for r in routers]), args)
             elapsed = time.perf_counter() - started
             async with aiohttp.ClientSession() as session:
                 after = [await scrape_prefix(session, w.url) for w in workers]
                 counts = [(h - h0, q - q0)
                           for (h, q), (h0, q0) in zip(after, baseline, strict=True)]
-                decisions = await routing_decisions(session, router.url)
+                decisions: dict[str, float] = {}
+                for router in routers:
+                    for kind, n in (await routing_decisions(session, router.url)).items():
+                        decisions[kind] = decisions.get(kind, 0) + n
             hits, queries = sum(c[0] for c in counts), sum(c[1] for c in counts)
             ttfts = [r.ttft for r in results if r.ok]
             out[policy] = {
@@ -822,6 +845,9 @@ def main() -> int:
                         help="shared-prefix: tenants, each with its own system prompt")
     parser.add_argument("--prompts-per-group", type=int, default=16)
     parser.add_argument("--question-words", type=int, default=12)
+    parser.add_argument("--routers", type=int, default=1,
+                        help="--prefix: router replicas over the same workers, each "
+                        "request to the next (as a Service spreads connections)")
     parser.add_argument("--policies", default="round-robin,prefix-aware",
                         help="--prefix: the policies to run, in order")
     parser.add_argument("--prefix-balance", type=float, default=None,
