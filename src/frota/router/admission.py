@@ -105,3 +105,15 @@ class AdmissionController:
             return
         self.num_inflight -= 1
         self._metrics.inflight.set(self.num_inflight)
+
+
+def process_share(limit: int, num_processes: int, index: int) -> int:
+    """Process `index`'s part of a limit that `num_processes` router processes enforce
+    together, each with its own count: the parts sum to `limit`, as even as whole
+    numbers allow. A limit of 0 stays 0 (for `max_inflight`: unlimited). A positive
+    limit smaller than the number of processes still gives each process one, since 0
+    would lift `max_inflight` altogether: the pod then admits up to `num_processes`."""
+    if limit <= 0 or num_processes <= 1:
+        return limit
+    part, extra = divmod(limit, num_processes)
+    return max(1, part + (index < extra))

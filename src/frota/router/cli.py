@@ -62,6 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--log-level", "info", type=str.lower, choices=["debug", "info", "warning", "error"])
     add("--drain-timeout", 30.0, "on SIGTERM, seconds requests in flight may run on before "
         "they are cut off (new connections are refused at once)")
+    add("--processes", 1, "router processes sharing --port (SO_REUSEPORT), each with its "
+        "share of --max-inflight and --max-queue; a supervisor forwards SIGTERM to each and "
+        "restarts one that dies after serving a while")
 
     add = _flag_adder(parser.add_argument_group("discovery"))
     add("--discovery", "static", "where the workers come from", choices=["static", "kubernetes"])
@@ -218,11 +221,17 @@ def is_true(value: object) -> bool:
     return value is True or str(value).strip().lower() in ("1", "true", "yes", "on")
 
 
-def config_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def config_from_args(args: argparse.Namespace,  # type: ignore[no-untyped-def]
+                     process: int | None = None):
+    """The router's configuration; `process`: this process's index among `--processes`,
+    which takes its share of the admission limits."""
     from frota.router.adapters import AdapterConfig, parse_adapter_paths
+    from frota.router.admission import process_share
     from frota.router.app import RouterConfig, read_api_keys
     from frota.router.hold import HoldConfig
     from frota.router.proxy import ProxyConfig
+
+    num_processes = args.processes if process is not None else 1
 
     return RouterConfig(
         policy=PolicyName(args.policy), load_signal=LoadSignal(args.load_signal),
@@ -231,7 +240,8 @@ def config_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
             balance=args.prefix_balance, balance_abs=args.prefix_balance_abs,
             hot_window=args.prefix_hot_window),
         session_header=args.session_header,
-        max_inflight=args.max_inflight, max_queue=args.max_queue,
+        max_inflight=process_share(args.max_inflight, num_processes, process or 0),
+        max_queue=process_share(args.max_queue, num_processes, process or 0),
         queue_timeout=args.queue_timeout,
         proxy=ProxyConfig(max_retries=args.max_retries, retry_backoff=args.retry_backoff,
                           connect_timeout=args.connect_timeout,
@@ -249,8 +259,8 @@ def config_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
             refresh_interval=args.adapter_refresh))
 
 
-async def serve(args: argparse.Namespace, app: RouterApp) -> None:
-    await app.start(args.host, args.port)
+async def serve(args: argparse.Namespace, app: RouterApp, process: int | None = None) -> None:
+    await app.start(args.host, args.port, reuse_port=process is not None)
     # Everything allocated so far (modules, the app) lives as long as the process: keep
     # it out of the cyclic GC, so full collections stay short on the request path.
     gc.freeze()
@@ -258,8 +268,9 @@ async def serve(args: argparse.Namespace, app: RouterApp) -> None:
     # collections and 270 ms of pauses in 20 s (5% of the router's CPU, pauses up to
     # 13 ms); 20,000 made 4 (20 ms). Measured in docs/benchmarks.md, "Overhead".
     gc.set_threshold(20_000, 50, 100)
+    which = f", process {process} of {args.processes}" if process is not None else ""
     print(f"frota router: listening on http://{args.host}:{args.port} "
-          f"(policy {args.policy})", flush=True)
+          f"(policy {args.policy}{which})", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -274,16 +285,23 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from frota.router.app import build_app
+    from frota.router.processes import process_index, supervise
 
+    process = process_index()
     try:  # bad option values (a policy's, an API key file's) fail here, in one line
-        app = build_app(config_from_args(args), _discovery(args))
+        if args.processes < 1 or (args.processes > 1 and not args.port):
+            raise ValueError("--processes must be >= 1, and needs a fixed --port when > 1")
+        app = build_app(config_from_args(args, process), _discovery(args))
     except (ValueError, OSError) as exc:
         print(f"frota router: error: {exc}", file=sys.stderr)
         return 2
+    if args.processes > 1 and process is None:
+        del app  # the children build their own
+        return supervise(args.processes)
     try:
         import uvloop  # optional: faster event loop when installed
     except ImportError:
-        asyncio.run(serve(args, app))
+        asyncio.run(serve(args, app, process))
     else:
-        uvloop.run(serve(args, app))
+        uvloop.run(serve(args, app, process))
     return 0
