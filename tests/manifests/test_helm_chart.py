@@ -275,7 +275,24 @@ def test_the_chart_renders_the_monitoring_files_it_ships():
 
 
 @needs_helm
+def test_runbook_base_url_points_every_alert_at_its_section_there():
+    base = "https://docs.example.com/frota/operations.md"
+    shipped = template("--set", "monitoring.prometheusRule.enabled=true")
+    linked = template("--set", "monitoring.prometheusRule.enabled=true",
+                      "--set", f"monitoring.prometheusRule.runbookBaseURL={base}/")
+    pairs = [(a, b) for g, h in zip(one(shipped, "PrometheusRule")["spec"]["groups"],
+                                    one(linked, "PrometheusRule")["spec"]["groups"], strict=True)
+             for a, b in zip(g["rules"], h["rules"], strict=True) if "alert" in a]
+    assert pairs
+    for plain, based in pairs:
+        anchor = plain["annotations"]["runbook_url"].split("#")[1]
+        assert based["annotations"]["runbook_url"] == f"{base}#{anchor}", based["alert"]
+        assert {**based, "annotations": plain["annotations"]} == plain  # nothing else moved
+
+
+@needs_helm
 @pytest.mark.parametrize("bad", [
+    "monitoring.prometheusRule.runbookBaseURL=docs.example.com",
     "replicaCount=0", "logLevel=loud", "image.pullPolicy=Sometimes", "replicas=2",
     "monitoring.podMonitor.interval=soon", "podDisruptionBudget.minAvailable=half",
 ])
