@@ -102,5 +102,7 @@ class Supervisor:
 
 def supervise(num_processes: int) -> int:
     """Run this command line's router as `num_processes` processes on its port."""
-    argv = [sys.executable, "-m", "frota.cli.main", *sys.argv[1:]]
+    # The interpreter's own command line (`frota router ...` or `python -m ... router
+    # ...`), options included, so each child runs exactly what was run.
+    argv = [sys.executable, *sys.orig_argv[1:]]
     return Supervisor(argv, num_processes).run()
