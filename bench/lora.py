@@ -18,8 +18,8 @@ Adapters: made with PEFT over the same weights the first time (seeded, cached un
 through q+v, q+k+v+o and all seven projections. Both engines get room for every adapter at
 once (no eviction): Frota `max_loras` = the largest N, vLLM `--max-loras` one above it, so
 that vLLM's last-slot bug (PR #48421: a base request read as the last slot) cannot touch a
-run. `--max-lora-rank` is the largest rank in both; like vLLM, Frota computes every resident
-adapter at that rank.
+run. `--max-lora-rank` is the largest rank in both; vLLM computes every resident adapter at that
+rank, Frota each at its own rank over its own targets.
 
 Checks, in the JSON: how many requests' first 16 greedy tokens agree between the engines
 (each applies the same adapter to the same request; float32 keeps that meaningful), how many

@@ -1,13 +1,14 @@
 """The LoRA delta of one projection for a mixed batch: `y[t] += (x[t] @ A[s_t]) @ B[s_t]`.
 
 Decode rows go by gather (punica's BGMV): every adapter of the step in one call. On the CPU
-that is the C++ kernel `lora_ops.cpp` (in the attention kernels' module), which reads each row's A and B in place in the slot
-pool (bench/lora_ops.py: about a tenth of the torch gather's time, which copies them out
-first). Elsewhere, or with `FROTA_CPU_KERNELS=0`, each row's A and B are gathered by its
-slot and one batched matmul serves them all (torch ops; on CUDA untested until a GPU runs
-it). Prefill chunks go by segment (SGMV): one matmul pair per chunk and target, whose rows
-share a slot. The kernel and the segments read only each slot's own rank per target (the
-pool's columns past it are zeros, and a target the adapter leaves out is skipped whole).
+that is the C++ kernel `lora_ops.cpp` (in the attention kernels' module), which reads A and
+B in place in the slot pool, four rows of one slot per weight read (bench/lora_ops.py: about
+a tenth of the torch gather's time, which copies each row's A and B out first). Elsewhere,
+or with `FROTA_CPU_KERNELS=0`, each row's A and B are gathered by its slot and one batched
+matmul serves them all (torch ops; on CUDA untested until a GPU runs it). Prefill chunks go
+by segment (SGMV): one matmul pair per chunk and target, whose rows share a slot. The kernel
+and the segments read only each slot's own rank per target (the pool's columns past it are
+zeros, and a target the adapter leaves out is skipped whole).
 """
 
 from __future__ import annotations
