@@ -264,9 +264,8 @@ async def serve(args: argparse.Namespace, app: RouterApp, process: int | None = 
     # Everything allocated so far (modules, the app) lives as long as the process: keep
     # it out of the cyclic GC, so full collections stay short on the request path.
     gc.freeze()
-    # Young collections every 20,000 allocations, not 700: at 256 streams, 700 made 460
-    # collections and 270 ms of pauses in 20 s (5% of the router's CPU, pauses up to
-    # 13 ms); 20,000 made 4 (20 ms). Measured in docs/benchmarks.md, "Overhead".
+    # Young collections every 20,000 allocations, not 700: at 256 streams 700 spent 5% of
+    # the router's CPU in collections (docs/benchmarks.md, "Overhead").
     gc.set_threshold(20_000, 50, 100)
     which = f", process {process} of {args.processes}" if process is not None else ""
     print(f"frota router: listening on http://{args.host}:{args.port} "
