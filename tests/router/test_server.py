@@ -403,14 +403,18 @@ async def test_too_many_headers_get_431(serve, connect):
     await assert_closed(reader)
 
 
-async def test_expect_100_continue_is_answered_before_the_body(serve, connect):
+@pytest.mark.parametrize(("framing", "body"), [
+    (b"Content-Length: 5", b"hello"),
+    (b"Transfer-Encoding: chunked", chunked(b"hel", b"lo")),
+], ids=["content-length", "chunked"])
+async def test_expect_100_continue_is_answered_before_the_body(serve, connect, framing, body):
     _, port = await serve(echo)
     reader, writer = await connect(port)
-    writer.write(b"POST /e HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n"
+    writer.write(b"POST /e HTTP/1.1\r\nHost: t\r\n" + framing + b"\r\n"
                  b"Expect: 100-continue\r\n\r\n")
     interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), TIMEOUT)
     assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
-    writer.write(b"hello")
+    writer.write(body)
     response = await read_response(reader)
     assert response.status == 200 and json.loads(response.body)["body"] == "hello"
 
@@ -721,14 +725,3 @@ async def test_a_long_pipelined_burst_is_answered_whole_and_in_order(serve, conn
     writer.write(b"".join(b"GET /%d HTTP/1.1\r\nHost: t\r\n\r\n" % i for i in range(50)))
     for i in range(50):
         assert json.loads((await read_response(reader)).body)["target"] == f"/{i}"
-
-
-async def test_expect_100_continue_with_a_chunked_body(serve, connect):
-    _, port = await serve(echo)
-    reader, writer = await connect(port)
-    writer.write(b"POST /e HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n"
-                 b"Expect: 100-continue\r\n\r\n")
-    interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), TIMEOUT)
-    assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
-    writer.write(chunked(b"hel", b"lo"))
-    assert json.loads((await read_response(reader)).body)["body"] == "hello"
