@@ -36,7 +36,9 @@ def test_idle_workers_stop_and_held_requests_start_them_again(tmp_path: Path):
             answers = list(pool.map(lambda _: say_hi(port), range(8)))
         assert len(answers) == 8 and all(a.startswith("hello from") for a in answers)
         assert "a request is held: starting the workers" in up.output
-        assert "workers ready in" in up.output
+        # The router re-admits a worker on its own probe, so it can answer before the idle
+        # scaler's readiness poll returns and logs the start time: wait for that line.
+        up.wait_for("workers ready in", 20)
         (second,) = workers(up)
         assert second.pid != first.pid  # a new worker process answered
         assert {a for a in answers} == {f"hello from {second.pid}"}  # started once
