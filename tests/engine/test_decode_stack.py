@@ -1,5 +1,5 @@
-"""The fused decode stack (kernels/decode_stack.cpp): bit for bit the Python layers, and only
-where it applies."""
+"""The fused decode stack (kernels/decode_stack.cpp): bit for bit the Python layers, with and
+without rows under LoRA adapters, and only where it applies."""
 
 from __future__ import annotations
 
@@ -23,27 +23,38 @@ PARAMS = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True, logprob
 
 
 class CountingStack(decode_stack.DecodeStack):
-    """Counts the steps the stack ran."""
+    """Counts the steps the stack ran, and those with rows under adapters."""
 
     def __init__(self, stack: decode_stack.DecodeStack) -> None:
         super().__init__(stack.stack, stack.max_rows)
-        self.runs = 0
+        self.runs = self.adapter_runs = 0
 
-    def run(self, *args):  # type: ignore[no-untyped-def]
+    def run(self, x, positions, meta, lora=None):  # type: ignore[no-untyped-def]
         self.runs += 1
-        return super().run(*args)
+        self.adapter_runs += lora is not None
+        return super().run(x, positions, meta, lora)
 
 
-def engine(dtype: str, quantization: str = "int4", **kwargs) -> LLMEngine:  # type: ignore[no-untyped-def]
-    return LLMEngine(EngineArgs(model=SPEC, dtype=dtype, quantization=quantization, num_kv_blocks=64,
+def engine(dtype: str, quantization: str = "int4", spec: str = SPEC, **kwargs) -> LLMEngine:  # type: ignore[no-untyped-def]
+    return LLMEngine(EngineArgs(model=spec, dtype=dtype, quantization=quantization, num_kv_blocks=64,
                                 block_size=4, enable_prefix_caching=False, verbose=False, **kwargs))
 
 
-def generate(e: LLMEngine, fused: bool, prompts: list[list[int]]) -> dict[str, list]:
+def counting(e: LLMEngine) -> CountingStack:
+    """The engine's stack, counting from now on."""
+    model, caches = e.runner.model, e.runner.kv_caches
+    stack = decode_stack.build(model, caches, model.embed_tokens.weight.dtype)
+    assert stack is not None
+    model._decode_stack = (caches, CountingStack(stack))
+    return model._decode_stack[1]
+
+
+def generate(e: LLMEngine, fused: bool, prompts: list[list[int]],
+             adapters: list[str | None] | None = None) -> dict[str, list]:
     e.runner.model.fused_decode = fused
     outs: dict[str, list] = {}
     for i, prompt in enumerate(prompts):
-        e.add_request(f"{fused}-{i}", prompt, PARAMS)
+        e.add_request(f"{fused}-{i}", prompt, PARAMS, adapter=adapters[i] if adapters else None)
     while e.has_unfinished:
         for out in e.step():
             _, i = out.request_id.split("-")
@@ -70,6 +81,26 @@ def test_fused_decode_gives_the_python_layers_output_bit_for_bit(dtype: str, qua
     python = generate(e, False, prompts)
     assert counting.runs < 2 * PARAMS.max_tokens
     assert fused == python, f"paths: {paths.describe(model)}"  # token ids and every logprob, exactly
+
+
+@pytest.mark.parametrize(("dtype", "quantization"), [
+    ("float32", "int4"), ("float32", "none"), ("bfloat16", "none"),
+])
+def test_adapter_rows_go_through_the_stack_bit_for_bit(tmp_path, dtype: str, quantization: str) -> None:
+    from tests.lora import synthetic
+
+    e = engine(dtype, quantization, spec=synthetic.SPEC, max_loras=2, max_lora_rank=8)
+    for name, path in synthetic.make_adapters(tmp_path, synthetic.load()[1], count=2).items():
+        e.load_adapter(name, str(path))
+    stack = counting(e)
+    prompts, adapters = [*PROMPTS, [11] * 6], ["a0", None, "a1", "a0"]
+    fused = generate(e, True, prompts, adapters)
+    assert stack.adapter_runs >= PARAMS.max_tokens - 1  # the decode steps with adapter rows
+    python = generate(e, False, prompts, adapters)
+    assert stack.adapter_runs < 2 * PARAMS.max_tokens
+    assert fused == python, f"paths: {paths.describe(e.runner.model)}"
+    base = generate(e, True, prompts[:1])
+    assert base["0"] != fused["0"]  # the adapter changed the output: its delta was added
 
 
 def test_the_stack_declines_weights_it_has_no_kernel_for() -> None:

@@ -16,6 +16,12 @@ Python layers dequantize past that); with float weights, any number (a bf16 deco
 docs/engine.md#cpu-kernels).
 Anything else (tensor parallel shards, MoE, int8 or fp8 weights, a quantized KV pool, a
 step with a prefill chunk) keeps the Python layers.
+
+Decode rows under LoRA adapters run here too, each projection followed by the C++ gather
+kernel over the engine's slot pool (the call `LoRALinear` makes, so again bit for bit), where
+that kernel takes the pool (`frota.engine.lora.ops.gather_kernel`). Keeping adapter steps
+in the stack is what holds a mix of four adapters near the base model's speed
+(docs/adapters.md#performance).
 """
 
 from __future__ import annotations
@@ -30,12 +36,17 @@ from frota.engine import kernels
 from frota.engine.attention import AttentionMetadata
 from frota.engine.config import ModelConfig
 from frota.engine.kernels.linear import AmxLinear, PackedLinear
+from frota.engine.lora.batch import LoRABatch
 from frota.engine.lora.layers import LoRALinear
+from frota.engine.lora.ops import gather_kernel
+from frota.engine.lora.slots import SlotPool
 from frota.engine.model.layers import RMSNorm, RotaryEmbedding
 from frota.engine.quant import cpu_kernels
 from frota.engine.quant.linear import FROTA_DTYPES, GEMV_MAX_ROWS, Int4Linear
 
 KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
+# a layer's projections in the order decode_stack.cpp takes them, as the slot pool names them
+PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
 
 class DecodeStack:
@@ -44,15 +55,43 @@ class DecodeStack:
     def __init__(self, stack: Any, max_rows: int) -> None:
         self.stack = stack
         self.max_rows = max_rows  # the most sequences a step it runs may decode
+        self._slots: tuple[SlotPool, Any] | None = None  # the last pool, as decode_stack.cpp takes it
 
-    def applies(self, x: torch.Tensor, meta: AttentionMetadata) -> bool:
-        """Whether the step with embeddings `x` is one it runs: only decodes, few enough."""
-        return meta.num_decodes == x.shape[0] <= self.max_rows
+    def applies(self, x: torch.Tensor, meta: AttentionMetadata,
+                lora: tuple[SlotPool, LoRABatch] | None = None) -> bool:
+        """Whether the step with embeddings `x` (and adapter rows `lora`) is one it runs: only
+        decodes, few enough, and adapter slots the gather kernel reads."""
+        if not meta.num_decodes == x.shape[0] <= self.max_rows:
+            return False
+        if lora is None:
+            return True
+        pool, batch = lora
+        return batch.decode_rows is not None and not batch.segments \
+            and self._adapter_slots(pool, x) is not None
 
-    def run(self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def run(self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+            lora: tuple[SlotPool, LoRABatch] | None = None) -> torch.Tensor:
         """The last layer's output for the step (`x` is overwritten)."""
+        if lora is None:
+            return self.stack.run(x, positions, meta.slot_blocks, meta.slot_offsets,
+                                  meta.decode_block_tables, meta.decode_context_lens)
+        pool, batch = lora
         return self.stack.run(x, positions, meta.slot_blocks, meta.slot_offsets,
-                              meta.decode_block_tables, meta.decode_context_lens)
+                              meta.decode_block_tables, meta.decode_context_lens,
+                              self._adapter_slots(pool, x), batch.decode_rows, batch.decode_slots)
+
+    def _adapter_slots(self, pool: SlotPool, x: torch.Tensor) -> Any:
+        """`pool` as decode_stack.cpp's AdapterSlots, or None where the gather kernel does not
+        take its slots with activations like `x`. Built again only for another pool: a pool's
+        tensors are written in place as adapters load."""
+        if self._slots is None or self._slots[0] is not pool:
+            ops = kernels.cpu_kernels()
+            takes = ops is not None and all(gather_kernel(x, p) is not None for p in pool.projections.values())
+            layers = [[None if (p := pool.projections.get((i, name))) is None
+                       else (p.a, p.b, p.offsets, p.ranks) for name in PROJECTIONS]
+                      for i in range(len(self))]
+            self._slots = (pool, ops.AdapterSlots(layers) if takes else None)
+        return self._slots[1]
 
     def __len__(self) -> int:
         return len(self.stack)
@@ -62,7 +101,7 @@ def projection(linear: nn.Module) -> tuple[str, torch.Tensor, torch.Tensor, torc
     """(kind, weight, d, m, size) for decode_stack.cpp, or None for a layer it cannot run. `size`
     is int4's group size, or an AMX layer's out_features."""
     none = torch.empty(0)
-    if type(linear) is LoRALinear:  # the stack runs only steps without adapter rows
+    if type(linear) is LoRALinear:  # the stack adds the adapter rows' delta itself
         linear = linear.base
     if type(linear) is Int4Linear and linear.qs is not None and linear.bias is None:
         return "int4", linear.qs, linear.d, linear.m, linear.group_size

@@ -111,11 +111,10 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
         stack = self._stack_for(kv_caches, x.dtype)
-        # A step with rows under a LoRA adapter needs the wrappers: the C++ stack runs base
-        # projections only (frota.engine.lora.layers)
-        lora_rows = self.lora_holder is not None and self.lora_holder.active is not None
-        if stack is not None and not lora_rows and stack.applies(x, meta):
-            x = stack.run(x, positions, meta)
+        # rows under LoRA adapters: the slot pool and the step's rows (frota.engine.lora.layers)
+        lora = self.lora_holder.active if self.lora_holder is not None else None
+        if stack is not None and stack.applies(x, meta, lora):
+            x = stack.run(x, positions, meta, lora)
         else:
             for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
                 x = layer(positions, x, kv_cache, meta)
