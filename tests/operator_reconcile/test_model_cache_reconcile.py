@@ -51,6 +51,51 @@ async def test_a_failed_job_is_a_failed_cache_with_its_reason(fake_api: FakeApi)
     assert outcome.status.modelCache.reason == "BackoffLimitExceeded: limit"
 
 
+def fill_pod(job: dict[str, Any], exit_code: int, message: str) -> dict[str, Any]:
+    """The Job's pod, its fill container ended, as the operator's pod index caches it."""
+    import kopf
+
+    from frota.api.contract import Label
+    from frota.operator.handlers import index_pod
+
+    labels = {Label.INSTANCE: "tiny", "app.kubernetes.io/component": "model-cache"}
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "fill-1", "namespace": "default", "labels": labels,
+                        "creationTimestamp": "2026-01-01T00:00:00Z",
+                        "ownerReferences": [{"kind": "Job", "name": job["metadata"]["name"],
+                                             "uid": job["metadata"]["uid"]}]},
+           "status": {"phase": "Failed" if exit_code else "Succeeded", "containerStatuses": [
+               {"name": "fill", "restartCount": 0, "state": {"terminated": {
+                   "exitCode": exit_code, "reason": "Error" if exit_code else "Completed",
+                   "message": message}}}]}}
+    [(_, slim)] = index_pod(kopf.Body(pod), namespace="default", labels=labels).items()
+    return slim
+
+
+async def test_the_fill_pods_error_reaches_the_reason_through_the_pod_index(fake_api: FakeApi) -> None:
+    """The Job's own Failed condition names only its rule; the fill pod's last log line (its
+    termination message) says what went wrong, and the operator sees it in its slim pod cache."""
+    body = owner()
+    fake_api.live_owner = body
+    first = await reconcile(body, Children(objects=(), pods=(), endpoint_slices=None), api=fake_api)
+    name = first.status.modelCache.job
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "uid": "j1"},
+           "status": {"conditions": [{"type": "Failed", "status": "True", "reason": "PodFailurePolicy",
+                                      "message": "Container fill failed with exit code 3"}]}}
+    error = "FetchError: sha256 mismatch: expected 000, got abc"
+    pod = fill_pod(job, 3, f"downloading...\n{error}\n")
+    outcome = await reconcile(body, Children(objects=(job,), pods=(pod,), endpoint_slices=None),
+                              api=fake_api)
+    assert outcome.status.modelCache.reason == \
+        f"PodFailurePolicy: Container fill failed with exit code 3: downloading... {error}"
+    # and a succeeded fill's {"bytes": N} is the cache's size
+    job["status"] = {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]}
+    pod = fill_pod(job, 0, '{"bytes": 1234}')
+    outcome = await reconcile(body, Children(objects=(job,), pods=(pod,), endpoint_slices=None),
+                              api=fake_api)
+    assert (outcome.status.modelCache.state, outcome.status.modelCache.bytes) == ("Ready", 1234)
+
+
 async def test_a_running_job_is_downloading_with_the_fill_pods_last_progress(fake_api: FakeApi) -> None:
     body = owner()
     fake_api.live_owner = body

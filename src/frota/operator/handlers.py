@@ -37,6 +37,7 @@ from frota.operator import (
     peering,
 )
 from frota.operator.desired import InvalidSpec, desired_state
+from frota.operator.model_cache_status import REASON_CHARS
 from frota.operator.observe import IMAGE_PULL_REASONS
 from frota.operator.settings import OperatorSettings
 from frota.operator.state import OperatorState, key_of, plain
@@ -143,7 +144,9 @@ def index_child(
 def index_pod(
     body: kopf.Body, namespace: str, labels: kopf.Labels, **_: Any
 ) -> dict[tuple[str, str], dict]:
-    """Cache only what group health (and a role's autoscaler: the pod IP) needs from a rank pod."""
+    """Cache only what group health (and a role's autoscaler: the pod IP) needs from a rank
+    pod, and what status.modelCache needs from a model-cache Job's pod: its owner's uid and
+    its containers' termination messages (`frota.operator.model_cache_status`)."""
     status = body.get("status") or {}
     slim = {
         "kind": "Pod",
@@ -154,6 +157,8 @@ def index_pod(
             "labels": dict(labels),
             "deletionTimestamp": body.metadata.get("deletionTimestamp"),
             "creationTimestamp": body.metadata.get("creationTimestamp"),
+            "ownerReferences": [{"kind": r.get("kind"), "uid": r.get("uid")}
+                                for r in body.metadata.get("ownerReferences") or []],
         },
         "status": {
             "phase": status.get("phase"),
@@ -170,13 +175,18 @@ def index_pod(
 
 
 def _slim_container(c: Mapping[str, Any]) -> dict:
-    """Restarts, and the wait of a container stuck on its image (what status reports)."""
+    """Restarts, the wait of a container stuck on its image, and how a container ended
+    (what status reports)."""
     out: dict[str, Any] = {"name": c.get("name"), "image": c.get("image"),
                            "restartCount": c.get("restartCount", 0)}
-    waiting = (c.get("state") or {}).get("waiting") or {}
+    state = c.get("state") or {}
+    waiting, terminated = state.get("waiting") or {}, state.get("terminated")
     if waiting.get("reason") in IMAGE_PULL_REASONS:
         out["state"] = {"waiting": {"reason": waiting["reason"],
                                     "message": waiting.get("message", "")}}
+    elif terminated is not None:  # a fill's {"bytes": N}, or its error
+        out["state"] = {"terminated": {"exitCode": terminated.get("exitCode"),
+                                       "message": (terminated.get("message") or "")[:REASON_CHARS]}}
     return out
 
 
