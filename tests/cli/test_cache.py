@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -13,8 +17,8 @@ import pytest
 
 from frota.cli import cache
 from frota.cli.main import main
-from frota.server.fetch import FetchError, fetch_model
-from tests.cli.https_server import LocalCA, serving
+from frota.server.fetch import FetchError, fetch_model, partial_path
+from tests.cli.https_server import LocalCA, Stalled, serving
 
 GGUF = b"GGUF" + bytes(range(256)) * 32
 SHA = hashlib.sha256(GGUF).hexdigest()
@@ -61,6 +65,33 @@ def test_partials_a_killed_run_left_are_removed_and_never_loaded(local_ca: Local
         fetch_model(f"{base}/w/m.gguf", tmp_path / "m.gguf")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf"]
     assert (tmp_path / "m.gguf").read_bytes() == GGUF
+
+
+def test_two_writers_of_one_file_never_share_a_partial(tmp_path: Path) -> None:
+    # In containers every fill is often pid 1: the name must differ between pods too.
+    first, second = partial_path(tmp_path / "m.gguf"), partial_path(tmp_path / "m.gguf")
+    assert first != second
+    assert first.name.startswith(f"m.gguf.partial-{os.getpid()}-")
+
+
+def test_fill_stops_at_once_on_sigterm_and_leaves_nothing(local_ca: LocalCA, tmp_path: Path) -> None:
+    """A deleted Job pod: `fill` (pid 1 there, which the kernel spares an unhandled SIGTERM)
+    stops mid-download instead of running on for the grace period, and removes its partial."""
+    dest = tmp_path / "key" / "m.gguf"
+    with serving(local_ca, {"/w/m.gguf": Stalled(GGUF[:4096], len(GGUF))}) as base:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "frota.cli.main", "cache", "fill", f"{base}/w/m.gguf",
+             "--dest", str(dest)], env={**os.environ, "SSL_CERT_FILE": str(local_ca.ca_cert)},
+            stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while not list(dest.parent.glob("m.gguf.partial-*")) and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()[1]
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=10)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "stopped by SIGTERM" in err
+    assert list(dest.parent.iterdir()) == []  # no partial, no file, no marker
 
 
 def test_fill_downloads_then_writes_the_marker_with_each_files_size_and_sha256(

@@ -21,6 +21,7 @@ import contextlib
 import hashlib
 import json
 import os
+import signal
 import ssl
 import sys
 import threading
@@ -81,7 +82,9 @@ def write_marker(dest: Path, uri: str, checked: list[str], converted: Path | Non
             "completedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if converted is not None:
         body["converted"] = converted.name
-    partial = marker.with_name(f"{MARKER}.partial-{os.getpid()}")
+    from frota.server.fetch import partial_path
+
+    partial = partial_path(marker)
     partial.write_text(json.dumps(body, indent=1, sort_keys=True))
     partial.replace(marker)
     return marker
@@ -93,12 +96,13 @@ class ConversionError(Exception):
 
 def convert(source: str, into: Path) -> None:
     """Write the GGUF model `source` (an alias or a .gguf path) into `into` as an HF-layout
-    checkpoint, atomically: INTO.partial-PID renamed at the end. What a killed run left (a
+    checkpoint, atomically: INTO.partial-PID-RANDOM renamed at the end. What a killed run left (a
     partial, or a whole copy without the marker that vouches for it) is removed first."""
     import shutil
 
     from frota.engine.errors import ModelNotFoundError, UnsupportedModelError
     from frota.engine.loader.export import export_hf  # torch: only where a conversion runs
+    from frota.server.fetch import partial_path
 
     into.parent.mkdir(parents=True, exist_ok=True)  # an image-baked model downloaded nothing there
     for stale in [into, *into.parent.glob(f"{_glob_escape(into.name)}.partial-*")]:
@@ -106,7 +110,7 @@ def convert(source: str, into: Path) -> None:
             shutil.rmtree(stale)
         elif stale.exists():
             stale.unlink()
-    partial = into.with_name(f"{into.name}.partial-{os.getpid()}")
+    partial = partial_path(into)
     try:
         try:
             export_hf(source, partial, verbose=False)
@@ -137,6 +141,14 @@ def wait_for_marker(directory: Path, timeout: float, poll: float = POLL_SECONDS)
         time.sleep(min(poll, max(0.0, deadline - time.monotonic())))
 
 
+class Stopped(BaseException):
+    """SIGTERM during `fill`: its pod is going (deleted, evicted, its node drained)."""
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise Stopped
+
+
 def run(args: argparse.Namespace) -> int:
     if args.action == "wait":
         body = wait_for_marker(Path(args.dir), args.timeout)
@@ -160,6 +172,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"frota cache fill: {args.uri} is in the image: only --convert has work to do", file=sys.stderr)
         return 2
     server = serve_progress(dest, args.uri, args.progress_port) if args.progress_port else None
+    # In a pod `fill` is pid 1, which the kernel spares a SIGTERM it has no handler for: the
+    # download would go on for the whole grace period of a deleted pod. Stop at once instead,
+    # removing the partial (fetch's cleanup runs as the exception passes), and let the Job
+    # start its next pod.
+    signal.signal(signal.SIGTERM, _stop)
     try:
         checked: list[str] = []
         if not image_baked:
@@ -175,6 +192,10 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"frota cache fill: {args.uri}: cannot write {converted or dest}: {exc}", file=sys.stderr)
         return 1
+    except Stopped:
+        print(f"frota cache fill: {args.uri}: stopped by SIGTERM before the end; nothing was "
+              f"left at {converted or dest}", file=sys.stderr)
+        return 128 + signal.SIGTERM
     finally:
         if server is not None:
             server.shutdown()

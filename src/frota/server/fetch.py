@@ -19,9 +19,12 @@ the `frota` command use it, and the worker may not import the command line.
 Trust: Python's default TLS context, so SSL_CERT_FILE (spec.model.caBundle) adds a CA; the
 system's CAs stay trusted too. HF_TOKEN, when set, is sent as a bearer token to the URL's
 own host only (never along a redirect). Atomic: everything is written under
-DEST.partial-PID and renamed to DEST at the end; a failure removes it, so DEST is either
-the whole download or absent (or what was there before); the DEST.partial-* a killed run
-left (any pid) are removed before a new one starts, so they are never loaded. A body
+DEST.partial-PID-RANDOM (`partial_path`) and renamed to DEST at the end; a failure removes
+it, so DEST is either the whole download or absent (or what was there before); the
+DEST.partial-* a killed run left are removed before a new one starts, so they are never
+loaded. The name is one no other writer has: a process in a container is often pid 1 in
+every pod, and a pod deleted by force may still be writing when the Job's next pod starts;
+with a shared name, the old writer's rename could publish the new one's half file. A body
 shorter than its Content-Length is a failure; a `#sha256=HEX` fragment on a single-file
 URL (.gguf or an archive) is checked against the body, and a mismatch is a failure. Every failure is a `FetchError` whose one-line message names
 the URI and what went wrong.
@@ -32,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import http.client
 import os
+import secrets
 import shutil
 import ssl
 import tarfile
@@ -72,10 +76,16 @@ def fetch_model(uri: str, dest: str | os.PathLike[str]) -> Path:
     return fetch(uri, dest, "model")
 
 
+def partial_path(target: Path) -> Path:
+    """Where `target` is written before its rename: TARGET.partial-PID-RANDOM, a name no
+    other writer, in this pod or another, has (see the module docstring)."""
+    return target.with_name(f"{target.name}.partial-{os.getpid()}-{secrets.token_hex(4)}")
+
+
 def fetch(uri: str, dest: str | os.PathLike[str], kind: Kind = "auto") -> Path:
     """Download `uri` to `dest` atomically; `auto` tells an adapter from a model by its files."""
     target = Path(dest)
-    partial = target.with_name(f"{target.name}.partial-{os.getpid()}")
+    partial = partial_path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     # Left by an earlier run that was killed (a Job's retry, a container's pid 1): never loaded.
     for stale in target.parent.glob(f"{glob_escape(target.name)}.partial-*"):
