@@ -120,6 +120,22 @@ async def test_without_a_hold_time_an_empty_pool_answers_503_at_once(start_worke
     async with router.session.post(router.url + "/v1/completions", json=BODY) as r:
         assert r.status == 503 and (await r.json())["error"]["code"] == "no_healthy_workers"
     assert router.metric("frota_router_held_requests") == 0
+    async with router.session.get(router.url + "/ready") as r:
+        assert r.status == 503  # nothing to do with a request: out of the Service's endpoints
+
+
+async def test_with_a_hold_time_the_router_is_ready_with_no_worker(start_worker, start_router):
+    """At zero replicas the router is the fleet's door: its pod stays in the Service's
+    endpoints (and a new router pod can roll out) while it holds the next request."""
+    worker = await start_worker(is_ready=False)
+    router = await start_router([worker], held_config(30), wait_healthy=0)
+    async with router.session.get(router.url + "/ready") as r:
+        assert r.status == 200
+        assert await r.json() == {"status": "holding", "healthy_workers": 0}
+    worker.is_ready = True
+    await router.app.router.pool.wait_healthy(5)
+    async with router.session.get(router.url + "/ready") as r:
+        assert (await r.json()) == {"status": "ready", "healthy_workers": 1}
 
 
 async def test_the_last_request_time_is_exported_for_idleness(start_worker, start_router):

@@ -283,10 +283,16 @@ class RouterApp:
         return json_response({"status": "ok"})
 
     async def _ready(self, request: Request) -> Response:
+        """Ready with a worker in rotation; with a hold time, ready without one too: a
+        fleet at zero replicas reaches its workers through this router, which holds the
+        request and calls a replica back (a router out of its Service's endpoints would
+        leave the client nothing to connect to, and a new router pod could never roll out)."""
         pool = self.router.pool
         num_healthy = len(pool.healthy()) if pool else 0
         if num_healthy:
             return json_response({"status": "ready", "healthy_workers": num_healthy})
+        if self.router.config.hold.seconds > 0:
+            return json_response({"status": "holding", "healthy_workers": 0})
         return error_response(503, "no healthy worker yet", "service_unavailable",
                               "no_healthy_workers", headers={"Retry-After": "1"})
 
