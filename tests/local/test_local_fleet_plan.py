@@ -6,11 +6,12 @@ import socket
 
 import pytest
 
+from frota.api.exposition import sample_totals
 from frota.local import fleet, topology
 from frota.local.fleet import FleetOptions, build
 from frota.local.ports import PortInUseError, free_ports, require_free
 from frota.local.state import FleetState
-from frota.local.status import Row, parse_metrics, render
+from frota.local.status import Row, render
 
 from .conftest import free_port
 
@@ -93,7 +94,7 @@ def test_parse_metrics_sums_label_sets():
             'vllm:num_requests_running{model_name="b"} 3\n'
             '# TYPE vllm:generation_tokens counter\n'
             'vllm:generation_tokens_total{model_name="a"} 10\n')
-    metrics = parse_metrics(text)
+    metrics = sample_totals(text)
     assert metrics["vllm:num_requests_running"] == 5
     assert metrics["vllm:generation_tokens_total"] == 10
 

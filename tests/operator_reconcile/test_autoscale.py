@@ -207,6 +207,20 @@ def test_an_idle_fleet_goes_to_zero_only_after_idle_seconds_with_nothing_in_flig
     assert zero_decision(2, router_metrics(last_request=None), ZERO, now) is None
 
 
+def test_a_router_of_several_processes_is_judged_by_its_latest_request() -> None:
+    from frota.router.metrics import merge_processes
+
+    now = 10_000.0
+    busy = router_metrics(last_request=now - 10)  # one process served a request 10 s ago
+    quiet = router_metrics(last_request=now - 900)
+    page = merge_processes({0: quiet, 1: busy}).decode()
+    assert zero_decision(2, page, ZERO, now) is None  # not idle: the latest counts, not a sum
+    idle = merge_processes({0: quiet, 1: router_metrics(last_request=now - 400)}).decode()
+    assert zero_decision(2, idle, ZERO, now) == 0
+    held = merge_processes({0: quiet, 1: router_metrics(last_request=now, held=2)}).decode()
+    assert zero_decision(0, held, ZERO, now) == 1
+
+
 def test_at_zero_a_held_request_brings_one_replica_and_silence_keeps_zero() -> None:
     now = 10_000.0
     assert zero_decision(0, router_metrics(last_request=now, held=3), ZERO, now) == 1

@@ -7,7 +7,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from frota.api.contract import RouterMetric
 from frota.router.disagg import DisaggMetrics
-from frota.router.metrics import ITL_BUCKETS, RouterMetrics
+from frota.router.metrics import ITL_BUCKETS, RouterMetrics, merge_processes
+from frota.router.processes import read_sibling_metrics
 
 
 def test_every_router_metric_of_the_contract_is_exported() -> None:
@@ -42,3 +43,30 @@ def test_inter_token_latency_reads_as_a_prometheus_client_histogram_would() -> N
     assert samples(metrics.registry) == samples(reference)
     assert metrics.registry.get_sample_value(
         RouterMetric.INTER_TOKEN_LATENCY_SECONDS + "_created") is not None
+
+
+def test_processes_merge_into_one_page_with_each_sample_labelled_by_its_process() -> None:
+    first, second = RouterMetrics(), RouterMetrics()
+    first.requests.labels("/v1/completions", "200").inc(3)
+    second.requests.labels("/v1/completions", "200").inc(5)
+    second.requests.labels("/v1/completions", "429").inc()
+    first.ttft.observe(0.02)
+    second.itl.observe(0.004)
+    page = merge_processes({1: second.render().decode(), 0: first.render().decode()})
+    families = list(text_string_to_metric_families(page.decode()))
+    names = [f.name for f in families]
+    assert len(names) == len(set(names))  # each family once, as Prometheus requires
+    requests = {(s.labels["process"], s.labels["status"]): s.value
+                for f in families if f.name == RouterMetric.REQUESTS
+                for s in f.samples if s.name.endswith("_total")}
+    assert requests == {("0", "200"): 3.0, ("1", "200"): 5.0, ("1", "429"): 1.0}
+    counts = {s.labels["process"]: s.value for f in families
+              if f.name == RouterMetric.INTER_TOKEN_LATENCY_SECONDS
+              for s in f.samples if s.name.endswith("_count")}
+    assert counts == {"0": 0.0, "1": 1.0}  # the hand-written histogram merges too
+    # every sample says whose it is
+    assert all("process" in s.labels for f in families for s in f.samples)
+
+
+async def test_a_sibling_that_does_not_answer_is_left_out(tmp_path) -> None:
+    assert await read_sibling_metrics(str(tmp_path / "9.sock"), timeout=1.0) is None

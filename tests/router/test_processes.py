@@ -83,6 +83,16 @@ async def wait_ready(port: int, proc: asyncio.subprocess.Process) -> None:
             await asyncio.sleep(0.01)
 
 
+def routed_by_process(text: str) -> dict[str, float]:
+    """Routing decisions in a /metrics page, by the `process` label of their samples."""
+    routed: dict[str, float] = {}
+    for s in samples(text):
+        if s.name == "frota_router_routing_decisions_total":
+            process = s.labels["process"]
+            routed[process] = routed.get(process, 0.0) + s.value
+    return routed
+
+
 def fresh_session() -> aiohttp.ClientSession:
     """A client whose every request opens a new connection, which the kernel gives to
     either process (SO_REUSEPORT hashes the connection's addresses)."""
@@ -111,17 +121,18 @@ async def test_two_processes_on_one_port_send_each_prefix_to_the_same_worker(sta
                                             json={"prompt": prompt}) as r:
                         assert r.status == 200
                         served.setdefault(tenant, set()).add((await r.json())["worker"])
-            # Each process counts only what it routed: two different totals mean both
-            # processes took requests.
-            totals = set()
-            for _ in range(30):
+            # Whichever process a scrape lands on answers for both, each sample labelled
+            # with the process that counted it; fresh connections land on both.
+            scrapes = []
+            for _ in range(8):
                 async with session.get(f"http://127.0.0.1:{port}/metrics") as r:
-                    text = await r.text()
-                totals.add(sum(s.value for s in samples(text)
-                               if s.name == "frota_router_routing_decisions_total"))
+                    scrapes.append(routed_by_process(await r.text()))
         assert all(len(names) == 1 for names in served.values()), served
         assert len(set().union(*served.values())) > 1  # and the tenants spread
-        assert len(totals) == 2 and sum(totals) == 48, totals
+        assert all(scrape == scrapes[0] for scrape in scrapes), scrapes
+        by_process = scrapes[0]
+        assert set(by_process) == {"0", "1"} and sum(by_process.values()) == 48, by_process
+        assert all(routed > 0 for routed in by_process.values()), by_process  # both took some
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), 30) == 0
     finally:

@@ -19,27 +19,15 @@ from collections.abc import Callable
 
 import aiohttp
 from aiohttp import web
-from prometheus_client.parser import text_string_to_metric_families
 
 from frota.api.contract import RouterMetric
+from frota.api.exposition import sample_totals
 from frota.local.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
 WAKE_PATH = "/wake"
 CHECK_INTERVAL = 1.0
-
-
-def router_gauges(text: str) -> dict[str, float]:
-    """The router's samples that idleness is judged by, summed over labels."""
-    wanted = {RouterMetric.LAST_REQUEST_TIMESTAMP, RouterMetric.HELD_REQUESTS,
-              RouterMetric.INFLIGHT_REQUESTS, RouterMetric.QUEUE_DEPTH}
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in wanted:
-                out[sample.name] = out.get(sample.name, 0.0) + sample.value
-    return out
 
 
 def is_idle(gauges: dict[str, float], idle_seconds: float, now: float) -> bool:
@@ -106,7 +94,7 @@ class IdleScaler:
     async def _read(self, session: aiohttp.ClientSession) -> dict[str, float]:
         try:
             async with session.get(self.metrics_url) as resp:
-                return router_gauges(await resp.text()) if resp.status == 200 else {}
+                return sample_totals(await resp.text()) if resp.status == 200 else {}
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
             return {}
 

@@ -14,9 +14,9 @@ import time
 from dataclasses import asdict, dataclass
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 
 from frota.api.contract import RouterMetric, WorkerMetric
+from frota.api.exposition import sample_totals
 from frota.local import state
 
 
@@ -106,7 +106,7 @@ async def _scrape(session: aiohttp.ClientSession,
             text = await resp.text() if resp.status == 200 else ""
     except (aiohttp.ClientError, TimeoutError, OSError):
         return False, {}
-    return is_ready, parse_metrics(text)
+    return is_ready, sample_totals(text)
 
 
 def tokens_per_second(before: dict[str, float], after: dict[str, float],
@@ -129,18 +129,6 @@ def tokens_per_second(before: dict[str, float], after: dict[str, float],
               WorkerMetric.INTER_TOKEN_LATENCY_SECONDS + "_count"),
     ) if d is not None]
     return max(0.0, *rates) if rates else None
-
-
-def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text -> {sample name: value summed over its label sets}."""
-    totals: dict[str, float] = {}
-    try:
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
-    except ValueError:
-        pass  # a malformed exposition: show what parsed
-    return totals
 
 
 def render(fleet: state.FleetState, rows: list[Row]) -> str:

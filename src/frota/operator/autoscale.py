@@ -41,10 +41,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from frota.api import InferenceService, InferenceServiceSpec, ScaleToZero, ScalingPolicy
 from frota.api.contract import Label, Role, RouterMetric, WorkerMetric
+from frota.api.exposition import sample_totals
 from frota.operator.builders import service_url
 from frota.plan.topology import WORKER_PORT
 
@@ -136,7 +135,7 @@ def zero_decision(current: int, metrics_text: str, settings: ScaleToZero, now: f
     """Scale to zero from the router's /metrics: 0 once idle for `idleSeconds` (`now`: wall
     time, as the router's last-request timestamp), 1 at zero while requests are held, else
     None (at zero: stay; above: the load-based scaler decides)."""
-    samples = _sums(metrics_text)
+    samples = sample_totals(metrics_text)
     held = samples.get(RouterMetric.HELD_REQUESTS, 0.0)
     if current == 0:
         return 1 if held > 0 else None
@@ -146,15 +145,6 @@ def zero_decision(current: int, metrics_text: str, settings: ScaleToZero, now: f
     if last is not None and busy == 0 and now - last >= settings.idleSeconds:
         return 0
     return None
-
-
-def _sums(metrics_text: str) -> dict[str, float]:
-    """Every sample of an exposition text, summed over its labels, by sample name."""
-    samples: dict[str, float] = {}
-    for family in text_string_to_metric_families(metrics_text):
-        for sample in family.samples:
-            samples[sample.name] = samples.get(sample.name, 0.0) + sample.value
-    return samples
 
 
 def _ttft_since_last(total: float | None, count: float | None,
@@ -171,7 +161,7 @@ def _ttft_since_last(total: float | None, count: float | None,
 def per_replica_value(metrics_text: str, metric: str, replicas: int,
                       history: History) -> tuple[float | None, History]:
     """The metric the target is compared against, from the router's exposition text."""
-    samples = _sums(metrics_text)
+    samples = sample_totals(metrics_text)
     if metric == "ttft":
         return _ttft_since_last(samples.get(RouterMetric.TIME_TO_FIRST_TOKEN_SECONDS + "_sum"),
                                 samples.get(RouterMetric.TIME_TO_FIRST_TOKEN_SECONDS + "_count"),
@@ -193,7 +183,7 @@ def per_group_value(metrics_texts: list[str], metric: str,
         return None, history
     totals: dict[str, float] = {}
     for text in metrics_texts:
-        for name, value in _sums(text).items():
+        for name, value in sample_totals(text).items():
             totals[name] = totals.get(name, 0.0) + value
     if metric == "ttft":
         return _ttft_since_last(totals.get(WorkerMetric.TIME_TO_FIRST_TOKEN_SECONDS + "_sum"),

@@ -7,6 +7,7 @@ checks, the policy, admission, the proxy, LoRA adapters and the metrics.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -24,7 +25,7 @@ from frota.router.discovery import Discovery
 from frota.router.errors import error_response, json_response
 from frota.router.health import WorkerPool
 from frota.router.hold import Announce, Hold, HoldConfig
-from frota.router.metrics import RouterMetrics
+from frota.router.metrics import RouterMetrics, merge_processes
 from frota.router.policies import (
     LoadSignal,
     PolicyName,
@@ -32,6 +33,7 @@ from frota.router.policies import (
     RouteRequest,
     make_policy,
 )
+from frota.router.processes import Siblings, read_sibling_metrics
 from frota.router.proxy import Proxy, ProxyConfig, RequestContext
 from frota.router.server import Answer, Handler, HttpServer, Request, Response
 from frota.router.upstream import UpstreamClient
@@ -43,6 +45,7 @@ OPENAI_POST_PATHS = ("/v1/completions", "/v1/chat/completions")
 PRIORITY_HEADER = "x-priority"
 # Client went away; nginx's name for it, so dashboards can tell it from server errors.
 STATUS_CLIENT_CLOSED = "499"
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 @dataclass
@@ -70,6 +73,8 @@ class RouterConfig:
     # Scale to zero: hold requests while no worker is ready, and say so (frota.router.hold).
     hold: HoldConfig = field(default_factory=HoldConfig)
     announce: Announce | None = None
+    # Under `--processes N`: this process's siblings, whose metrics its /metrics includes.
+    siblings: Siblings | None = None
 
 
 def read_api_keys(path: str | Path) -> frozenset[str]:
@@ -140,6 +145,7 @@ class RouterApp:
     def __init__(self, config: RouterConfig, discovery: Discovery) -> None:
         self.router = Router(config, discovery)
         self.server: HttpServer | None = None
+        self.private: HttpServer | None = None  # for siblings: this process's own metrics
         self.port = 0
         self._keys = [k.encode() for k in config.api_keys]
         proxied = {"POST": self._proxied}
@@ -163,11 +169,17 @@ class RouterApp:
         self.server = HttpServer(self.handle)
         self.port = await self.server.listen(host, port, backlog=backlog,
                                              reuse_port=reuse_port)
+        siblings = self.router.config.siblings
+        if siblings is not None:
+            self.private = HttpServer(self._own_metrics)
+            await self.private.listen_unix(siblings.socket(siblings.index))
         return self.port
 
     async def stop(self) -> None:
         if self.server is not None:
             await self.server.close(grace=self.router.config.drain_timeout)
+        if self.private is not None:
+            await self.private.close(grace=1.0)
         await self.router.close()
 
     async def handle(self, request: Request) -> Answer:
@@ -297,8 +309,25 @@ class RouterApp:
                               "no_healthy_workers", headers={"Retry-After": "1"})
 
     async def _metrics(self, request: Request) -> Response:
-        return Response(200, self.router.metrics.render(), [
-            ("Content-Type", "text/plain; version=0.0.4; charset=utf-8")])
+        """This process's metrics; under `--processes`, every process's, each sample
+        labelled with its process (a sibling that does not answer is left out)."""
+        own = self.router.metrics.render()
+        siblings = self.router.config.siblings
+        if siblings is not None:
+            others = siblings.others
+            answers = await asyncio.gather(
+                *(read_sibling_metrics(siblings.socket(i)) for i in others))
+            texts = {i: text for i, text in zip(others, answers, strict=True) if text}
+            own = merge_processes({siblings.index: own.decode(), **texts})
+        return Response(200, own, [("Content-Type", METRICS_CONTENT_TYPE)])
+
+    async def _own_metrics(self, request: Request) -> Response:
+        """What a sibling reads on this process's Unix socket."""
+        if request.path != "/metrics":
+            return error_response(404, f"no such endpoint: {request.path}",
+                                  "invalid_request_error", "not_found")
+        return Response(200, self.router.metrics.render(),
+                        [("Content-Type", METRICS_CONTENT_TYPE)])
 
     async def _workers(self, request: Request) -> Response:
         """The router's view of its workers (for people and tests)."""

@@ -229,6 +229,7 @@ def config_from_args(args: argparse.Namespace,  # type: ignore[no-untyped-def]
     from frota.router.admission import process_share
     from frota.router.app import RouterConfig, read_api_keys
     from frota.router.hold import HoldConfig
+    from frota.router.processes import siblings
     from frota.router.proxy import ProxyConfig
 
     num_processes = args.processes if process is not None else 1
@@ -256,7 +257,8 @@ def config_from_args(args: argparse.Namespace,  # type: ignore[no-untyped-def]
         adapters=AdapterConfig(
             runtime_loading=is_true(args.lora_runtime_loading),
             paths=parse_adapter_paths(args.adapters), load_timeout=args.adapter_load_timeout,
-            refresh_interval=args.adapter_refresh))
+            refresh_interval=args.adapter_refresh),
+        siblings=siblings(args.processes) if process is not None else None)
 
 
 async def serve(args: argparse.Namespace, app: RouterApp, process: int | None = None) -> None:

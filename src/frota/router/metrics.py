@@ -5,12 +5,13 @@ from __future__ import annotations
 import math
 import time
 from bisect import bisect_left
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from functools import partial
 from itertools import accumulate
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics_core import HistogramMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
@@ -22,6 +23,8 @@ LATENCY_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 )
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0)
+# With `--processes N`, every sample carries the process that counted it (0 to N-1).
+PROCESS_LABEL = "process"
 
 
 class RouterMetrics:
@@ -95,6 +98,35 @@ class RouterMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def merge_processes(texts: Mapping[int, str]) -> bytes:
+    """One exposition of several router processes' own, by process index: each family
+    once, with every process's samples labelled `process`. Counters stay monotonic per
+    process, so `rate()` and `sum by` work as with separate pods."""
+    families: dict[str, Metric] = {}
+    for index, text in sorted(texts.items()):
+        for family in text_string_to_metric_families(text):
+            merged = families.setdefault(family.name, family)
+            labelled = [s._replace(labels={**s.labels, PROCESS_LABEL: str(index)})
+                        for s in family.samples]
+            if merged is family:
+                family.samples = labelled
+            else:
+                merged.samples.extend(labelled)
+    registry = CollectorRegistry()
+    registry.register(_Families(list(families.values())))
+    return generate_latest(registry)
+
+
+class _Families(Collector):
+    """Families already built (parsed), as a collector for `generate_latest`."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterable[Metric]:
+        return self.families
 
 
 class FrequentHistogram(Collector):

@@ -16,21 +16,33 @@ streams, which a pod restart would. A child that dies sooner failed to start (a 
 the port taken, an unreachable API server): a restart would fail alike, so the
 supervisor stops the others and exits with that child's status, and Kubernetes shows
 the pod crash-looping with the child's error in its log.
+
+A scrape of `/metrics` lands on whichever process the kernel picks, so the one that
+answers gathers its siblings' metrics too: each child also listens on a Unix socket in
+a directory the supervisor made (`SOCKETS_ENV`), where it serves its own `/metrics`
+only, and the answer labels every sample with its `process`
+(`frota.router.metrics.merge_processes`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 #: Set in each child: its index, 0 to N-1.
 PROCESS_ENV = "FROTA_ROUTER_PROCESS"
+#: Set in each child: the directory of the children's Unix sockets.
+SOCKETS_ENV = "FROTA_ROUTER_SOCKETS"
 #: A child that exits sooner than this after its start failed to start.
 MIN_UPTIME_S = 10.0
 _PR_SET_PDEATHSIG = 1
@@ -40,6 +52,47 @@ def process_index() -> int | None:
     """This process's index when a supervisor started it, else None."""
     value = os.environ.get(PROCESS_ENV)
     return int(value) if value else None
+
+
+@dataclass(frozen=True)
+class Siblings:
+    """A child's place among the supervisor's `count` processes, and where each listens
+    for its siblings."""
+
+    index: int
+    count: int
+    directory: str
+
+    def socket(self, index: int) -> str:
+        return os.path.join(self.directory, f"{index}.sock")
+
+    @property
+    def others(self) -> list[int]:
+        return [i for i in range(self.count) if i != self.index]
+
+
+def siblings(count: int) -> Siblings | None:
+    """This process's siblings when a supervisor started it, else None."""
+    index, directory = process_index(), os.environ.get(SOCKETS_ENV)
+    return Siblings(index, count, directory) if index is not None and directory else None
+
+
+async def read_sibling_metrics(path: str, timeout: float = 2.0) -> str | None:
+    """A sibling's own /metrics over its Unix socket; None when it does not answer (it
+    is restarting, or stuck past `timeout`)."""
+    try:
+        async with asyncio.timeout(timeout):
+            reader, writer = await asyncio.open_unix_connection(path)
+            try:
+                writer.write(b"GET /metrics HTTP/1.0\r\nHost: router\r\n\r\n")
+                answer = await reader.read()  # HTTP/1.0: the server closes when done
+            finally:
+                writer.close()
+    except (OSError, TimeoutError):
+        return None
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status = head.split(b" ", 2)[1:2]
+    return body.decode() if status == [b"200"] else None
 
 
 def _term_with_parent() -> None:
@@ -59,9 +112,10 @@ class Supervisor:
         self.log = log
         self.children: dict[int, tuple[int, subprocess.Popen[bytes], float]] = {}
         self.is_stopping = False
+        self.sockets = ""  # the children's Unix sockets' directory, while they run
 
     def _spawn(self, index: int) -> None:
-        env = {**os.environ, PROCESS_ENV: str(index)}
+        env = {**os.environ, PROCESS_ENV: str(index), SOCKETS_ENV: self.sockets}
         proc = subprocess.Popen(self.argv, env=env, preexec_fn=_term_with_parent)
         self.children[proc.pid] = (index, proc, time.monotonic())
 
@@ -75,6 +129,13 @@ class Supervisor:
         """Start the children and wait on them; the exit status of the router command."""
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._stop)
+        self.sockets = tempfile.mkdtemp(prefix="frota-router-")
+        try:
+            return self._run()
+        finally:
+            shutil.rmtree(self.sockets, ignore_errors=True)
+
+    def _run(self) -> int:
         for index in range(self.num_processes):
             self._spawn(index)
         status = 0

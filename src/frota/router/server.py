@@ -585,6 +585,14 @@ class HttpServer:
         self._sweeper = loop.create_task(self._sweep())
         return self._server.sockets[0].getsockname()[1]
 
+    async def listen_unix(self, path: str) -> None:
+        """Start listening on a Unix socket at `path` (a stale socket file there is
+        replaced)."""
+        loop = asyncio.get_running_loop()
+        self._tick()
+        self._server = await loop.create_unix_server(lambda: _Connection(self), path)
+        self._sweeper = loop.create_task(self._sweep())
+
     async def close(self, grace: float = 5.0, idle_grace: float = DRAIN_IDLE_GRACE) -> None:
         """Stop accepting and drain: requests in flight get `grace` seconds, and every
         answer from now on says `Connection: close`. A connection is closed once it has
