@@ -139,6 +139,46 @@ async def test_two_processes_on_one_port_send_each_prefix_to_the_same_worker(sta
         await stop(proc)
 
 
+async def test_two_processes_never_admit_more_than_the_pods_limit(start_worker):
+    """--max-inflight 4 over two processes: 2 each. Of 12 streams on fresh connections the
+    pod admits at most 4 (the tolerance is one-sided) and at least 4 - 2 (all but one
+    process's share, docs/router.md); the rest get 429 with Retry-After at once."""
+    worker = await start_worker(name="w", num_tokens=3)
+    worker.gate, worker.gate_at_chunk = asyncio.Event(), 1  # admitted streams stay open
+    port = free_port()
+    proc = await start_processes([worker.url], port, "--max-inflight", "4",
+                                 "--max-queue", "0")
+    streams: list[asyncio.Task[tuple[int, str | None, bytes]]] = []
+    try:
+        await wait_ready(port, proc)
+        started = asyncio.Queue()
+        async with fresh_session() as session:
+            async def stream() -> tuple[int, str | None, bytes]:
+                async with session.post(f"http://127.0.0.1:{port}/v1/completions",
+                                        json={"prompt": "x", "stream": True}) as r:
+                    started.put_nowait(r.status)
+                    return r.status, r.headers.get("Retry-After"), await r.read()
+
+            streams = [asyncio.create_task(stream()) for _ in range(12)]
+            statuses = [await asyncio.wait_for(started.get(), 30) for _ in range(12)]
+            admitted = statuses.count(200)
+            assert 2 <= admitted <= 4 and statuses.count(429) == 12 - admitted, statuses
+            assert len(worker.bodies) == admitted  # nothing past the limit reached it
+            async with session.get(f"http://127.0.0.1:{port}/metrics") as r:
+                inflight = {s.labels["process"]: s.value for s in samples(await r.text())
+                            if s.name == "frota_router_inflight_requests"}
+            assert sum(inflight.values()) == admitted and max(inflight.values()) <= 2, inflight
+            worker.gate.set()
+            answers = await asyncio.gather(*streams)
+        assert all(retry_after for status, retry_after, _ in answers if status == 429)
+        assert all(body.rstrip().endswith(b"data: [DONE]")
+                   for status, _, body in answers if status == 200)
+    finally:
+        for task in streams:
+            task.cancel()
+        await stop(proc)
+
+
 async def test_sigterm_lets_every_process_finish_its_streams(start_worker):
     worker = await start_worker(name="slow", num_tokens=10, token_delay=0.2)
     port = free_port()
