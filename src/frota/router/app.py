@@ -45,7 +45,7 @@ OPENAI_POST_PATHS = ("/v1/completions", "/v1/chat/completions")
 PRIORITY_HEADER = "x-priority"
 # Client went away; nginx's name for it, so dashboards can tell it from server errors.
 STATUS_CLIENT_CLOSED = "499"
-METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+METRICS_HEADERS = (("Content-Type", "text/plain; version=0.0.4; charset=utf-8"),)
 
 
 @dataclass
@@ -319,15 +319,14 @@ class RouterApp:
                 *(read_sibling_metrics(siblings.socket(i)) for i in others))
             texts = {i: text for i, text in zip(others, answers, strict=True) if text}
             own = merge_processes({siblings.index: own.decode(), **texts})
-        return Response(200, own, [("Content-Type", METRICS_CONTENT_TYPE)])
+        return Response(200, own, METRICS_HEADERS)
 
     async def _own_metrics(self, request: Request) -> Response:
         """What a sibling reads on this process's Unix socket."""
         if request.path != "/metrics":
             return error_response(404, f"no such endpoint: {request.path}",
                                   "invalid_request_error", "not_found")
-        return Response(200, self.router.metrics.render(),
-                        [("Content-Type", METRICS_CONTENT_TYPE)])
+        return Response(200, self.router.metrics.render(), METRICS_HEADERS)
 
     async def _workers(self, request: Request) -> Response:
         """The router's view of its workers (for people and tests)."""

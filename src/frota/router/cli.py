@@ -258,7 +258,7 @@ def config_from_args(args: argparse.Namespace,  # type: ignore[no-untyped-def]
             runtime_loading=is_true(args.lora_runtime_loading),
             paths=parse_adapter_paths(args.adapters), load_timeout=args.adapter_load_timeout,
             refresh_interval=args.adapter_refresh),
-        siblings=siblings(args.processes) if process is not None else None)
+        siblings=siblings(process, args.processes))
 
 
 async def serve(args: argparse.Namespace, app: RouterApp, process: int | None = None) -> None:

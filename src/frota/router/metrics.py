@@ -107,13 +107,12 @@ def merge_processes(texts: Mapping[int, str]) -> bytes:
     families: dict[str, Metric] = {}
     for index, text in sorted(texts.items()):
         for family in text_string_to_metric_families(text):
-            merged = families.setdefault(family.name, family)
-            labelled = [s._replace(labels={**s.labels, PROCESS_LABEL: str(index)})
-                        for s in family.samples]
-            if merged is family:
-                family.samples = labelled
+            family.samples = [s._replace(labels={**s.labels, PROCESS_LABEL: str(index)})
+                              for s in family.samples]
+            if family.name in families:
+                families[family.name].samples.extend(family.samples)
             else:
-                merged.samples.extend(labelled)
+                families[family.name] = family
     registry = CollectorRegistry()
     registry.register(_Families(list(families.values())))
     return generate_latest(registry)

@@ -26,7 +26,6 @@ only, and the answer labels every sample with its `process`
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import ctypes
 import os
@@ -38,6 +37,8 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+import aiohttp
 
 #: Set in each child: its index, 0 to N-1.
 PROCESS_ENV = "FROTA_ROUTER_PROCESS"
@@ -71,9 +72,9 @@ class Siblings:
         return [i for i in range(self.count) if i != self.index]
 
 
-def siblings(count: int) -> Siblings | None:
-    """This process's siblings when a supervisor started it, else None."""
-    index, directory = process_index(), os.environ.get(SOCKETS_ENV)
+def siblings(index: int | None, count: int) -> Siblings | None:
+    """Process `index`'s siblings when a supervisor started it, else None."""
+    directory = os.environ.get(SOCKETS_ENV)
     return Siblings(index, count, directory) if index is not None and directory else None
 
 
@@ -81,18 +82,13 @@ async def read_sibling_metrics(path: str, timeout: float = 2.0) -> str | None:
     """A sibling's own /metrics over its Unix socket; None when it does not answer (it
     is restarting, or stuck past `timeout`)."""
     try:
-        async with asyncio.timeout(timeout):
-            reader, writer = await asyncio.open_unix_connection(path)
-            try:
-                writer.write(b"GET /metrics HTTP/1.0\r\nHost: router\r\n\r\n")
-                answer = await reader.read()  # HTTP/1.0: the server closes when done
-            finally:
-                writer.close()
-    except (OSError, TimeoutError):
+        async with aiohttp.ClientSession(
+                connector=aiohttp.UnixConnector(path=path),
+                timeout=aiohttp.ClientTimeout(total=timeout)) as session, \
+                session.get("http://router/metrics") as response:
+            return await response.text() if response.status == 200 else None
+    except (aiohttp.ClientError, OSError, TimeoutError):
         return None
-    head, _, body = answer.partition(b"\r\n\r\n")
-    status = head.split(b" ", 2)[1:2]
-    return body.decode() if status == [b"200"] else None
 
 
 def _term_with_parent() -> None:

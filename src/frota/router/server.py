@@ -578,20 +578,22 @@ class HttpServer:
         other processes may listen on the same port (SO_REUSEPORT), and the kernel
         spreads new connections among them."""
         loop = asyncio.get_running_loop()
-        self._tick()
-        self._server = await loop.create_server(
+        server = await loop.create_server(
             lambda: _Connection(self), host, port, backlog=backlog, reuse_address=True,
             reuse_port=reuse_port)
-        self._sweeper = loop.create_task(self._sweep())
-        return self._server.sockets[0].getsockname()[1]
+        self._serve(server)
+        return server.sockets[0].getsockname()[1]
 
     async def listen_unix(self, path: str) -> None:
         """Start listening on a Unix socket at `path` (a stale socket file there is
         replaced)."""
         loop = asyncio.get_running_loop()
+        self._serve(await loop.create_unix_server(lambda: _Connection(self), path))
+
+    def _serve(self, server: asyncio.AbstractServer) -> None:
         self._tick()
-        self._server = await loop.create_unix_server(lambda: _Connection(self), path)
-        self._sweeper = loop.create_task(self._sweep())
+        self._server = server
+        self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
 
     async def close(self, grace: float = 5.0, idle_grace: float = DRAIN_IDLE_GRACE) -> None:
         """Stop accepting and drain: requests in flight get `grace` seconds, and every
