@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+import prometheus_client
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from frota.api.contract import RouterMetric
+from frota.router import loop_metrics
 from frota.router.disagg import DisaggMetrics
 from frota.router.metrics import ITL_BUCKETS, RouterMetrics, merge_processes
 from frota.router.processes import read_sibling_metrics
@@ -23,26 +26,66 @@ def test_every_router_metric_of_the_contract_is_exported() -> None:
     assert registered == names, registered ^ names
 
 
-def test_inter_token_latency_reads_as_a_prometheus_client_histogram_would() -> None:
-    metrics = RouterMetrics()
-    reference = CollectorRegistry()
-    histogram = Histogram(RouterMetric.INTER_TOKEN_LATENCY_SECONDS, "the same",
-                          buckets=ITL_BUCKETS, registry=reference)
-    # On a bound, between bounds, under the first and over the last.
-    for gap in (0.0005, 0.001, 0.0011, 0.02, 0.05, 1.0, 3.0):
-        metrics.itl.observe(gap)
-        histogram.observe(gap)
+def _exposition(registry: CollectorRegistry) -> tuple[list[str], dict[str, float]]:
+    """The families in order (name, type, help) and every sample's value, the `_created`
+    timestamps left out (they differ by when each was made)."""
+    families = list(text_string_to_metric_families(generate_latest(registry).decode()))
+    heads = [f"{f.name} {f.type} {f.documentation}" for f in families]
+    values = {f"{s.name}{sorted(s.labels.items())}": s.value for f in families
+              for s in f.samples if not s.name.endswith("_created")}
+    created = {f"{s.name}{sorted(s.labels.items())}" for f in families
+               for s in f.samples if s.name.endswith("_created")}
+    return heads, {**values, **dict.fromkeys(created, -1.0)}
 
-    def samples(registry: CollectorRegistry) -> dict[tuple[str, str], float]:
-        family = next(f for f in text_string_to_metric_families(generate_latest(registry).decode())
-                      if f.name == RouterMetric.INTER_TOKEN_LATENCY_SECONDS)
-        assert family.type == "histogram"
-        return {(s.name, s.labels.get("le", "")): s.value for s in family.samples
-                if not s.name.endswith("_created")}
 
-    assert samples(metrics.registry) == samples(reference)
-    assert metrics.registry.get_sample_value(
-        RouterMetric.INTER_TOKEN_LATENCY_SECONDS + "_created") is not None
+def test_loop_metrics_read_as_prometheus_client_metrics_would() -> None:
+    ours, reference = CollectorRegistry(), CollectorRegistry()
+
+    def both(kind: str, *args: object, **kwargs: object) -> tuple[object, object]:
+        return (getattr(loop_metrics, kind)(*args, registry=ours, **kwargs),
+                getattr(prometheus_client, kind)(*args, registry=reference, **kwargs))
+
+    for counter in both("Counter", "c_total", "a counter"):
+        counter.inc()
+        counter.inc(2.5)
+    for counter in both("Counter", "lc", "a labelled counter", ["endpoint", "status"]):
+        counter.labels("/v1/completions", "200").inc(3)
+        counter.labels("/v1/completions", "429").inc()
+        counter.labels("/v1/chat/completions", 200).inc()  # not a str: the same series as "200"
+        counter.labels("/v1/chat/completions", "200").inc()
+    for gauge in both("Gauge", "g", "a gauge"):
+        gauge.inc(4)
+        gauge.dec()
+        gauge.set(7)
+    for gauge in both("Gauge", "lg", "a labelled gauge", ["worker"]):
+        gauge.labels("a").inc()
+        gauge.labels("b").set(2)
+        gauge.labels("c").set(3)
+        gauge.remove("c")  # a worker that left
+    for histogram in both("Histogram", "h", "a histogram", buckets=ITL_BUCKETS):
+        # On a bound, between bounds, under the first and over the last.
+        for value in (0.0005, 0.001, 0.0011, 0.02, 0.05, 1.0, 3.0):
+            histogram.observe(value)
+    for histogram in both("Histogram", "lh", "a labelled histogram", ["worker"],
+                          buckets=(0.1, 1.0)):
+        histogram.labels("a").observe(0.1)
+        histogram.labels("b").observe(5.0)
+
+    assert _exposition(ours) == _exposition(reference)
+    # a labelled family without a series yet shows as prometheus_client's does: no samples
+    both("Counter", "unused", "nothing counted yet", ["reason"])
+    assert _exposition(ours) == _exposition(reference)
+
+
+def test_a_loop_metric_refuses_what_prometheus_client_refuses() -> None:
+    registry = CollectorRegistry()
+    counter = loop_metrics.Counter("c", "a counter", ["reason"], registry=registry)
+    with pytest.raises(ValueError, match="only goes up"):
+        counter.labels("x").inc(-1)
+    with pytest.raises(ValueError, match="takes labels"):
+        counter.labels("x", "y")
+    with pytest.raises(ValueError, match="Duplicated"):  # one name per registry
+        loop_metrics.Gauge("c", "again", registry=registry)
 
 
 def test_processes_merge_into_one_page_with_each_sample_labelled_by_its_process() -> None:

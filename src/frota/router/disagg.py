@@ -30,11 +30,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-from prometheus_client import Counter, Histogram
 
 from frota.api.contract import RouterMetric
 from frota.router.discovery import Discovery
 from frota.router.health import Worker, WorkerPool
+from frota.router.loop_metrics import Counter, Histogram
 from frota.router.proxy import (
     DirectPlan,
     Proxy,

@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import math
-import time
-from bisect import bisect_left
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from functools import partial
-from itertools import accumulate
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.metrics_core import HistogramMetricFamily, Metric
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
-from prometheus_client.samples import Sample
-from prometheus_client.utils import floatToGoString
 
 from frota.api.contract import RouterMetric
+from frota.router.loop_metrics import Counter, Gauge, Histogram
 
 # Buckets tuned for an LLM proxy: sub-millisecond overhead up to minute-long generations.
 LATENCY_BUCKETS = (
@@ -29,7 +24,8 @@ PROCESS_LABEL = "process"
 
 class RouterMetrics:
     """Every metric the router exports. One instance per app, on its own registry,
-    so tests (and two routers in one process) never share counters."""
+    so tests (and two routers in one process) never share counters. Lock-free, for
+    the router's one event loop (`frota.router.loop_metrics`)."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
@@ -76,10 +72,10 @@ class RouterMetrics:
         self.ttft = histogram(
             RouterMetric.TIME_TO_FIRST_TOKEN_SECONDS,
             "Time from receiving a streaming request to forwarding its first chunk.")
-        self.itl = FrequentHistogram(
+        self.itl = Histogram(
             RouterMetric.INTER_TOKEN_LATENCY_SECONDS,
             "Time between consecutive chunks of a stream, as forwarded by the router.",
-            ITL_BUCKETS, self.registry)
+            buckets=ITL_BUCKETS, registry=self.registry)
         self.held = gauge(RouterMetric.HELD_REQUESTS,
                           "Requests held while no worker is ready (scale to zero: a replica starts).")
         self.last_request = gauge(RouterMetric.LAST_REQUEST_TIMESTAMP,
@@ -126,34 +122,3 @@ class _Families(Collector):
 
     def collect(self) -> Iterable[Metric]:
         return self.families
-
-
-class FrequentHistogram(Collector):
-    """A histogram without labels for what is observed once per relayed chunk: `observe`
-    is one bisect and two additions, where prometheus_client's `Histogram.observe` takes
-    a lock twice and walks the buckets in Python: 0.3 against 2.0 us per chunk
-    (docs/benchmarks.md, "Overhead"). Exported as a `Histogram` of the same name and buckets would be
-    (`_bucket`, `_count`, `_sum`, `_created`). The router observes and is scraped on one
-    event loop, so nothing is locked."""
-
-    def __init__(self, name: str, documentation: str, buckets: Sequence[float],
-                 registry: CollectorRegistry) -> None:
-        self.name = name
-        self.documentation = documentation
-        self.bounds = tuple(float(b) for b in buckets)
-        self.counts = [0] * (len(self.bounds) + 1)  # the last: above every bound (+Inf)
-        self.sum = 0.0
-        self.created = time.time()
-        registry.register(self)
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect_left(self.bounds, value)] += 1  # `le`: the first bound >= value
-        self.sum += value
-
-    def collect(self) -> Iterable[Metric]:
-        family = HistogramMetricFamily(self.name, self.documentation)
-        bounds = [floatToGoString(b) for b in (*self.bounds, math.inf)]
-        family.add_metric([], list(zip(bounds, accumulate(self.counts), strict=True)),
-                          self.sum)
-        family.samples.append(Sample(f"{self.name}_created", {}, self.created, None, None))
-        return [family]
