@@ -48,11 +48,18 @@ class AdmissionController:
     def num_waiting(self) -> int:
         return self._num_waiting
 
-    async def acquire(self, priority: int = 0) -> None:
-        """Wait for a slot; raise `Rejected` when the queue is full or the wait times out."""
+    def try_acquire(self) -> bool:
+        """Take a slot if one is free and nobody waits for it (no waiting: the router's
+        usual case, without the cost of a coroutine); else False, and `acquire` waits."""
         if not self.max_inflight or (self.num_inflight < self.max_inflight
                                      and not self._num_waiting):
             self._take()
+            return True
+        return False
+
+    async def acquire(self, priority: int = 0) -> None:
+        """Wait for a slot; raise `Rejected` when the queue is full or the wait times out."""
+        if self.try_acquire():
             return
         if self._num_waiting >= self.max_queue:
             self._metrics.rejections.labels("queue_full").inc()

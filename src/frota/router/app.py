@@ -227,19 +227,20 @@ class RouterApp:
         if held is not None:
             router.metrics.requests.labels(endpoint, str(held.status)).inc()
             return held
-        try:
-            priority = int(request.headers.get(PRIORITY_HEADER, "0"))
-        except ValueError:
-            priority = 0
         status = STATUS_CLIENT_CLOSED
-        try:
-            await router.admission.acquire(priority)
-        except Rejected as exc:
-            router.metrics.requests.labels(endpoint, "429").inc()
-            return error_response(
-                429, f"the router is at capacity ({exc.reason}); retry after "
-                f"{exc.retry_after}s", "rate_limit_exceeded", exc.reason,
-                headers={"Retry-After": str(exc.retry_after)})
+        if not router.admission.try_acquire():
+            try:
+                priority = int(request.headers.get(PRIORITY_HEADER, "0"))
+            except ValueError:
+                priority = 0
+            try:
+                await router.admission.acquire(priority)
+            except Rejected as exc:
+                router.metrics.requests.labels(endpoint, "429").inc()
+                return error_response(
+                    429, f"the router is at capacity ({exc.reason}); retry after "
+                    f"{exc.retry_after}s", "rate_limit_exceeded", exc.reason,
+                    headers={"Retry-After": str(exc.retry_after)})
         try:
             assert router.proxy is not None
             adapters = router.adapters

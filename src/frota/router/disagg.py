@@ -36,7 +36,6 @@ from frota.router.discovery import Discovery
 from frota.router.health import Worker, WorkerPool
 from frota.router.loop_metrics import Counter, Histogram
 from frota.router.proxy import (
-    DirectPlan,
     Proxy,
     RequestContext,
     RetryableFailure,
@@ -165,10 +164,10 @@ class Disaggregation:
             estimate = estimate_prompt_tokens(ctx.route.path, ctx.route.json)
         if estimate is None:
             self.metrics.requests.labels("colocated_ineligible").inc()
-            return DirectPlan(proxy)
+            return proxy.direct
         if estimate < self.config.min_prompt_tokens:
             self.metrics.requests.labels("colocated_short").inc()
-            return DirectPlan(proxy)
+            return proxy.direct
         return DisaggPlan(proxy, self)
 
 
@@ -196,7 +195,7 @@ class DisaggPlan(RoutePlan):
     async def _colocated(self, ctx: RequestContext, reason: str) -> Answer:
         self.metrics.fallbacks.labels(reason).inc()
         self.metrics.requests.labels("colocated_fallback").inc()
-        return await DirectPlan(self.proxy).execute(ctx)
+        return await self.proxy.direct.execute(ctx)
 
     async def _prefill(self, ctx: RequestContext) -> tuple[dict[str, Any] | None, Any]:
         """(the KV handle, the prefill worker) or (None, the reason it failed)."""

@@ -17,16 +17,16 @@ the client sees anything, which makes them retryable as a whole.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from frota.router.errors import error_response, sse_error_event
 from frota.router.health import Worker, WorkerPool
+from frota.router.loop_metrics import GaugeValue
 from frota.router.metrics import RouterMetrics
 from frota.router.policies import RouteRequest, RoutingPolicy
 from frota.router.server import Answer, Request, Response, open_stream
@@ -79,9 +79,11 @@ class RequestContext:
 
 def forwarded_headers(request: Request) -> list[tuple[str, str]]:
     """The client's headers a worker should see (hop-by-hop and credentials dropped)."""
-    headers = [(k, v) for k, v in request.raw_headers if k.lower() not in DROP_REQUEST_HEADERS]
-    headers.append(IDENTITY)
-    return headers
+    headers = request.headers
+    kept = [h for h, name in zip(headers.raw, headers.names, strict=True)
+            if name not in DROP_REQUEST_HEADERS]
+    kept.append(IDENTITY)
+    return kept
 
 
 class Proxy:
@@ -95,39 +97,35 @@ class Proxy:
         self.metrics = metrics
         self.config = config
         self.disagg = None  # frota.router.disagg.Disaggregation, when prefill workers exist
+        self._policy_name = policy.name.value
+        self.direct = DirectPlan(self)  # holds no request state: one serves them all
 
     def plan_for(self, ctx: RequestContext) -> RoutePlan:
         if self.disagg is not None:
             return self.disagg.plan_for(self, ctx)
-        return DirectPlan(self)
+        return self.direct
 
     def pick(self, ctx: RequestContext, exclude: set[str]) -> Worker | None:
         """Ask the policy for a healthy worker this request has not failed on. A request
         for a LoRA adapter goes only to workers that hold it, when any does (retries too:
         another worker would refuse it); else to any (`frota.router.adapters`)."""
-        healthy = self.pool.healthy()
+        candidates = self.pool.healthy()
         adapter = ctx.route.adapter
         if adapter is not None:
-            healthy = [w for w in healthy if adapter in w.adapters] or healthy
-        candidates = [w for w in healthy if w.url not in exclude]
+            candidates = [w for w in candidates if adapter in w.adapters] or candidates
+        if exclude:  # a retry
+            candidates = [w for w in candidates if w.url not in exclude]
         if not candidates:
             return None
         decision = self.policy.choose(ctx.route, candidates)
-        self.metrics.decisions.labels(self.policy.name.value, decision.reason,
+        self.metrics.decisions.labels(self._policy_name, decision.reason,
                                       decision.worker.url).inc()
         return decision.worker
 
-    @contextlib.contextmanager
-    def in_flight(self, worker: Worker) -> Iterator[None]:
-        """Count a request against `worker` (policies read the count) while it runs there."""
-        worker.num_outstanding += 1
-        gauge = self.metrics.worker_outstanding.labels(worker.url)
-        gauge.inc()
-        try:
-            yield
-        finally:
-            worker.num_outstanding -= 1
-            gauge.dec()
+    def in_flight(self, worker: Worker) -> InFlight:
+        """Count a request against `worker` (policies read the count) while it runs there:
+        `with proxy.in_flight(worker): ...`."""
+        return InFlight(worker, self.metrics.worker_outstanding.labels(worker.url))
 
     async def attempt(self, worker: Worker, ctx: RequestContext, *,
                       extra_headers: Sequence[tuple[str, str]] = (),
@@ -235,6 +233,25 @@ class Proxy:
         return stream
 
 
+class InFlight:
+    """A request counted against its worker (`Proxy.in_flight`). A class, not a
+    generator: it is entered once per request."""
+
+    __slots__ = ("gauge", "worker")
+
+    def __init__(self, worker: Worker, gauge: GaugeValue) -> None:
+        self.worker = worker
+        self.gauge = gauge
+
+    def __enter__(self) -> None:
+        self.worker.num_outstanding += 1
+        self.gauge.value += 1
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.worker.num_outstanding -= 1
+        self.gauge.value -= 1
+
+
 class RoutePlan(ABC):
     """How one request travels through the fleet (direct today; prefill/decode later)."""
 
@@ -283,6 +300,7 @@ class DirectPlan(RoutePlan):
 
 
 def _response_headers(upstream: UpstreamResponse, worker: Worker) -> list[tuple[str, str]]:
-    headers = [(k, v) for k, v in upstream.headers if k.lower() not in DROP_RESPONSE_HEADERS]
+    headers = [h for h, name in zip(upstream.headers, upstream.names, strict=True)
+               if name not in DROP_RESPONSE_HEADERS]
     headers.append((WORKER_HEADER, worker.url))
     return headers

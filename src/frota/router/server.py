@@ -74,15 +74,20 @@ _CHUNKED = ("Transfer-Encoding", "chunked")
 
 class Headers(Mapping[str, str]):
     """A request's headers by case-insensitive name (a repeated header: its first value);
-    `raw` holds them as sent."""
+    `raw` holds them as sent, `names` their names in lower case, in the same order."""
 
-    __slots__ = ("_first", "raw")
+    __slots__ = ("_first", "names", "raw")
 
-    def __init__(self, raw: list[tuple[str, str]]) -> None:
+    def __init__(self, raw: list[tuple[str, str]], names: list[str] | None = None,
+                 first: dict[str, str] | None = None) -> None:
         self.raw = raw
-        first: dict[str, str] = {}
-        for name, value in raw:
-            first.setdefault(name.lower(), value)
+        if names is None:
+            names = [name.lower() for name, _ in raw]
+        if first is None:
+            first = {}
+            for name, (_, value) in zip(names, raw, strict=True):
+                first.setdefault(name, value)
+        self.names = names
         self._first = first
 
     def __getitem__(self, name: str) -> str:
@@ -116,7 +121,7 @@ class Request:
         self.method = message.method
         self.target = message.target  # path and query, as sent (ASCII: the parser checks)
         self.path = self.target.partition("?")[0]
-        self.headers = Headers(message.headers)
+        self.headers = Headers(message.headers, message.names, message.first)
         self.http_version = message.version
         self.body = message.body()
 
@@ -230,15 +235,18 @@ class _Refused(Exception):
 class _Message:
     """A request as the parser delivers it: the head, then the body piece by piece."""
 
-    __slots__ = ("_waiter", "complete", "expect_continue", "headers", "keep_alive",
-                 "method", "num_body_bytes", "num_head_bytes", "parts", "refusal", "target",
-                 "version")
+    __slots__ = ("_waiter", "complete", "expect_continue", "first", "headers", "keep_alive",
+                 "method", "names", "num_body_bytes", "num_head_bytes", "parts", "refusal",
+                 "target", "version")
 
     def __init__(self) -> None:
         self.method = ""
         self.target = ""
         self.version = "1.1"
         self.headers: list[tuple[str, str]] = []
+        # Filled once the head is in: the names in lower case, and each one's first value.
+        self.names: list[str] = []
+        self.first: dict[str, str] = {}
         self.keep_alive = True
         self.expect_continue = False
         self.num_head_bytes = 0
@@ -405,24 +413,22 @@ class _Connection(asyncio.Protocol):
             self.transport.pause_reading()  # type: ignore[union-attr]
 
     def _refusal_of(self, message: _Message) -> Refusal | None:
-        """What the head alone says to refuse the request with, if anything; it also
-        reads the Content-Length and whether a 100-continue is expected."""
+        """What the head alone says to refuse the request with, if anything. It also
+        reads the Content-Length and whether a 100-continue is expected, and indexes the
+        headers by name (`message.names`, `message.first`), in one pass."""
         head_bytes = len(message.target)
-        upgrade = connection_upgrade = host = False
-        length = None
+        names, first = message.names, message.first
         for name, value in message.headers:
             head_bytes += len(name) + len(value)
             lower = name.lower()
-            if lower == "upgrade":
-                upgrade = True
-            elif lower == "connection":
-                connection_upgrade = "upgrade" in value.lower()
-            elif lower == "host":
-                host = True
-            elif lower == "content-length":
-                length = int(value)  # llhttp has checked it is a number
-            elif lower == "expect":
-                message.expect_continue = value.lower() == "100-continue"
+            names.append(lower)
+            first.setdefault(lower, value)
+        upgrade = "upgrade" in first
+        connection_upgrade = "upgrade" in first.get("connection", "").lower()
+        host = "host" in first
+        declared = first.get("content-length")  # llhttp has checked it is a number
+        length = None if declared is None else int(declared)
+        message.expect_continue = first.get("expect", "").lower() == "100-continue"
         if message.method == "CONNECT" or (upgrade and connection_upgrade):
             return NO_UPGRADES
         if head_bytes > self.server.max_header_bytes:
@@ -457,12 +463,10 @@ class _Connection(asyncio.Protocol):
     def _start(self) -> None:
         if self.task is None:
             self.task = self.loop.create_task(self._answer_all())
+            self.server.tasks.add(self.task)
 
     async def _answer_all(self) -> None:
-        task = asyncio.current_task()
-        assert task is not None
         server = self.server
-        server.tasks.add(task)
         try:
             while self.queue and self.transport is not None and not self.transport.is_closing():
                 message = self.queue[0]
@@ -488,8 +492,8 @@ class _Connection(asyncio.Protocol):
                 if self.partial is None:  # else the request being received keeps its own
                     self.deadline = self.loop.time() + server.keepalive_timeout
         finally:
+            server.tasks.discard(self.task)  # type: ignore[arg-type]
             self.task = None
-            server.tasks.discard(task)
 
     async def _handle(self, message: _Message) -> None:
         request = Request(self, message)

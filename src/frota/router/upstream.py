@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 import httptools
 
 HeaderList = list[tuple[str, str]]
+_FRAMING = frozenset({"content-length", "transfer-encoding"})
 Sink = Callable[[bytes], None]
 
 
@@ -54,7 +55,10 @@ class UpstreamResponse:
         "_relayed",
         "_sink",
         "_waiter",
+        "content_type",
+        "framed",
         "headers",
+        "names",
         "status",
     )
 
@@ -62,6 +66,9 @@ class UpstreamResponse:
         loop = asyncio.get_running_loop()
         self.status = 0
         self.headers: HeaderList = []
+        self.names: list[str] = []  # the headers' names in lower case, in the same order
+        self.content_type = ""  # its media type in lower case, without parameters
+        self.framed = False  # a Content-Length or Transfer-Encoding says where the body ends
         self._conn: _Connection | None = conn
         self._head: asyncio.Future[None] = loop.create_future()
         self._chunks: deque[bytes] = deque()
@@ -70,13 +77,6 @@ class UpstreamResponse:
         self._error: UpstreamError | None = None
         self._sink: Sink | None = None
         self._relayed: asyncio.Future[None] | None = None
-
-    @property
-    def content_type(self) -> str:
-        for name, value in self.headers:
-            if name.lower() == "content-type":
-                return value.split(";", 1)[0].strip().lower()
-        return ""
 
     @property
     def complete(self) -> bool:
@@ -98,6 +98,10 @@ class UpstreamResponse:
 
     async def read(self) -> bytes:
         """The whole (rest of the) body."""
+        if self._done:  # often so: a short body arrives with its headers
+            parts = list(self._chunks)
+            self._chunks.clear()
+            return b"".join(parts)
         parts = []
         while chunk := await self.next_chunk():
             parts.append(chunk)
@@ -223,17 +227,24 @@ class _Connection(asyncio.Protocol):
 
     # -- parser callbacks
     def on_header(self, name: bytes, value: bytes) -> None:
-        if self.response is not None:
-            self.response.headers.append((name.decode("latin-1"), value.decode("latin-1")))
+        response = self.response
+        if response is None:
+            return
+        header = (name.decode("latin-1"), value.decode("latin-1"))
+        response.headers.append(header)
+        lower = header[0].lower()
+        response.names.append(lower)
+        if lower in _FRAMING:
+            response.framed = True
+        elif lower == "content-type" and not response.content_type:
+            response.content_type = header[1].split(";", 1)[0].strip().lower()
 
     def on_headers_complete(self) -> None:
         response = self.response
         if response is None:
             return
         response.status = self.parser.get_status_code()
-        framed = any(n.lower() in ("content-length", "transfer-encoding")
-                     for n, _ in response.headers)
-        self.until_close = not framed and response.status not in (204, 304)
+        self.until_close = not response.framed and response.status not in (204, 304)
         if not response._head.done():
             response._head.set_result(None)
 
