@@ -166,6 +166,27 @@ async def test_a_stream_broken_midway_ends_with_an_error_event(start_worker, sta
     assert router.metric("frota_router_stream_errors_total") == 1
 
 
+async def test_inter_token_latency_is_each_gap_between_relayed_chunks(start_worker,
+                                                                     start_router):
+    delay = 0.03
+    itl = "frota_router_inter_token_latency_seconds"
+    worker = await start_worker(num_tokens=5, token_delay=delay)
+    router = await start_router([worker])
+    async with router.session.post(router.url + "/v1/completions", json=STREAM) as r:
+        events = await read_sse(r)
+    assert len(events) == 6  # five tokens and [DONE]: five gaps after the first chunk
+    assert router.metric(itl + "_count") == 5
+    assert 5 * delay * 0.9 <= router.metric(itl + "_sum") < 5 * delay + 1.0
+    assert router.metric(itl + "_bucket", le="0.01") == 0  # none shorter than the pause
+
+    broken = await start_worker(num_tokens=10, token_delay=delay, die_after_chunks=3)
+    router = await start_router([broken])
+    async with router.session.post(router.url + "/v1/completions", json=STREAM) as r:
+        events = await read_sse(r)
+    assert "error" in events[3]
+    assert router.metric(itl + "_count") == 2  # the error event is not a token
+
+
 async def test_retries_are_bounded(start_worker, start_router):
     workers = [await start_worker(answer_status=502) for _ in range(5)]
     config = RouterConfig(probe_interval=30, eject_after=100,

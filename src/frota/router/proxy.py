@@ -206,26 +206,16 @@ class Proxy:
         self.pool.record_success(worker)
         stream = open_stream(ctx.request, upstream.status, _response_headers(upstream, worker),
                              first)
-        last = time.perf_counter()
-        self.metrics.ttft.observe(last - ctx.started)
-        observe_gap = self.metrics.itl.observe
-        clock = time.perf_counter
-        write = stream.write
-
-        def forward(chunk: bytes) -> None:
-            nonlocal last
-            write(chunk)
-            now = clock()
-            observe_gap(now - last)
-            last = now
-
+        self.metrics.ttft.observe(time.perf_counter() - ctx.started)
+        stream.time_gaps(self.metrics.itl.labels())
         stream.set_flow_control(upstream.pause_reading, upstream.resume_reading)
         try:
-            await upstream.relay(forward)
+            await upstream.relay(stream.write)
         except UpstreamError as exc:
             self.metrics.stream_errors.inc()
             self.pool.record_failure(worker, f"mid-stream: {exc}")
             log.warning("stream from %s broke after its first byte: %s", worker.url, exc)
+            stream.time_gaps(None)  # the error event is not a token
             stream.write(sse_error_event(
                 f"the worker serving this stream failed ({exc.reason}); "
                 "the response is incomplete, retry the request"))

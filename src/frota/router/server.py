@@ -39,13 +39,18 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from email.utils import formatdate
 from http import HTTPStatus
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httptools
+
+if TYPE_CHECKING:
+    from frota.router.loop_metrics import HistogramValue
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +164,7 @@ class ResponseStream:
     handler returns it. Writes after the client left are dropped (its task is being
     cancelled)."""
 
-    __slots__ = ("_conn", "chunked", "ended", "num_bytes", "status")
+    __slots__ = ("_conn", "_gaps", "_last_write", "chunked", "ended", "num_bytes", "status")
 
     def __init__(self, conn: _Connection, status: int, chunked: bool) -> None:
         self._conn = conn
@@ -167,6 +172,15 @@ class ResponseStream:
         self.chunked = chunked
         self.ended = False
         self.num_bytes = 0
+        self._gaps: HistogramValue | None = None
+        self._last_write = 0.0
+
+    def time_gaps(self, histogram: HistogramValue | None) -> None:
+        """From now on observe the seconds between one write and the next (from now to
+        the first) in `histogram` (None: no more): inter-token latency, timed where each
+        chunk goes out, so that relaying a chunk costs no call more than the write."""
+        self._gaps = histogram
+        self._last_write = time.perf_counter()
 
     def write(self, data: bytes) -> None:
         transport = self._conn.transport
@@ -174,6 +188,13 @@ class ResponseStream:
             return
         self.num_bytes += len(data)
         transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self.chunked else data)
+        gaps = self._gaps
+        if gaps is not None:  # HistogramValue.observe, inlined: it runs once per token
+            now = time.perf_counter()
+            gap = now - self._last_write
+            gaps.counts[bisect_left(gaps.bounds, gap)] += 1
+            gaps.sum += gap
+            self._last_write = now
 
     def set_flow_control(self, pause: Callable[[], None], resume: Callable[[], None]) -> None:
         """Call `pause` when the client's send buffer fills up, `resume` when it drains."""

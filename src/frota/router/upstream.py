@@ -249,8 +249,13 @@ class _Connection(asyncio.Protocol):
             response._head.set_result(None)
 
     def on_body(self, body: bytes) -> None:
-        if self.response is not None:
-            self.response._on_body(body)
+        response = self.response
+        if response is not None:
+            sink = response._sink  # a relayed body goes straight on: once per chunk
+            if sink is not None:
+                sink(body)
+            else:
+                response._on_body(body)
 
     def on_message_complete(self) -> None:
         response, self.response = self.response, None
