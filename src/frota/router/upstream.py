@@ -299,7 +299,10 @@ class UpstreamClient:
         if self._sweeper is None:
             self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
         for _ in range(2):
-            conn, reused = await self._acquire(base_url, host, port)
+            conn = self._idle_connection(base_url)
+            reused = conn is not None
+            if conn is None:
+                conn = await self._connect(base_url, host, port)
             response = UpstreamResponse(conn)
             conn.send(response, data, timeout)
             try:
@@ -340,14 +343,21 @@ class UpstreamClient:
             self._origins[base_url] = origin
         return origin
 
-    async def _acquire(self, key: str, host: str, port: int) -> tuple[_Connection, bool]:
+    def _idle_connection(self, key: str) -> _Connection | None:
+        """The warmest kept-alive connection to `key` still usable, if any (no coroutine:
+        the usual case, once per request)."""
         idle = self.idle.get(key)
+        if not idle:
+            return None
         now = time.monotonic()
         while idle:
             since, conn = idle.pop()
             if not conn.closed and now - since < self.idle_timeout:
-                return conn, True
+                return conn
             conn.transport.close()
+        return None
+
+    async def _connect(self, key: str, host: str, port: int) -> _Connection:
         loop = asyncio.get_running_loop()
         try:
             _, conn = await asyncio.wait_for(
@@ -355,7 +365,7 @@ class UpstreamClient:
                 self.connect_timeout)
         except (TimeoutError, OSError) as exc:
             raise UpstreamError("connect_error", f"{host}:{port}: {exc!r}") from exc
-        return conn, False
+        return conn
 
     def release(self, conn: _Connection) -> None:
         self.idle.setdefault(conn.key, []).append((time.monotonic(), conn))
