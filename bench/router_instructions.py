@@ -63,9 +63,10 @@ async def count(name: str, argv: list[str], ready_path: str, args: argparse.Name
                 stream: bool, log_dir: Path, env: dict[str, str] | None = None) -> float:
     """Thousands of instructions per request of the router `argv` (which listens on the
     port in it), under callgrind."""
-    out_dir = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=log_dir))
+    label = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+    out_dir = Path(tempfile.mkdtemp(prefix=f"{label}-", dir=log_dir))
     port = int(argv[argv.index("--port") + 1])
-    proc = ServingProcess(name, callgrind(argv, out_dir), port, log_dir / f"{name}.log", env)
+    proc = ServingProcess(name, callgrind(argv, out_dir), port, log_dir / f"{label}.log", env)
     try:
         await proc.wait_ready_async(300, path=ready_path)
         pid = proc.popen.pid
@@ -85,6 +86,13 @@ async def count(name: str, argv: list[str], ready_path: str, args: argparse.Name
         proc.stop()
 
 
+def checkout_name(src: str) -> str:
+    """The commit a checkout is at (short), or its path when it is not a git checkout."""
+    done = subprocess.run(["git", "-C", src, "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else src
+
+
 async def run(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     args.backend = "stand-in"
     worker = router_bench.start_worker(args, "stand-in", log_dir)
@@ -95,7 +103,7 @@ async def run(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
                                    "--workers", worker.url, "--log-level", "warning",
                                    port=port), "/ready", None)
     for src in args.frota_src:
-        targets[f"frota@{src}"] = (
+        targets[f"frota@{checkout_name(src)}"] = (
             frota_argv("router", "--policy", "round-robin", "--max-inflight", "0",
                        "--workers", worker.url, "--log-level", "warning", port=free_port()),
             "/ready", {"PYTHONPATH": str(Path(src).resolve() / "src")})
@@ -106,6 +114,7 @@ async def run(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
              "--policy", "round_robin", "--worker-urls", worker.url], "/health", None)
     out: dict[str, Any] = {
         "mode": "instructions", "counter": "callgrind, user space of the router's process",
+        "frota": checkout_name(str(BENCH.parent)),
         "requests": args.requests, "concurrency": args.concurrency,
         "max_tokens": args.max_tokens, "stand_in_itl_ms": args.stand_in_itl * 1e3,
         "kinstr_per_request": {}}
