@@ -439,6 +439,7 @@ async def overhead(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
             "stand_in_ttft_ms": args.stand_in_ttft * 1000,
             "stand_in_itl_ms": args.stand_in_itl * 1000,
             "cpu_count": os.cpu_count(), "cores": layout or "not pinned",
+            "cpu_clock": "each router process's CPU-time clock, in nanoseconds",
             "vllm_router": vllm_binary or "not found (pip install vllm-router; "
                                           "pass --vllm-router PATH)",
             "runs": runs,
