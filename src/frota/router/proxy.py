@@ -235,11 +235,11 @@ class InFlight:
 
     def __enter__(self) -> None:
         self.worker.num_outstanding += 1
-        self.gauge.value += 1
+        self.gauge.inc()
 
     def __exit__(self, *exc_info: object) -> None:
         self.worker.num_outstanding -= 1
-        self.gauge.value -= 1
+        self.gauge.dec()
 
 
 class RoutePlan(ABC):
