@@ -183,9 +183,9 @@ async def test_sigterm_lets_every_process_finish_its_streams(start_worker):
     worker = await start_worker(name="slow", num_tokens=10, token_delay=0.2)
     port = free_port()
     proc = await start_processes([worker.url], port, "--drain-timeout", "20")
+    streams: list[asyncio.Task[bytes]] = []
     try:
         await wait_ready(port, proc)
-        streams = []
         async with fresh_session() as session:
             async def stream() -> bytes:
                 async with session.post(f"http://127.0.0.1:{port}/v1/completions",
