@@ -8,11 +8,12 @@ three adapters, so slots are rewritten (and followers write their shards) mid-ru
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
 import torch
+
+from frota.server.ranks import exit_now
 
 torch.set_num_threads(1)
 
@@ -54,9 +55,6 @@ if __name__ == "__main__":
     result = generate(int(sys.argv[2]), sys.argv[3:])
     if result is not None:
         (Path(sys.argv[1]) / "result.json").write_text(json.dumps(result))
-    # Leave without running gloo's destructors, as `frota worker` ranks and
-    # tests/parallel/rank_main.py do: once the group has stopped, a peer that closes its
-    # sockets first can make the other's teardown abort ("terminate called without an
-    # active exception").
-    sys.stdout.flush()
-    os._exit(0)
+    # Once the group has stopped, a peer that closes its sockets first can make the
+    # other's gloo teardown abort ("terminate called without an active exception").
+    exit_now(0)

@@ -12,6 +12,8 @@ import sys
 
 import torch
 
+from frota.server.ranks import exit_now
+
 torch.set_num_threads(1)
 
 
@@ -72,8 +74,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    # Leave without running gloo's destructors, as `frota worker` ranks do: once the group
-    # has stopped, a peer that closes its sockets first can make the other's teardown abort.
-    sys.stdout.flush()
-    os._exit(code)
+    # Once the group has stopped, a peer that closes its sockets first can make the
+    # other's gloo teardown abort.
+    exit_now(main())
