@@ -35,6 +35,7 @@ class FakeWorker:
     is_ready: bool = True
     answer_status: int | None = None   # answer every generation request with this status
     die_after_chunks: int | None = None  # cut the connection after this many chunks
+    die_mid_chunk: bool = False  # ... after sending the start of one more
     gate: asyncio.Event | None = None  # wait on it before chunk number `gate_at_chunk`
     gate_at_chunk: int = 0
     gauges: dict[str, float] = field(default_factory=dict)
@@ -153,6 +154,9 @@ class FakeWorker:
                     await self.gate.wait()
                 if self.die_after_chunks is not None and i == self.die_after_chunks:
                     assert request.transport is not None
+                    if self.die_mid_chunk:  # a size line and part of what it announces
+                        request.transport.write(b"40\r\ndata: {\"choices\": [")
+                        await asyncio.sleep(0.05)
                     request.transport.abort()
                     return response
                 chunk = {"choices": [{"index": 0, "text": f"t{i} "}], "worker": self.name,

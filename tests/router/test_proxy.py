@@ -5,6 +5,7 @@ import json
 import socket
 
 import aiohttp
+import pytest
 
 from frota.router.app import RouterConfig
 from frota.router.proxy import ProxyConfig
@@ -164,6 +165,24 @@ async def test_a_stream_broken_midway_ends_with_an_error_event(start_worker, sta
     assert set(error) == {"message", "type", "param", "code"}
     assert events[4] == "[DONE]"
     assert router.metric("frota_router_stream_errors_total") == 1
+
+
+async def test_a_stream_broken_mid_chunk_is_cut_off(start_worker, start_router):
+    # The worker's chunks go on as they come: part of one is already with the client when
+    # the worker dies, so no error event can follow it. The client sees the stream cut.
+    worker = await start_worker(num_tokens=10, token_delay=0.2, die_after_chunks=3,
+                                die_mid_chunk=True)
+    router = await start_router([worker])
+    async with router.session.post(router.url + "/v1/completions", json=STREAM) as r:
+        assert r.status == 200
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await r.read()
+    assert router.metric("frota_router_stream_errors_total") == 1
+    # The router goes on serving.
+    healthy = await start_worker(num_tokens=2)
+    router = await start_router([healthy])
+    async with router.session.post(router.url + "/v1/completions", json=STREAM) as r:
+        assert (await read_sse(r))[-1] == "[DONE]"
 
 
 async def test_inter_token_latency_is_each_gap_between_relayed_chunks(start_worker,

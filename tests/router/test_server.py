@@ -510,10 +510,11 @@ async def test_a_slow_reader_pauses_the_stream_source_and_resumes_it(serve, conn
     async def handler(request: Request) -> Answer:
         stream = open_stream(request, 200, [], b"START")
         stream.set_flow_control(pause, resume)
-        chunk = b"x" * 65536
-        while not paused.is_set() and stream.num_bytes < 256 * 1024 * 1024:
+        chunk, num_bytes = b"x" * 65536, len(b"START")
+        while not paused.is_set() and num_bytes < 256 * 1024 * 1024:
             stream.write(chunk)  # never waits: the source would go on without flow control
-        sent.append(stream.num_bytes)
+            num_bytes += len(chunk)
+        sent.append(num_bytes)
         await resumed.wait()
         stream.write(b"END")
         stream.end()

@@ -350,13 +350,79 @@ async def test_relay_delivers_buffered_then_later_chunks_in_order(client, start_
     assert received == [b"a", b"b"]  # buffered pieces go to the sink at once
     assert not relayed.done()
     gate.set()
-    assert await asyncio.wait_for(relayed, TIMEOUT) is None
+    assert await asyncio.wait_for(relayed, TIMEOUT) is False  # the end did not go on raw
     assert received == [b"a", b"b", b"c", b"d"]
     assert response.complete
     # Relaying a response that is already complete resolves at once.
     response = await client.request(worker.url, "GET", "/s", [])
     await asyncio.wait_for(response.read(), TIMEOUT)
     assert response.relay(received.append).done()
+
+
+async def test_a_chunked_relay_passes_the_workers_bytes_on_from_a_chunk_boundary(
+        client, start_raw):
+    async def handle(worker, reader, writer) -> None:
+        while await worker.read_request(reader):
+            await send_apart(writer, OK_HEAD + chunk(b"a") + chunk(b"bb")[:4], 0.05)
+            await send_apart(writer, chunk(b"bb")[4:], 0.05)  # the boundary: raw from here
+            await send_apart(writer, chunk(b"ccc")[:3], 0.05)  # a chunk split anywhere
+            writer.write(chunk(b"ccc")[3:] + chunk(b"d") + b"0\r\n\r\n")
+
+    worker = await start_raw(handle)
+    response = await client.request(worker.url, "GET", "/s", [])
+    assert response.chunked
+    assert await response.next_chunk() == b"a"
+    for _ in range(200):  # until the first piece of "bb" is in
+        if response._chunks:
+            break
+        await asyncio.sleep(0.01)
+    pieces: list[bytes] = []
+    raw: list[bytes] = []
+    relayed = response.relay(pieces.append, raw.append)
+    assert await asyncio.wait_for(relayed, TIMEOUT) is True  # the end went on raw
+    assert pieces == [b"b", b"b"]  # mid-chunk when the relay began: unframed up to its end
+    assert b"".join(raw) == chunk(b"ccc") + chunk(b"d") + b"0\r\n\r\n"
+    assert len(raw) == 2  # as the data came
+    again = await client.request(worker.url, "GET", "/s", [])  # the connection is reused
+    assert await asyncio.wait_for(again.read(), TIMEOUT) == b"abbcccd"
+    assert worker.num_connections == 1
+
+
+async def test_a_body_not_chunked_is_relayed_unframed_even_when_raw_is_asked(client,
+                                                                             start_raw):
+    async def handle(worker, reader, writer) -> None:
+        await worker.read_request(reader)
+        await send_apart(writer, b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                         b"Content-Length: 13\r\n\r\ndata: a\r\n", 0.05)
+        writer.write(b"\r\n\r\n")
+
+    worker = await start_raw(handle)
+    response = await client.request(worker.url, "GET", "/s", [])
+    assert not response.chunked
+    assert await response.next_chunk() == b"data: a\r\n"
+    pieces: list[bytes] = []
+    raw: list[bytes] = []
+    assert await asyncio.wait_for(response.relay(pieces.append, raw.append), TIMEOUT) is False
+    assert pieces == [b"\r\n\r\n"] and not raw
+
+
+@pytest.mark.parametrize("mid_chunk", [True, False])
+async def test_a_raw_relay_broken_off_says_whether_mid_chunk(client, start_raw, mid_chunk):
+    async def handle(worker, reader, writer) -> None:
+        await worker.read_request(reader)
+        await send_apart(writer, OK_HEAD + chunk(b"a"), 0.05)
+        await send_apart(writer, chunk(b"bb")[:4] if mid_chunk else chunk(b"bb"), 0.05)
+        writer.transport.abort()
+
+    worker = await start_raw(handle)
+    response = await client.request(worker.url, "GET", "/s", [])
+    assert await response.next_chunk() == b"a"
+    raw: list[bytes] = []
+    with pytest.raises(UpstreamError) as failure:
+        await asyncio.wait_for(response.relay(pytest.fail, raw.append), TIMEOUT)
+    assert failure.value.reason == "disconnected"
+    assert failure.value.mid_chunk is mid_chunk
+    assert b"".join(raw) == (chunk(b"bb")[:4] if mid_chunk else chunk(b"bb"))
 
 
 async def test_a_connection_broken_mid_body_fails_the_relay(client, start_raw):

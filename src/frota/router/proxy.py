@@ -209,17 +209,23 @@ class Proxy:
         self.metrics.ttft.observe(time.perf_counter() - ctx.started)
         stream.time_gaps(self.metrics.itl.labels())
         stream.set_flow_control(upstream.pause_reading, upstream.resume_reading)
+        ended_raw = False
         try:
-            await upstream.relay(stream.write)
+            # Once at a chunk boundary, a chunked body goes to the client as it came.
+            ended_raw = await upstream.relay(stream.write,
+                                            stream.write_raw if stream.chunked else None)
         except UpstreamError as exc:
             self.metrics.stream_errors.inc()
             self.pool.record_failure(worker, f"mid-stream: {exc}")
             log.warning("stream from %s broke after its first byte: %s", worker.url, exc)
+            if exc.mid_chunk:  # part of a chunk went out: no event can follow it
+                stream.cut()
+                return stream
             stream.time_gaps(None)  # the error event is not a token
             stream.write(sse_error_event(
                 f"the worker serving this stream failed ({exc.reason}); "
                 "the response is incomplete, retry the request"))
-        stream.end()
+        stream.end(ended_raw=ended_raw)
         return stream
 
 

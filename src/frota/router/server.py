@@ -158,14 +158,13 @@ class ResponseStream:
     handler returns it. Writes after the client left are dropped (its task is being
     cancelled)."""
 
-    __slots__ = ("_conn", "_gaps", "_last_write", "chunked", "ended", "num_bytes", "status")
+    __slots__ = ("_conn", "_gaps", "_last_write", "chunked", "ended", "status")
 
     def __init__(self, conn: _Connection, status: int, chunked: bool) -> None:
         self._conn = conn
         self.status = status
         self.chunked = chunked
         self.ended = False
-        self.num_bytes = 0
         self._gaps: HistogramValue | None = None
         self._last_write = 0.0
 
@@ -177,11 +176,17 @@ class ResponseStream:
         self._last_write = time.perf_counter()
 
     def write(self, data: bytes) -> None:
+        """Send `data` as one chunk (as it is, to an HTTP/1.0 client)."""
+        if data:
+            self.write_raw(b"%x\r\n%b\r\n" % (len(data), data) if self.chunked else data)
+
+    def write_raw(self, data: bytes) -> None:
+        """Send bytes already framed as the stream needs them: whole chunks, as a worker's
+        chunked body arrives (`frota.router.upstream`). Once per relayed chunk."""
         transport = self._conn.transport
-        if not data or transport is None or transport.is_closing():
+        if transport is None or transport.is_closing():
             return
-        self.num_bytes += len(data)
-        transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self.chunked else data)
+        transport.write(data)
         gaps = self._gaps
         if gaps is not None:  # HistogramValue.observe, inlined: once per token, the call
             # would cost 12k more instructions per 32-token stream (callgrind)
@@ -197,14 +202,24 @@ class ResponseStream:
         if self._conn.writing_paused:
             pause()
 
-    def end(self) -> None:
+    def end(self, *, ended_raw: bool = False) -> None:
+        """End the stream; `ended_raw`: the end of the body went through `write_raw`
+        already."""
         if self.ended:
             return
         self.ended = True
         self._conn.flow = None
         transport = self._conn.transport
-        if self.chunked and transport is not None and not transport.is_closing():
+        if (self.chunked and not ended_raw and transport is not None
+                and not transport.is_closing()):
             transport.write(b"0\r\n\r\n")
+
+    def cut(self) -> None:
+        """End the stream by closing the connection, when it cannot be ended cleanly (a
+        chunk that went out raw broke off): the client sees it cut off."""
+        self.ended = True
+        self._conn.flow = None
+        self._conn._close()
 
 
 Answer = Response | ResponseStream
@@ -228,7 +243,6 @@ def open_stream(request: Request, status: int, headers: Iterable[tuple[str, str]
     transport = conn.transport
     if transport is not None and not transport.is_closing():
         transport.write(head + (b"%x\r\n%b\r\n" % (len(first), first) if chunked else first))
-    stream.num_bytes = len(first)
     return stream
 
 

@@ -1,18 +1,22 @@
 """The router's HTTP/1.1 client to its workers: pooled keep-alive connections whose
 responses are read whole, chunk by chunk, or relayed straight into a client's stream.
 
-A relayed stream costs one `data_received` per chunk: httptools (llhttp) strips the
-chunk framing and `on_body` calls the sink, which writes to the client's transport
-(`frota.router.server.ResponseStream.write`). No reader buffer, future or task
-wake-up per chunk; the relay's one future resolves when the worker's response ends.
-That is why it is hand-written: it costs half the CPU per stream of aiohttp's client
-(docs/benchmarks.md, "Overhead").
+A relayed stream costs one `data_received` per chunk. When the worker's body is chunked
+and the client's stream is too, the bytes go on as they came, framing and all, to the
+raw sink (`frota.router.server.ResponseStream.write_raw`) from the first chunk boundary
+on; otherwise httptools (llhttp) strips the framing and the sink gets the pieces. The
+parser's body and chunk callbacks are C methods (a list's `append` and `clear`), not
+Python functions, so a relayed chunk runs one Python frame here. No reader buffer,
+future or task wake-up per chunk; the relay's one future resolves when the worker's
+response ends. That is why it is hand-written: it costs half the CPU per stream of
+aiohttp's client (docs/benchmarks.md, "Overhead").
 
 - Connections are kept per worker (LIFO, so the warmest is reused) and closed after
   `idle_timeout` unused. A reused connection the worker closed meanwhile (a
   keep-alive race: nothing of the response arrived) is retried once on a fresh one.
 - `read_timeout` is the longest silence from a worker mid-response (waiting for the
-  headers included); one sweeper task checks all busy connections every second.
+  headers included); one sweeper task checks all busy connections every second, so a
+  connection times out up to two seconds after its silence passed `read_timeout`.
 - Failures raise `UpstreamError` with a `reason` the proxy turns into retries
   and metrics: `connect_error`, `disconnected`, `timeout`, `bad_response`.
 """
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -40,6 +45,8 @@ class UpstreamError(Exception):
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.nothing_received = nothing_received  # not a byte of the response arrived
+        # Raw bytes of an unfinished chunk went to the sink: nothing can follow them.
+        self.mid_chunk = False
 
 
 class UpstreamResponse:
@@ -52,9 +59,11 @@ class UpstreamResponse:
         "_done",
         "_error",
         "_head",
+        "_raw",
         "_relayed",
         "_sink",
         "_waiter",
+        "chunked",
         "content_type",
         "framed",
         "headers",
@@ -69,6 +78,7 @@ class UpstreamResponse:
         self.names: list[str] = []  # the headers' names in lower case, in the same order
         self.content_type = ""  # its media type in lower case, without parameters
         self.framed = False  # a Content-Length or Transfer-Encoding says where the body ends
+        self.chunked = False  # the body comes in HTTP/1.1 chunks
         self._conn: _Connection | None = conn
         self._head: asyncio.Future[None] = loop.create_future()
         self._chunks: deque[bytes] = deque()
@@ -76,7 +86,8 @@ class UpstreamResponse:
         self._done = False
         self._error: UpstreamError | None = None
         self._sink: Sink | None = None
-        self._relayed: asyncio.Future[None] | None = None
+        self._raw: Sink | None = None  # wants the chunked bytes as they come
+        self._relayed: asyncio.Future[bool] | None = None
 
     @property
     def complete(self) -> bool:
@@ -107,9 +118,11 @@ class UpstreamResponse:
             parts.append(chunk)
         return b"".join(parts)
 
-    def relay(self, sink: Sink) -> asyncio.Future[None]:
+    def relay(self, sink: Sink, raw: Sink | None = None) -> asyncio.Future[bool]:
         """From now on call `sink` with each piece of the body as it arrives (buffered
-        pieces first). The future resolves at the end of the body, or raises
+        pieces first). With `raw`, a chunked body goes to `raw` instead from its next
+        chunk boundary on, as the worker framed it, end of body included. The future
+        resolves at the end of the body (True when the end went to `raw`), or raises
         `UpstreamError` when the worker breaks off."""
         self._relayed = asyncio.get_running_loop().create_future()
         while self._chunks:
@@ -117,9 +130,13 @@ class UpstreamResponse:
         if self._error is not None:
             self._relayed.set_exception(self._error)
         elif self._done:
-            self._relayed.set_result(None)
+            self._relayed.set_result(False)
         else:
             self._sink = sink
+            if raw is not None and self.chunked:
+                self._raw = raw
+                if self._conn is not None:
+                    self._conn.pass_raw_at_boundary()
         return self._relayed
 
     def pause_reading(self) -> None:
@@ -134,8 +151,9 @@ class UpstreamResponse:
         """Done with it: an unfinished response is cut off (the worker sees the disconnect
         and stops generating); a finished one's connection is already back in the pool."""
         conn, self._conn = self._conn, None
-        self._sink = None
+        self._sink = self._raw = None
         if conn is not None and not self._done:
+            conn.raw = None
             conn.transport.abort()
 
     # -- fed by the connection
@@ -146,12 +164,12 @@ class UpstreamResponse:
         self._chunks.append(data)
         self._wake()
 
-    def _on_end(self) -> None:
+    def _on_end(self, raw: bool = False) -> None:
         self._done = True
         self._conn = None
-        self._sink = None
+        self._sink = self._raw = None
         if self._relayed is not None and not self._relayed.done():
-            self._relayed.set_result(None)
+            self._relayed.set_result(raw)
         self._wake()
 
     def _wake(self) -> None:
@@ -161,7 +179,7 @@ class UpstreamResponse:
 
     def _on_error(self, error: UpstreamError) -> None:
         self._conn = None
-        self._sink = None
+        self._sink = self._raw = None
         if not self._head.done():
             self._head.set_exception(error)
             return
@@ -178,19 +196,29 @@ class _Connection(asyncio.Protocol):
         self.client = client
         self.key = key
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
-        self.parser = httptools.HttpResponseParser(self)
         self.response: UpstreamResponse | None = None
+        # The parser's callbacks that run once per chunk, as C methods: the body pieces
+        # of the data being parsed, and whether a chunk has begun and not ended.
+        self.pieces: list[bytes] = []
+        self.on_body = self.pieces.append
+        self.open_chunk: list[None] = []
+        self.on_chunk_header = functools.partial(self.open_chunk.append, None)
+        self.on_chunk_complete = self.open_chunk.clear
+        self.last_data = b""  # of this response: b"" until its first byte
+        self.raw: Sink | None = None  # the response's raw sink, once at a chunk boundary
+        self.parser = httptools.HttpResponseParser(self)
         self.closed = False
-        self.received = False
-        self.last_active = 0.0
+        self.heard = False  # data came since the sweeper last looked
+        self.quiet_since = 0.0  # when the sweeper last saw it quiet
         self.read_timeout: float | None = None
         self.until_close = False  # a body without length or chunking runs to the close
 
     def send(self, response: UpstreamResponse, data: bytes, read_timeout: float | None) -> None:
         self.response = response
-        self.received = False
+        self.last_data = b""
         self.read_timeout = read_timeout
-        self.last_active = time.monotonic()
+        self.heard = False
+        self.quiet_since = time.monotonic()
         self.client.busy.add(self)
         self.transport.write(data)
 
@@ -198,30 +226,70 @@ class _Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
-        self.last_active = time.monotonic()
-        self.received = True
+        self.heard = True
+        self.last_data = data
+        raw = self.raw
+        if raw is not None:
+            raw(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
+            self._deliver()
             self.fail(UpstreamError("bad_response", f"unparsable HTTP response ({exc})"))
             self.transport.abort()
+            return
+        if self.pieces:
+            if raw is not None:
+                self.pieces.clear()  # they went on raw
+            else:
+                self._deliver()
+                if self.response is not None and self.response._raw is not None:
+                    self.pass_raw_at_boundary()
+
+    def _deliver(self) -> None:
+        """Hand the body pieces parsed from the last data to the response (unless they
+        went on raw)."""
+        response = self.response
+        if response is not None and self.raw is None:
+            sink = response._sink
+            for piece in self.pieces:
+                if sink is not None:
+                    sink(piece)
+                else:
+                    response._on_body(piece)
+        self.pieces.clear()
+
+    def at_chunk_boundary(self) -> bool:
+        """Whether all data so far ends exactly between two chunks (or before the first):
+        no chunk begun and not ended, nor part of a size line parsed."""
+        return not self.open_chunk and self.last_data.endswith(b"\r\n")
+
+    def pass_raw_at_boundary(self) -> None:
+        """Start passing the data on raw, if the response's body is at a chunk boundary
+        now; else this is asked again after the next data."""
+        response = self.response
+        if response is not None and response._raw is not None and self.at_chunk_boundary():
+            self.raw = response._raw
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.client.forget(self)
-        response, self.response = self.response, None
+        response = self.response
         if response is None:
             return
         if self.until_close and response._head.done():
+            self.response = None
             response._on_end()  # the close is the end of such a body
             return
         detail = f"connection lost ({type(exc).__name__ if exc else 'closed by the worker'})"
-        response._on_error(UpstreamError("disconnected", detail,
-                                         nothing_received=not self.received))
+        self.fail(UpstreamError("disconnected", detail, nothing_received=not self.last_data))
 
     def fail(self, error: UpstreamError) -> None:
         response, self.response = self.response, None
         self.client.busy.discard(self)
+        if self.raw is not None:
+            error.mid_chunk = not self.at_chunk_boundary()
+            self.raw = None
         if response is not None:
             response._on_error(error)
 
@@ -236,6 +304,8 @@ class _Connection(asyncio.Protocol):
         response.names.append(lower)
         if lower in _FRAMING:
             response.framed = True
+            if lower == "transfer-encoding":
+                response.chunked = header[1].lower().endswith("chunked")
         elif lower == "content-type" and not response.content_type:
             response.content_type = header[1].split(";", 1)[0].strip().lower()
 
@@ -248,21 +318,15 @@ class _Connection(asyncio.Protocol):
         if not response._head.done():
             response._head.set_result(None)
 
-    def on_body(self, body: bytes) -> None:
-        response = self.response
-        if response is not None:
-            sink = response._sink  # a relayed body goes straight on: once per chunk
-            if sink is not None:
-                sink(body)
-            else:
-                response._on_body(body)
-
     def on_message_complete(self) -> None:
+        if self.pieces:
+            self._deliver()
         response, self.response = self.response, None
+        raw, self.raw = self.raw, None
         self.client.busy.discard(self)
         keep = self.parser.should_keep_alive() and not self.until_close
         if response is not None:
-            response._on_end()
+            response._on_end(raw is not None)
         if keep and not self.closed:
             self.transport.resume_reading()  # a relay may have paused it; nobody else resumes
             self.client.release(self)
@@ -383,7 +447,11 @@ class UpstreamClient:
             await asyncio.sleep(1.0)
             now = time.monotonic()
             for conn in list(self.busy):
-                if conn.read_timeout is not None and now - conn.last_active > conn.read_timeout:
+                if conn.heard:  # noted here, not per chunk: a clock read per chunk costs
+                    conn.heard = False
+                    conn.quiet_since = now
+                elif (conn.read_timeout is not None
+                      and now - conn.quiet_since > conn.read_timeout):
                     conn.fail(UpstreamError(
                         "timeout", f"no data from the worker for {conn.read_timeout:g}s"))
                     conn.transport.abort()
