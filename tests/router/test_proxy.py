@@ -178,6 +178,17 @@ async def test_a_stream_broken_mid_chunk_is_cut_off(start_worker, start_router):
         with pytest.raises(aiohttp.ClientPayloadError):
             await r.read()
     assert router.metric("frota_router_stream_errors_total") == 1
+    # The openai client raises (a connection error), after the whole chunks.
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=router.url + "/v1", api_key="x", max_retries=0)
+    stream = await client.completions.create(model="fake", prompt="hi", stream=True)
+    received = []
+    with pytest.raises(openai.APIConnectionError):
+        async for chunk in stream:
+            received.append(chunk.choices[0].text)
+    assert received == ["t0 ", "t1 ", "t2 "]
+    await client.close()
     # The router goes on serving.
     healthy = await start_worker(num_tokens=2)
     router = await start_router([healthy])
