@@ -305,7 +305,8 @@ class _Connection(asyncio.Protocol):
         if lower in _FRAMING:
             response.framed = True
             if lower == "transfer-encoding":
-                response.chunked = header[1].lower().endswith("chunked")
+                # Chunked alone: bytes under another coding are not passed on raw.
+                response.chunked = header[1].strip().lower() == "chunked"
         elif lower == "content-type" and not response.content_type:
             response.content_type = header[1].split(";", 1)[0].strip().lower()
 
