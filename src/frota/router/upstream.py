@@ -136,7 +136,7 @@ class UpstreamResponse:
             if raw is not None and self.chunked:
                 self._raw = raw
                 if self._conn is not None:
-                    self._conn.pass_raw_at_boundary()
+                    self._conn.pass_raw_at_boundary(raw)
         return self._relayed
 
     def pause_reading(self) -> None:
@@ -243,8 +243,9 @@ class _Connection(asyncio.Protocol):
                 self.pieces.clear()  # they went on raw
             else:
                 self._deliver()
-                if self.response is not None and self.response._raw is not None:
-                    self.pass_raw_at_boundary()
+                response = self.response
+                if response is not None and response._raw is not None:  # not yet raw
+                    self.pass_raw_at_boundary(response._raw)
 
     def _deliver(self) -> None:
         """Hand the body pieces parsed from the last data to the response (unless they
@@ -264,12 +265,11 @@ class _Connection(asyncio.Protocol):
         no chunk begun and not ended, nor part of a size line parsed."""
         return not self.open_chunk and self.last_data.endswith(b"\r\n")
 
-    def pass_raw_at_boundary(self) -> None:
-        """Start passing the data on raw, if the response's body is at a chunk boundary
-        now; else this is asked again after the next data."""
-        response = self.response
-        if response is not None and response._raw is not None and self.at_chunk_boundary():
-            self.raw = response._raw
+    def pass_raw_at_boundary(self, raw: Sink) -> None:
+        """Start passing the data on to `raw`, if the response's body is at a chunk
+        boundary now; else this is asked again after the next data."""
+        if self.at_chunk_boundary():
+            self.raw = raw
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
