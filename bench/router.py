@@ -13,14 +13,19 @@ an order that rotates per pass. Each target has one client whose connections sta
 (warmed up first), as the `openai` client's do. A router's added TTFT is paired per
 pass (its p50 minus the direct p50 of the same pass, likewise p99), and every figure
 is the median over passes with its min-max; Frota against vllm-router is paired per
-pass too (`frota_minus_vllm_router`). With two cores or more the router under test
+pass too (`frota_minus_vllm_router`). The stand-in reports its own time to the first
+token with each answer; TTFT less that is the request's transit time, on which the
+targets are judged (`added_transit_*`). With two cores or more the router under test
 runs alone on one core (`taskset`), the load generator and the stand-in worker on the
 other; the JSON's `cores` says what shared a core (`--no-pin` turns it off). `--quick`
 is a smoke run (concurrency 64, streaming, 3 passes). By default the worker is a
-STAND-IN (this file, `--stand-in-serve`): an aiohttp server that streams fixed tokens at
-a fixed pace and runs no model. It exists to isolate the router's overhead; it says
-nothing about model speed. `--backend smollm2` runs the same measurement against a real
-`frota worker --model smollm2`.
+STAND-IN (this file, `--stand-in-serve`): a server that streams fixed tokens at a fixed
+pace and runs no model. It exists to isolate the router's overhead; it says nothing
+about model speed. `--backend smollm2` runs the same measurement against a real
+`frota worker --model smollm2` (TTFT only: a real worker reports no service time). The
+stand-in and the load generator are built on the router's own server and client
+(`frota.router.server`, `frota.router.upstream`) because, sharing a core, whatever CPU
+they spend queues the requests they measure.
 
 --prefix starts two workers and runs a workload through the router twice, with
 round-robin and with prefix-aware, restarting the workers in between so both
@@ -53,7 +58,7 @@ import random
 import shutil
 import sys
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,11 +68,28 @@ import aiohttp
 ROOT = Path(__file__).resolve().parent.parent
 # The process harness and the /metrics reader live with the tests, which run the same processes.
 sys.path.insert(0, str(ROOT))
+from frota.router.server import (  # noqa: E402
+    Answer,
+    HttpServer,
+    Request,
+    Response,
+    ResponseStream,
+    open_stream,
+)
+from frota.router.upstream import UpstreamClient, UpstreamError  # noqa: E402
 from tests.metrics_text import prefix_cache_counters, samples  # noqa: E402
 from tests.processes import ServingProcess, free_port, frota_argv  # noqa: E402
 
 STAND_IN_LABEL = ("stand-in worker (fixed tokens at a fixed pace, no model): isolates "
                   "router overhead only")
+# How a stand-in tells the client its own share of a request's TTFT, the seconds from
+# its handler's start to its first token: a comment before a stream's first event, a
+# key of a whole answer. The client's TTFT less that is the request's transit time.
+SERVICE_COMMENT = b": stand-in service %.9f\n\n"
+SERVICE_KEY = "x_stand_in_service"
+_SERVICE_PREFIXES = (b": stand-in service ", b'"x_stand_in_service": ')
+JSON_HEADERS = (("Content-Type", "application/json"),)
+SSE_HEADERS = (("Content-Type", "text/event-stream"),)
 
 
 # --------------------------------------------------------------------------- stand-in worker
@@ -106,9 +128,17 @@ class StandIn:
         self.hits += cached // 4
         return len(data) - cached
 
-    async def generate(self, request: Any) -> Any:
-        from aiohttp import web
-        body = await request.json()
+    async def handle(self, request: Request) -> Answer:
+        """The stand-in's endpoints: completions and chat, health, readiness, metrics."""
+        received = time.perf_counter()
+        if request.method == "GET":
+            if request.path == "/metrics":
+                return Response(200, (
+                    f"vllm:num_requests_running {self.running}\nvllm:num_requests_waiting 0\n"
+                    f"vllm:prefix_cache_hits_total {self.hits}\n"
+                    f"vllm:prefix_cache_queries_total {self.queries}\n").encode())
+            return Response(200, b'{"status": "ok"}', JSON_HEADERS)
+        body = json.loads(request.body)
         chat = "messages" in body
         delay = self.ttft
         if self.cache_blocks:
@@ -116,7 +146,6 @@ class StandIn:
                     if chat else body.get("prompt", ""))
             delay += self.lookup(text) * self.prefill_s_per_char
         num_tokens = int(body.get("max_tokens") or self.num_tokens)
-        obj = "chat.completion.chunk" if chat else "text_completion"
         self.running += 1
         try:
             if not body.get("stream"):
@@ -124,42 +153,45 @@ class StandIn:
                 text = "tok " * num_tokens
                 choice = ({"message": {"role": "assistant", "content": text}} if chat
                           else {"text": text})
-                return web.json_response({"id": "x", "object": obj.removesuffix(".chunk"),
-                                          "choices": [{"index": 0, **choice,
-                                                       "finish_reason": "length"}]})
-            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-            await response.prepare(request)
+                obj = "chat.completion" if chat else "text_completion"
+                return Response(200, json.dumps({
+                    "id": "x", "object": obj,
+                    "choices": [{"index": 0, **choice, "finish_reason": "length"}],
+                    SERVICE_KEY: time.perf_counter() - received}).encode(), JSON_HEADERS)
             await asyncio.sleep(delay)
             token, last = _token_events(chat)
-            for _ in range(num_tokens - 1):
-                await response.write(token)
-                await asyncio.sleep(self.itl)
-            await response.write(last)
-            await response.write(b"data: [DONE]\n\n")
-            return response
+            events = [token] * (num_tokens - 1) + [last + b"data: [DONE]\n\n"]
+            # The first event carries the stand-in's own time to it, as an SSE comment
+            # (which clients ignore): what the client waited beyond that was transit.
+            first = SERVICE_COMMENT % (time.perf_counter() - received) + events[0]
+            stream = open_stream(request, 200, SSE_HEADERS, first)
+            await self.pace(stream, events[1:])
+            return stream
         finally:
             self.running -= 1
 
-    def app(self) -> Any:
-        from aiohttp import web
+    async def pace(self, stream: ResponseStream, events: list[bytes]) -> None:
+        """Write `events` `itl` apart: each from a timer callback, without waking the
+        request's task per token (the cheapest way asyncio has)."""
+        if not events:
+            return
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        pending = deque(events)
 
-        async def ok(request: web.Request) -> web.Response:
-            return web.json_response({"status": "ok"})
+        def step() -> None:
+            nonlocal timer
+            stream.write(pending.popleft())
+            if pending:
+                timer = loop.call_later(self.itl, step)
+            else:
+                done.set_result(None)
 
-        async def metrics(request: web.Request) -> web.Response:
-            return web.Response(text=(
-                f"vllm:num_requests_running {self.running}\nvllm:num_requests_waiting 0\n"
-                f"vllm:prefix_cache_hits_total {self.hits}\n"
-                f"vllm:prefix_cache_queries_total {self.queries}\n"))
-
-        app = web.Application()
-        app.router.add_get("/ready", ok)
-        app.router.add_get("/health", ok)
-        app.router.add_get("/metrics", metrics)
-        app.router.add_post("/v1/completions", self.generate)
-        app.router.add_post("/v1/chat/completions", self.generate)
-        return app
-
+        timer = loop.call_later(self.itl, step)
+        try:
+            await done
+        finally:
+            timer.cancel()  # the client left: stop writing
 
 def _token_events(chat: bool) -> tuple[bytes, bytes]:
     """A stand-in's token event and its last one (with `finish_reason`), encoded once:
@@ -186,12 +218,18 @@ def fast_event_loop() -> None:
 
 
 def serve_stand_in(args: argparse.Namespace) -> None:
-    from aiohttp import web
+    """A stand-in on the router's own HTTP server (`frota.router.server`), which costs
+    it less than half the CPU per stream aiohttp's did: it shares a core with the load
+    generator, and what it spends shows up as noise in every latency measured."""
     stand_in = StandIn(args.stand_in_ttft, args.stand_in_itl, args.max_tokens,
                        args.stand_in_cache_blocks, args.stand_in_prefill_us_per_char / 1e6)
     fast_event_loop()
-    web.run_app(stand_in.app(), host="127.0.0.1", port=args.port, access_log=None,
-                print=None)
+
+    async def serve() -> None:
+        server = HttpServer(stand_in.handle)
+        await server.listen("127.0.0.1", args.port)
+        await asyncio.Event().wait()  # until the benchmark stops the process
+    asyncio.run(serve())
 
 
 # --------------------------------------------------------------------------- processes
@@ -257,13 +295,32 @@ class Result:
     e2e: float
     ok: bool
     text: str = ""
+    service: float = float("nan")  # the stand-in's share of `ttft` (`SERVICE_COMMENT`)
+
+    @property
+    def transit(self) -> float:
+        """TTFT less the worker's own time: what the path to the worker and back took."""
+        return self.ttft - self.service
+
+
+def service_time(data: bytes) -> float:
+    """The stand-in's service time reported in `data`, or NaN (another worker)."""
+    for prefix in _SERVICE_PREFIXES:
+        start = data.find(prefix)
+        if start >= 0:
+            start += len(prefix)
+            end = start
+            while end < len(data) and data[end] in b"0123456789.e-":
+                end += 1
+            return float(data[start:end])
+    return float("nan")
 
 
 async def stream_one(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> Result:
     """One streaming request; TTFT is the first body chunk, ok means `[DONE]` arrived.
     Deltas are collected only for chat (multi-turn needs the reply)."""
     started = time.perf_counter()
-    ttft = float("nan")
+    ttft = service = float("nan")
     tail = b""
     parts: list[bytes] = []
     chat = "messages" in body
@@ -276,6 +333,7 @@ async def stream_one(session: aiohttp.ClientSession, url: str, body: dict[str, A
             async for chunk in resp.content.iter_any():
                 if ttft != ttft:
                     ttft = time.perf_counter() - started
+                    service = service_time(chunk)
                 if chat:
                     parts.append(chunk)
                 tail = (tail + chunk)[-32:]
@@ -287,7 +345,8 @@ async def stream_one(session: aiohttp.ClientSession, url: str, body: dict[str, A
             if event.startswith(b"data: {"):
                 for choice in json.loads(event[6:]).get("choices", []):
                     text += (choice.get("delta") or {}).get("content") or ""
-    return Result(ttft, time.perf_counter() - started, tail.rstrip().endswith(b"[DONE]"), text)
+    return Result(ttft, time.perf_counter() - started, tail.rstrip().endswith(b"[DONE]"), text,
+                  service)
 
 
 def client_session() -> aiohttp.ClientSession:
@@ -349,30 +408,57 @@ def pinned(argv: list[str], cores: list[int] | None) -> list[str]:
     return ["taskset", "-c", ",".join(map(str, cores)), *argv] if cores else argv
 
 
-async def request_one(session: aiohttp.ClientSession, url: str,
-                      body: dict[str, Any]) -> Result:
-    """A streaming request (TTFT: the first body chunk) or a non-streaming one (TTFT:
-    the whole answer, which is then the first byte that is of any use)."""
-    if body.get("stream"):
-        return await stream_one(session, url, body)
+async def request_one(client: UpstreamClient, url: str, body: bytes,
+                      stream: bool) -> Result:
+    """A streaming request (TTFT: the first body piece) or a non-streaming one (TTFT:
+    the whole answer, which is then the first byte that is of any use), on one of
+    `client`'s kept-alive connections."""
     started = time.perf_counter()
+    response = None
     try:
-        async with session.post(url + "/v1/completions", json=body) as resp:
-            data = await resp.read()
+        response = await client.request(url, "POST", "/v1/completions", JSON_HEADERS, body)
+        if not stream or response.status != 200:
+            data = await response.read()
             elapsed = time.perf_counter() - started
-            return Result(elapsed, elapsed, resp.status == 200 and b'"choices"' in data)
-    except (aiohttp.ClientError, TimeoutError):
+            return Result(elapsed, elapsed, response.status == 200 and b'"choices"' in data,
+                          service=service_time(data))
+        first = await response.next_chunk()
+        ttft = time.perf_counter() - started
+        pieces = [first]
+        await response.relay(pieces.append)
+        tail = b"".join(pieces[-3:]).rstrip()
+        return Result(ttft, time.perf_counter() - started, tail.endswith(b"[DONE]"),
+                      service=service_time(first))
+    except UpstreamError:
         return Result(float("nan"), time.perf_counter() - started, False)
+    finally:
+        if response is not None:
+            response.close()
 
 
-async def load_on(session: aiohttp.ClientSession, url: str, body: dict[str, Any],
+async def load_on(client: UpstreamClient, url: str, body: dict[str, Any],
                   requests: int, concurrency: int) -> list[Result]:
-    semaphore = asyncio.Semaphore(concurrency)
+    """`requests` of `body` from `concurrency` loops, each sending its next request when
+    its last one has ended, as a fixed number of users would."""
+    data, stream = json.dumps(body).encode(), bool(body.get("stream"))
+    results: list[Result] = []
+    remaining = requests
 
-    async def one() -> Result:
-        async with semaphore:
-            return await request_one(session, url, body)
-    return await asyncio.gather(*(one() for _ in range(requests)))
+    async def user() -> None:
+        nonlocal remaining
+        while remaining > 0:
+            remaining -= 1
+            results.append(await request_one(client, url, data, stream))
+    await asyncio.gather(*(user() for _ in range(min(concurrency, requests))))
+    return results
+
+
+def load_client() -> UpstreamClient:
+    """The load generator's client: the router's own (`frota.router.upstream`), which
+    costs a third of aiohttp's CPU per stream. The load generator shares a core with the
+    stand-in worker, and every millisecond either spends there queues the requests it
+    measures (docs/benchmarks.md, "Overhead")."""
+    return UpstreamClient(connect_timeout=30.0, read_timeout=600.0)
 
 
 def rss_mib(proc: ServingProcess) -> float:
@@ -443,8 +529,9 @@ async def overhead(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
             "vllm_router": vllm_binary or "not found (pip install vllm-router; "
                                           "pass --vllm-router PATH)",
             "runs": runs,
-            "targets": "added TTFT p50 and p99 (medians over passes) <= vllm-router's, "
-                       "CPU per request <= vllm-router's, at every concurrency",
+            "targets": "added TTFT p50 and p99 (judged on transit, paired per pass, "
+                       "median over passes) <= vllm-router's, CPU per request <= "
+                       "vllm-router's, at every concurrency",
             "meets_targets": all(r.get("meets_targets", False) for r in runs),
             # Other processes' load skews every latency here; read the numbers with it.
             "load_average_1m": round(os.getloadavg()[0], 2),
@@ -464,65 +551,80 @@ async def overhead_run(args: argparse.Namespace, targets: dict[str, str],
             "max_tokens": args.max_tokens, "stream": stream, "temperature": 0}
     per_pass = max(concurrency, args.requests // args.passes)
     names = list(targets)
-    p50: dict[str, list[float]] = {n: [] for n in names}
-    p99: dict[str, list[float]] = {n: [] for n in names}
+    # Per measure (TTFT, and transit where the worker reports its service time), per
+    # quantile, per target: one figure per pass.
+    measures = ("ttft", "transit")
+    quantiles: dict[str, dict[int, dict[str, list[float]]]] = {
+        m: {q: {n: [] for n in names} for q in (50, 99)} for m in measures}
     cpu: dict[str, list[float]] = {n: [] for n in routers}
     rss: dict[str, float] = dict.fromkeys(routers, 0.0)
     ttfts: dict[str, list[float]] = {n: [] for n in names}
     failures = dict.fromkeys(names, 0)
     # Each target has one client whose connections stay open (as the openai client's
     # do), warmed up with one wave first.
-    sessions = {name: client_session() for name in names}
+    clients = {name: load_client() for name in names}
     try:
         for name, url in targets.items():
-            await load_on(sessions[name], url, body, concurrency, concurrency)
+            await load_on(clients[name], url, body, concurrency, concurrency)
         for index in range(args.passes):
             order = names[index % len(names):] + names[:index % len(names)]
             for name in order:
                 proc = routers.get(name)
                 before = proc.cpu_seconds() if proc else 0.0
-                results = await load_on(sessions[name], targets[name], body, per_pass,
+                results = await load_on(clients[name], targets[name], body, per_pass,
                                         concurrency)
                 if proc:
                     cpu[name].append((proc.cpu_seconds() - before) / per_pass * 1000)
                     rss[name] = max(rss[name], rss_mib(proc))
-                ok = [r.ttft for r in results if r.ok]
+                ok = [r for r in results if r.ok]
                 failures[name] += len(results) - len(ok)
-                ttfts[name] += ok
-                p50[name].append(pct(ok, 50) * 1000)
-                p99[name].append(pct(ok, 99) * 1000)
+                ttfts[name] += [r.ttft for r in ok]
+                for measure in measures:
+                    values = [getattr(r, measure) for r in ok]
+                    for q in (50, 99):
+                        quantiles[measure][q][name].append(pct(values, q) * 1000)
     finally:
-        for session in sessions.values():
-            await session.close()
-    added = {name: {"p50": [a - d for a, d in zip(p50[name], p50["direct"], strict=True)],
-                    "p99": [a - d for a, d in zip(p99[name], p99["direct"], strict=True)]}
-             for name in routers}
+        for client in clients.values():
+            await client.close()
+    # Transit is reported where the worker told its service time for every request.
+    measured = [m for m in measures
+                if all(v == v for v in quantiles[m][50]["direct"])]
+    added = {m: {q: {name: [a - d for a, d in zip(per_target[name], per_target["direct"],
+                                                  strict=True)] for name in routers}
+                 for q, per_target in quantiles[m].items()} for m in measured}
+    p50, p99 = quantiles["ttft"][50], quantiles["ttft"][99]
     run: dict[str, Any] = {
         "concurrency": concurrency, "streaming": stream, "requests_per_pass": per_pass,
         "direct_ttft_ms": {"p50": spread(p50["direct"]), "p99": spread(p99["direct"])},
         "failed_requests": failures}
+    if "transit" in measured:
+        run["direct_transit_ms"] = {f"p{q}": spread(quantiles["transit"][q]["direct"])
+                                    for q in (50, 99)}
     for name in routers:
-        run[name] = {"added_ttft_p50_ms": spread(added[name]["p50"]),
-                     "added_ttft_p99_ms": spread(added[name]["p99"]),
+        run[name] = {**{f"added_{m}_p{q}_ms": spread(added[m][q][name])
+                        for m in measured for q in (50, 99)},
                      "ttft_p50_ms": spread(p50[name]), "ttft_p99_ms": spread(p99[name]),
                      "cpu_ms_per_request": spread(cpu[name]),
                      "peak_rss_mib": round(rss[name], 1)}
     if "vllm-router" in routers:
-        paired = {q: [f - v for f, v in zip(added["frota"][q], added["vllm-router"][q],
-                                             strict=True)] for q in ("p50", "p99")}
+        paired = {(m, q): [f - v for f, v in zip(added[m][q]["frota"],
+                                                  added[m][q]["vllm-router"], strict=True)]
+                  for m in measured for q in (50, 99)}
         cpu_diff = [f - v for f, v in zip(cpu["frota"], cpu["vllm-router"], strict=True)]
         run["frota_minus_vllm_router"] = {
-            "added_ttft_p50_ms": spread(paired["p50"]),
-            "added_ttft_p99_ms": spread(paired["p99"]),
+            **{f"added_{m}_p{q}_ms": spread(d) for (m, q), d in paired.items()},
             "cpu_ms_per_request": spread(cpu_diff),
-            "passes_frota_p50_not_worse": sum(d <= 0 for d in paired["p50"]),
-            "passes_frota_p99_not_worse": sum(d <= 0 for d in paired["p99"])}
-        f, v = run["frota"], run["vllm-router"]
+            **{f"passes_frota_{m}_p{q}_not_worse": sum(x <= 0 for x in d)
+               for (m, q), d in paired.items()}}
+        # Judged on transit where it is measured (the worker's own time, its timers and
+        # its event loop on a shared core, is noise in TTFT that no router adds or
+        # removes), paired per pass: Frota not worse than vllm-router in the median pass.
+        judged = measured[-1]
+        diff = run["frota_minus_vllm_router"]
+        run["judged_on"] = f"{judged}, paired per pass"
         run["meets_targets"] = (
-            f["added_ttft_p50_ms"]["median"] <= v["added_ttft_p50_ms"]["median"]
-            and f["added_ttft_p99_ms"]["median"] <= v["added_ttft_p99_ms"]["median"]
-            and f["cpu_ms_per_request"]["median"] <= v["cpu_ms_per_request"]["median"]
-            and failures["frota"] == 0)
+            all(diff[f"added_{judged}_p{q}_ms"]["median"] <= 0 for q in (50, 99))
+            and diff["cpu_ms_per_request"]["median"] <= 0 and failures["frota"] == 0)
     return run, ttfts
 
 

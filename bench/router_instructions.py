@@ -71,12 +71,15 @@ async def count(name: str, argv: list[str], ready_path: str, args: argparse.Name
         pid = proc.popen.pid
         body = {"model": args.model_name, "prompt": "hello world " * 20,
                 "max_tokens": args.max_tokens, "stream": stream}
-        async with router_bench.client_session() as session:
-            await router_bench.load_on(session, proc.url, body, args.warmup, args.concurrency)
+        client = router_bench.load_client()
+        try:
+            await router_bench.load_on(client, proc.url, body, args.warmup, args.concurrency)
             control("-z", pid)
-            results = await router_bench.load_on(session, proc.url, body, args.requests,
+            results = await router_bench.load_on(client, proc.url, body, args.requests,
                                                  args.concurrency)
             control("-d", pid)
+        finally:
+            await client.close()
         failed = sum(not r.ok for r in results)
         if failed:
             raise RuntimeError(f"{name}: {failed} of {args.requests} requests failed")
