@@ -55,7 +55,9 @@ import contextlib
 import json
 import os
 import random
+import re
 import shutil
+import subprocess
 import sys
 import time
 from collections import OrderedDict, deque
@@ -261,12 +263,22 @@ def start_worker(args: argparse.Namespace, name: str, log_dir: Path, *,
 
 def start_router(workers: list[ServingProcess], policy: str, log_dir: Path,
                  name: str = "router", extra: list[str] | None = None,
-                 cores: list[int] | None = None) -> ServingProcess:
+                 cores: list[int] | None = None, src: str | None = None) -> ServingProcess:
+    """`frota router` before `workers`; `src`: from another checkout of Frota."""
     port = free_port()
     argv = frota_argv("router", "--policy", policy, "--max-inflight", "0",
                       "--workers", ",".join(w.url for w in workers), "--log-level", "warning",
                       *(extra or []), port=port)
-    return ServingProcess(name, pinned(argv, cores), port, log_dir / f"{name}.log")
+    env = {"PYTHONPATH": str(Path(src).resolve() / "src")} if src else None
+    label = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+    return ServingProcess(name, pinned(argv, cores), port, log_dir / f"{label}.log", env)
+
+
+def checkout_name(src: str) -> str:
+    """The commit a checkout is at (short), or its path when it is not a git checkout."""
+    done = subprocess.run(["git", "-C", src, "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else src
 
 
 def find_vllm_router(path: str | None) -> str | None:
@@ -408,15 +420,45 @@ def pinned(argv: list[str], cores: list[int] | None) -> list[str]:
     return ["taskset", "-c", ",".join(map(str, cores)), *argv] if cores else argv
 
 
-async def request_one(client: UpstreamClient, url: str, body: bytes,
-                      stream: bool) -> Result:
+async def openai_client_headers() -> list[tuple[str, str]]:
+    """The headers the official `openai` client sends with a completion, captured from
+    one it sends here (less Host and Content-Length, which the load generator writes).
+    A router parses, checks and forwards each one: the load generator sends what a
+    router serves in production, not a bare minimum."""
+    import openai
+
+    seen: list[tuple[str, str]] = []
+
+    async def capture(request: Request) -> Response:
+        seen.extend(request.headers.raw)
+        return Response(200, json.dumps({
+            "id": "x", "object": "text_completion", "created": 0, "model": "m",
+            "choices": [{"index": 0, "text": "", "finish_reason": "length"}]}).encode(),
+            JSON_HEADERS)
+
+    server = HttpServer(capture)
+    port = await server.listen("127.0.0.1", 0)
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-bench",
+                           max_retries=0)
+    try:
+        await asyncio.to_thread(client.completions.create, model="m", prompt="x",
+                                max_tokens=1)
+    finally:
+        client.close()
+        await server.close(grace=1.0)
+    return [(name, value) for name, value in seen
+            if name.lower() not in ("host", "content-length")]
+
+
+async def request_one(client: UpstreamClient, url: str, body: bytes, stream: bool,
+                      headers: list[tuple[str, str]]) -> Result:
     """A streaming request (TTFT: the first body piece) or a non-streaming one (TTFT:
     the whole answer, which is then the first byte that is of any use), on one of
     `client`'s kept-alive connections."""
     started = time.perf_counter()
     response = None
     try:
-        response = await client.request(url, "POST", "/v1/completions", JSON_HEADERS, body)
+        response = await client.request(url, "POST", "/v1/completions", headers, body)
         if not stream or response.status != 200:
             data = await response.read()
             elapsed = time.perf_counter() - started
@@ -437,9 +479,11 @@ async def request_one(client: UpstreamClient, url: str, body: bytes,
 
 
 async def load_on(client: UpstreamClient, url: str, body: dict[str, Any],
-                  requests: int, concurrency: int) -> list[Result]:
-    """`requests` of `body` from `concurrency` loops, each sending its next request when
-    its last one has ended, as a fixed number of users would."""
+                  requests: int, concurrency: int,
+                  headers: list[tuple[str, str]]) -> list[Result]:
+    """`requests` of `body` with `headers` (`openai_client_headers`) from `concurrency`
+    loops, each sending its next request when its last one has ended, as a fixed number
+    of users would."""
     data, stream = json.dumps(body).encode(), bool(body.get("stream"))
     results: list[Result] = []
     remaining = requests
@@ -448,7 +492,7 @@ async def load_on(client: UpstreamClient, url: str, body: dict[str, Any],
         nonlocal remaining
         while remaining > 0:
             remaining -= 1
-            results.append(await request_one(client, url, data, stream))
+            results.append(await request_one(client, url, data, stream, headers))
     await asyncio.gather(*(user() for _ in range(min(concurrency, requests))))
     return results
 
@@ -502,12 +546,20 @@ async def overhead(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
         await router.wait_ready_async(60)
         vllm_binary = find_vllm_router(args.vllm_router)
         routers: dict[str, ServingProcess] = {"frota": router}
+        for src in args.frota_src:  # other builds of Frota, to judge a change
+            name = f"frota@{checkout_name(src)}"
+            other = start_router([worker], "round-robin", log_dir, name=name,
+                                 cores=router_cores, src=src)
+            procs.append(other)
+            await other.wait_ready_async(60)
+            routers[name] = other
         if vllm_binary:
             vllm_router = start_vllm_router(vllm_binary, [worker], log_dir, cores=router_cores)
             procs.append(vllm_router)
             await vllm_router.wait_ready_async(60, path="/health")
             routers["vllm-router"] = vllm_router
         targets = {"direct": worker.url, **{name: p.url for name, p in routers.items()}}
+        args.headers = await openai_client_headers()
         modes = {"stream": [True], "no-stream": [False], "both": [True, False]}[args.streaming]
         runs = []
         distributions: dict[str, list[float]] = {}
@@ -522,6 +574,7 @@ async def overhead(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
             "mode": "overhead",
             "backend": STAND_IN_LABEL if args.backend == "stand-in" else "frota worker smollm2",
             "max_tokens": args.max_tokens, "passes": args.passes,
+            "request_headers": [name for name, _ in args.headers],
             "stand_in_ttft_ms": args.stand_in_ttft * 1000,
             "stand_in_itl_ms": args.stand_in_itl * 1000,
             "cpu_count": os.cpu_count(), "cores": layout or "not pinned",
@@ -565,14 +618,14 @@ async def overhead_run(args: argparse.Namespace, targets: dict[str, str],
     clients = {name: load_client() for name in names}
     try:
         for name, url in targets.items():
-            await load_on(clients[name], url, body, concurrency, concurrency)
+            await load_on(clients[name], url, body, concurrency, concurrency, args.headers)
         for index in range(args.passes):
             order = names[index % len(names):] + names[:index % len(names)]
             for name in order:
                 proc = routers.get(name)
                 before = proc.cpu_seconds() if proc else 0.0
                 results = await load_on(clients[name], targets[name], body, per_pass,
-                                        concurrency)
+                                        concurrency, args.headers)
                 if proc:
                     cpu[name].append((proc.cpu_seconds() - before) / per_pass * 1000)
                     rss[name] = max(rss[name], rss_mib(proc))
@@ -606,16 +659,19 @@ async def overhead_run(args: argparse.Namespace, targets: dict[str, str],
                      "ttft_p50_ms": spread(p50[name]), "ttft_p99_ms": spread(p99[name]),
                      "cpu_ms_per_request": spread(cpu[name]),
                      "peak_rss_mib": round(rss[name], 1)}
-    if "vllm-router" in routers:
-        paired = {(m, q): [f - v for f, v in zip(added[m][q]["frota"],
-                                                  added[m][q]["vllm-router"], strict=True)]
+    for other in routers:
+        if other == "frota":
+            continue
+        paired = {(m, q): [f - v for f, v in zip(added[m][q]["frota"], added[m][q][other],
+                                                  strict=True)]
                   for m in measured for q in (50, 99)}
-        cpu_diff = [f - v for f, v in zip(cpu["frota"], cpu["vllm-router"], strict=True)]
-        run["frota_minus_vllm_router"] = {
+        cpu_diff = [f - v for f, v in zip(cpu["frota"], cpu[other], strict=True)]
+        run[f"frota_minus_{other.replace('-', '_')}"] = {
             **{f"added_{m}_p{q}_ms": spread(d) for (m, q), d in paired.items()},
             "cpu_ms_per_request": spread(cpu_diff),
             **{f"passes_frota_{m}_p{q}_not_worse": sum(x <= 0 for x in d)
                for (m, q), d in paired.items()}}
+    if "vllm-router" in routers:
         # Judged on transit where it is measured (the worker's own time, its timers and
         # its event loop on a shared core, is noise in TTFT that no router adds or
         # removes), paired per pass: Frota not worse than vllm-router in the median pass.
@@ -629,7 +685,7 @@ async def overhead_run(args: argparse.Namespace, targets: dict[str, str],
 
 
 def plot_overhead(out: dict[str, Any], path: str) -> None:
-    """One panel per figure (added TTFT p50, p99, CPU per request) against concurrency,
+    """One panel per figure (added transit, or TTFT, p50 and p99; CPU per request) against concurrency,
     streaming and non-streaming, each router a line with its min-max over passes."""
     import matplotlib
 
@@ -637,8 +693,9 @@ def plot_overhead(out: dict[str, Any], path: str) -> None:
     import matplotlib.pyplot as plt
 
     colors = {"frota": "tab:blue", "vllm-router": "tab:orange"}
-    figures = [("added_ttft_p50_ms", "added TTFT p50 (ms)"),
-               ("added_ttft_p99_ms", "added TTFT p99 (ms)"),
+    measure = "transit" if "direct_transit_ms" in out["runs"][0] else "ttft"
+    figures = [(f"added_{measure}_p50_ms", f"added {measure} p50 (ms)"),
+               (f"added_{measure}_p99_ms", f"added {measure} p99 (ms)"),
                ("cpu_ms_per_request", "router CPU per request (ms)")]
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     for ax, (key, title) in zip(axes, figures, strict=True):
@@ -935,6 +992,9 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=None)
     parser.add_argument("--model-name", default="smollm2")
     parser.add_argument("--vllm-router", default=None, help="path of the vllm-router binary")
+    parser.add_argument("--frota-src", action="append", default=[],
+                        help="--overhead: also another checkout of Frota (its src/), as "
+                             "the target frota@<commit>, to judge a change")
     parser.add_argument("--ready-timeout", type=float, default=900.0)
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--num-kv-blocks", default=None,

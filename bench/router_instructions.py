@@ -73,10 +73,11 @@ async def count(name: str, argv: list[str], ready_path: str, args: argparse.Name
                 "max_tokens": args.max_tokens, "stream": stream}
         client = router_bench.load_client()
         try:
-            await router_bench.load_on(client, proc.url, body, args.warmup, args.concurrency)
+            await router_bench.load_on(client, proc.url, body, args.warmup, args.concurrency,
+                                       args.headers)
             control("-z", pid)
             results = await router_bench.load_on(client, proc.url, body, args.requests,
-                                                 args.concurrency)
+                                                 args.concurrency, args.headers)
             control("-d", pid)
         finally:
             await client.close()
@@ -88,15 +89,9 @@ async def count(name: str, argv: list[str], ready_path: str, args: argparse.Name
         proc.stop()
 
 
-def checkout_name(src: str) -> str:
-    """The commit a checkout is at (short), or its path when it is not a git checkout."""
-    done = subprocess.run(["git", "-C", src, "rev-parse", "--short", "HEAD"],
-                          capture_output=True, text=True)
-    return done.stdout.strip() if done.returncode == 0 else src
-
-
 async def run(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     args.backend = "stand-in"
+    args.headers = await router_bench.openai_client_headers()
     worker = router_bench.start_worker(args, "stand-in", log_dir)
     await worker.wait_ready_async(60)
     targets: dict[str, tuple[list[str], str, dict[str, str] | None]] = {}
@@ -105,7 +100,7 @@ async def run(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
                                    "--workers", worker.url, "--log-level", "warning",
                                    port=port), "/ready", None)
     for src in args.frota_src:
-        targets[f"frota@{checkout_name(src)}"] = (
+        targets[f"frota@{router_bench.checkout_name(src)}"] = (
             frota_argv("router", "--policy", "round-robin", "--max-inflight", "0",
                        "--workers", worker.url, "--log-level", "warning", port=free_port()),
             "/ready", {"PYTHONPATH": str(Path(src).resolve() / "src")})
@@ -116,9 +111,10 @@ async def run(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
              "--policy", "round_robin", "--worker-urls", worker.url], "/health", None)
     out: dict[str, Any] = {
         "mode": "instructions", "counter": "callgrind, user space of the router's process",
-        "frota": checkout_name(str(BENCH.parent)),
+        "frota": router_bench.checkout_name(str(BENCH.parent)),
         "requests": args.requests, "concurrency": args.concurrency,
         "max_tokens": args.max_tokens, "stand_in_itl_ms": args.stand_in_itl * 1e3,
+        "request_headers": [name for name, _ in args.headers],
         "kinstr_per_request": {}}
     try:
         for name, (argv, ready, env) in targets.items():
