@@ -269,9 +269,18 @@ def start_router(workers: list[ServingProcess], policy: str, log_dir: Path,
     argv = frota_argv("router", "--policy", policy, "--max-inflight", "0",
                       "--workers", ",".join(w.url for w in workers), "--log-level", "warning",
                       *(extra or []), port=port)
-    env = {"PYTHONPATH": str(Path(src).resolve() / "src")} if src else None
-    label = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
-    return ServingProcess(name, pinned(argv, cores), port, log_dir / f"{label}.log", env)
+    return ServingProcess(name, pinned(argv, cores), port, log_dir / f"{file_label(name)}.log",
+                          checkout_env(src) if src else None)
+
+
+def file_label(name: str) -> str:
+    """`name` (a target such as `frota@<commit>`) made safe as a file name."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+
+
+def checkout_env(src: str) -> dict[str, str]:
+    """What runs `frota` from the checkout at `src` rather than the installed one."""
+    return {"PYTHONPATH": str(Path(src).resolve() / "src")}
 
 
 def checkout_name(src: str) -> str:
@@ -685,8 +694,9 @@ async def overhead_run(args: argparse.Namespace, targets: dict[str, str],
 
 
 def plot_overhead(out: dict[str, Any], path: str) -> None:
-    """One panel per figure (added transit, or TTFT, p50 and p99; CPU per request) against concurrency,
-    streaming and non-streaming, each router a line with its min-max over passes."""
+    """One panel per figure (added transit, or TTFT, p50 and p99; CPU per request)
+    against concurrency, streaming and non-streaming, each router a line with its
+    min-max over passes."""
     import matplotlib
 
     matplotlib.use("Agg")

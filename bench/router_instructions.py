@@ -62,7 +62,7 @@ async def count(name: str, argv: list[str], ready_path: str, args: argparse.Name
                 stream: bool, log_dir: Path, env: dict[str, str] | None = None) -> float:
     """Thousands of instructions per request of the router `argv` (which listens on the
     port in it), under callgrind."""
-    label = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+    label = router_bench.file_label(name)
     out_dir = Path(tempfile.mkdtemp(prefix=f"{label}-", dir=log_dir))
     port = int(argv[argv.index("--port") + 1])
     proc = ServingProcess(name, callgrind(argv, out_dir), port, log_dir / f"{label}.log", env)
@@ -103,7 +103,7 @@ async def run(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
         targets[f"frota@{router_bench.checkout_name(src)}"] = (
             frota_argv("router", "--policy", "round-robin", "--max-inflight", "0",
                        "--workers", worker.url, "--log-level", "warning", port=free_port()),
-            "/ready", {"PYTHONPATH": str(Path(src).resolve() / "src")})
+            "/ready", router_bench.checkout_env(src))
     vllm_router = router_bench.find_vllm_router(args.vllm_router)
     if vllm_router:
         targets["vllm-router"] = (
