@@ -53,6 +53,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import random
 import re
@@ -70,6 +71,8 @@ import aiohttp
 ROOT = Path(__file__).resolve().parent.parent
 # The process harness and the /metrics reader live with the tests, which run the same processes.
 sys.path.insert(0, str(ROOT))
+import residence  # noqa: E402  (bench/, beside this file)
+
 from frota.router.server import (  # noqa: E402
     Answer,
     HttpServer,
@@ -493,15 +496,18 @@ async def load_on(client: UpstreamClient, url: str, body: dict[str, Any],
     """`requests` of `body` with `headers` (`openai_client_headers`) from `concurrency`
     loops, each sending its next request when its last one has ended, as a fixed number
     of users would."""
-    data, stream = json.dumps(body).encode(), bool(body.get("stream"))
+    data = json.dumps(body).encode()
+    numbered = residence.TAG in data  # the prompt gets each request's number there
+    template = (data.replace(b"%", b"%%").replace(residence.TAG.replace(b"%", b"%%"),
+                                                   residence.TAG) if numbered else data)
+    stream = bool(body.get("stream"))
     results: list[Result] = []
-    remaining = requests
+    numbers = iter(range(requests))
 
     async def user() -> None:
-        nonlocal remaining
-        while remaining > 0:
-            remaining -= 1
-            results.append(await request_one(client, url, data, stream, headers))
+        for number in numbers:
+            payload = template % number if numbered else data
+            results.append(await request_one(client, url, payload, stream, headers))
     await asyncio.gather(*(user() for _ in range(min(concurrency, requests))))
     return results
 
@@ -533,6 +539,30 @@ def spread(values: list[float]) -> dict[str, float]:
             "max": round(ordered[-1], 3)}
 
 
+def median_interval(diffs: list[float], confidence: float = 0.9) -> dict[str, Any]:
+    """A confidence interval for the median of paired differences that assumes nothing
+    about their distribution (the sign test's): the order statistics d(k) and d(n-k+1)
+    for the largest k whose coverage, 1 - 2 P(Binomial(n, 1/2) < k), is at least
+    `confidence`. With 5 passes it is the min-max, at 94%; with 15, the 4th to 12th, at
+    96%. The verdict is "better" (Frota's side below zero) or "worse" only when the
+    whole interval is on one side of zero, else "tie"; with fewer than 5 passes there
+    is no interval at this confidence."""
+    ordered = sorted(diffs)
+    n = len(ordered)
+
+    def coverage(k: int) -> float:
+        return 1 - 2 * sum(math.comb(n, i) for i in range(k)) / 2**n
+
+    k = max((k for k in range(1, (n + 1) // 2 + 1) if coverage(k) >= confidence),
+            default=0)
+    if k == 0:
+        return {"verdict": "too few passes", "interval": None, "coverage": None}
+    low, high = ordered[k - 1], ordered[n - k]
+    verdict = "better" if high < 0 else "worse" if low > 0 else "tie"
+    return {"verdict": verdict, "interval": [round(low, 3), round(high, 3)],
+            "coverage": round(coverage(k), 3)}
+
+
 async def overhead(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     """For each concurrency and each of streaming / non-streaming, `--passes` passes; in
     each pass every target (direct, Frota, vllm-router) runs the same load in turn, in
@@ -548,6 +578,8 @@ async def overhead(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     worker = start_worker(args, "worker", log_dir,
                           cores=layout["stand_in_worker"] if layout else None)
     procs = [worker]
+    args.log_dir, args.worker_port = log_dir, worker.port
+    args.load_cores = layout["load_generator"] if layout else None
     try:
         await worker.wait_ready_async(args.ready_timeout)
         router = start_router([worker], "round-robin", log_dir, cores=router_cores)
@@ -595,6 +627,10 @@ async def overhead(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
                        "median over passes) <= vllm-router's, CPU per request <= "
                        "vllm-router's, at every concurrency",
             "meets_targets": all(r.get("meets_targets", False) for r in runs),
+            # Where the paired interval (sign test) is all above zero: Frota worse
+            # beyond what the passes' spread allows. A median above zero whose interval
+            # holds zero is a tie, which `meets_targets` (medians <= 0) counts as a miss.
+            "frota_worse": frota_worse(runs),
             # Other processes' load skews every latency here; read the numbers with it.
             "load_average_1m": round(os.getloadavg()[0], 2),
         }
@@ -606,10 +642,28 @@ async def overhead(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
             proc.stop()
 
 
+def frota_worse(runs: list[dict[str, Any]]) -> list[str]:
+    """The judged figures, per case, in which Frota is worse than vllm-router by the
+    paired interval of `median_interval`."""
+    worse = []
+    for run in runs:
+        diff = run.get("frota_minus_vllm_router")
+        if diff is None:
+            continue
+        judged = run["judged_on"].split(",")[0]
+        case = f"{run['concurrency']} {'streaming' if run['streaming'] else 'whole'}"
+        for key in (f"added_{judged}_p50_ms", f"added_{judged}_p99_ms",
+                    "cpu_ms_per_request"):
+            if diff["verdicts"][key]["verdict"] == "worse":
+                worse.append(f"{case}: {key}")
+    return worse
+
+
 async def overhead_run(args: argparse.Namespace, targets: dict[str, str],
                        routers: dict[str, ServingProcess], concurrency: int,
                        stream: bool) -> tuple[dict[str, Any], dict[str, list[float]]]:
-    body = {"model": args.model_name, "prompt": "Say hello to the router benchmark.",
+    prompt = "Say hello to the router benchmark. " + residence.TAG.decode()
+    body = {"model": args.model_name, "prompt": prompt,
             "max_tokens": args.max_tokens, "stream": stream, "temperature": 0}
     per_pass = max(concurrency, args.requests // args.passes)
     names = list(targets)
@@ -622,6 +676,10 @@ async def overhead_run(args: argparse.Namespace, targets: dict[str, str],
     rss: dict[str, float] = dict.fromkeys(routers, 0.0)
     ttfts: dict[str, list[float]] = {n: [] for n in names}
     failures = dict.fromkeys(names, 0)
+    # With --residence: each router's time holding a request (`residence`), per leg.
+    held = {leg: {q: {n: [] for n in routers} for q in (50, 99)}
+            for leg in ("total", "request", "answer")}
+    matched = dict.fromkeys(routers, 0)
     # Each target has one client whose connections stay open (as the openai client's
     # do), warmed up with one wave first.
     clients = {name: load_client() for name in names}
@@ -632,11 +690,27 @@ async def overhead_run(args: argparse.Namespace, targets: dict[str, str],
             order = names[index % len(names):] + names[:index % len(names)]
             for name in order:
                 proc = routers.get(name)
-                before = proc.cpu_seconds() if proc else 0.0
-                results = await load_on(clients[name], targets[name], body, per_pass,
-                                        concurrency, args.headers)
+                with contextlib.ExitStack() as capturing:
+                    if args.residence:  # every target's passes, so that all bear its cost
+                        pcap = args.log_dir / f"{file_label(name)}.pcap"
+                        capturing.enter_context(residence.Capture(
+                            pcap, [args.worker_port, *([proc.port] if proc else [])],
+                            args.load_cores))
+                    before = proc.cpu_seconds() if proc else 0.0
+                    results = await load_on(clients[name], targets[name], body, per_pass,
+                                            concurrency, args.headers)
+                    after = proc.cpu_seconds() if proc else 0.0
+                if proc and args.residence:
+                    legs = residence.residence(pcap, proc.port, args.worker_port,
+                                               _SERVICE_PREFIXES)
+                    for leg, values in (("total", legs.total), ("request", legs.request),
+                                        ("answer", legs.answer)):
+                        for q in (50, 99):
+                            held[leg][q][name].append(pct(values, q))
+                    matched[name] += len(legs.request)
+                    pcap.unlink()
                 if proc:
-                    cpu[name].append((proc.cpu_seconds() - before) / per_pass * 1000)
+                    cpu[name].append((after - before) / per_pass * 1000)
                     rss[name] = max(rss[name], rss_mib(proc))
                 ok = [r for r in results if r.ok]
                 failures[name] += len(results) - len(ok)
@@ -668,18 +742,30 @@ async def overhead_run(args: argparse.Namespace, targets: dict[str, str],
                      "ttft_p50_ms": spread(p50[name]), "ttft_p99_ms": spread(p99[name]),
                      "cpu_ms_per_request": spread(cpu[name]),
                      "peak_rss_mib": round(rss[name], 1)}
+        if args.residence:
+            run[name]["residence_ms"] = {f"{leg}_p{q}": spread(per_name[name])
+                                         for leg, per_q in held.items()
+                                         for q, per_name in per_q.items()}
+            run[name]["residence_requests_matched"] = matched[name]
     for other in routers:
         if other == "frota":
             continue
-        paired = {(m, q): [f - v for f, v in zip(added[m][q]["frota"], added[m][q][other],
-                                                  strict=True)]
-                  for m in measured for q in (50, 99)}
-        cpu_diff = [f - v for f, v in zip(cpu["frota"], cpu[other], strict=True)]
+        # Per figure, Frota's value minus the other's, pass by pass.
+        paired = {f"added_{m}_p{q}_ms": [f - v for f, v in zip(
+            added[m][q]["frota"], added[m][q][other], strict=True)]
+            for m in measured for q in (50, 99)}
+        if args.residence:
+            paired.update({f"residence_p{q}_ms": [f - v for f, v in zip(
+                held["total"][q]["frota"], held["total"][q][other], strict=True)]
+                for q in (50, 99)})
+        paired["cpu_ms_per_request"] = [f - v for f, v in zip(cpu["frota"], cpu[other],
+                                                               strict=True)]
         run[f"frota_minus_{other.replace('-', '_')}"] = {
-            **{f"added_{m}_p{q}_ms": spread(d) for (m, q), d in paired.items()},
-            "cpu_ms_per_request": spread(cpu_diff),
-            **{f"passes_frota_{m}_p{q}_not_worse": sum(x <= 0 for x in d)
-               for (m, q), d in paired.items()}}
+            **{key: spread(d) for key, d in paired.items()},
+            **{f"passes_frota_{key.removeprefix('added_').removesuffix('_ms')}_not_worse":
+               sum(x <= 0 for x in d)
+               for key, d in paired.items() if key != "cpu_ms_per_request"},
+            "verdicts": {key: median_interval(d) for key, d in paired.items()}}
     if "vllm-router" in routers:
         # Judged on transit where it is measured (the worker's own time, its timers and
         # its event loop on a shared core, is noise in TTFT that no router adds or
@@ -996,6 +1082,9 @@ def main() -> int:
                         "--disagg: requests (24)")
     parser.add_argument("--passes", type=int, default=5,
                         help="--overhead: the targets take turns this many times")
+    parser.add_argument("--residence", action="store_true",
+                        help="--overhead: also each router's time holding a request, from "
+                             "packet timestamps on lo (tcpdump; needs root)")
     parser.add_argument("--plot", default=None,
                         help="draw a PNG: --overhead the TTFT distributions and router CPU, "
                         "--prefix hit rate and TTFT by KV-cache size")
