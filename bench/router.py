@@ -780,9 +780,9 @@ async def overhead_run(args: argparse.Namespace, targets: dict[str, str],
 
 
 def plot_overhead(out: dict[str, Any], path: str) -> None:
-    """One panel per figure (added transit, or TTFT, p50 and p99; CPU per request)
-    against concurrency, streaming and non-streaming, each router a line with its
-    min-max over passes."""
+    """One panel per figure (added transit, or TTFT, p50 and p99; with --residence the
+    router's residence p50 and p99; CPU per request) against concurrency, streaming and
+    non-streaming, each router a line with its min-max over passes."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -793,17 +793,26 @@ def plot_overhead(out: dict[str, Any], path: str) -> None:
     figures = [(f"added_{measure}_p50_ms", f"added {measure} p50 (ms)"),
                (f"added_{measure}_p99_ms", f"added {measure} p99 (ms)"),
                ("cpu_ms_per_request", "router CPU per request (ms)")]
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-    for ax, (key, title) in zip(axes, figures, strict=True):
+    if "residence_ms" in out["runs"][0].get("frota", {}):
+        figures[2:2] = [("residence_ms.total_p50", "residence p50 (ms)"),
+                        ("residence_ms.total_p99", "residence p99 (ms)")]
+    rows = 1 if len(figures) <= 3 else 2
+    cols = -(-len(figures) // rows)
+    fig, grid = plt.subplots(rows, cols, figsize=(4.7 * cols, 4 * rows), squeeze=False)
+    axes = list(grid.flat)
+    for ax in axes[len(figures):]:
+        ax.set_visible(False)
+    for ax, (key, title) in zip(axes, figures, strict=False):
         for name, color in colors.items():
             for stream, style in ((True, "-"), (False, "--")):
                 runs = [r for r in out["runs"] if r["streaming"] == stream and name in r]
                 if not runs:
                     continue
                 x = [r["concurrency"] for r in runs]
-                med = [r[name][key]["median"] for r in runs]
-                low = [m - r[name][key]["min"] for m, r in zip(med, runs, strict=True)]
-                high = [r[name][key]["max"] - m for m, r in zip(med, runs, strict=True)]
+                figure = [_figure(r[name], key) for r in runs]
+                med = [f["median"] for f in figure]
+                low = [m - f["min"] for m, f in zip(med, figure, strict=True)]
+                high = [f["max"] - m for m, f in zip(med, figure, strict=True)]
                 ax.errorbar(x, med, yerr=[low, high], color=color, linestyle=style,
                             marker="o", capsize=3,
                             label=f"{name}, {'streaming' if stream else 'non-streaming'}")
@@ -816,6 +825,13 @@ def plot_overhead(out: dict[str, Any], path: str) -> None:
                  f"(median, min-max), load {out['load_average_1m']}")
     fig.tight_layout()
     fig.savefig(path)
+
+
+def _figure(figures: dict[str, Any], key: str) -> dict[str, float]:
+    """`figures[key]`, where a dotted key reads a nested one."""
+    for part in key.split("."):
+        figures = figures[part]
+    return figures
 
 
 # --------------------------------------------------------------------------- --prefix
