@@ -93,6 +93,30 @@ async def test_request_body_and_headers_reach_the_worker_unchanged(start_worker,
     assert "Authorization" not in worker.headers[0]
 
 
+async def test_a_clients_header_lines_reach_the_worker_as_sent_less_hop_by_hop(
+        start_worker, start_router):
+    worker = await start_worker()
+    router = await start_router([worker])
+    reader, writer = await asyncio.open_connection("127.0.0.1", router.app.port)
+    body = b'{"prompt": "x", "max_tokens": 2}'
+    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: router\r\nX-Tag: one\r\n"
+                 b"Connection: close\r\nAuthorization: Bearer secret\r\n"
+                 b"Accept-Encoding: gzip\r\nx-tag: two\r\nUser-Agent:  Test/1 \r\n"
+                 b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%b"
+                 % (len(body), body))
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    writer.close()
+    assert head.startswith(b"HTTP/1.1 200 ")
+    seen = worker.headers[0]
+    assert seen.getall("X-Tag") == ["one", "two"]  # both, in order
+    assert seen["User-Agent"] == "Test/1"
+    assert seen["Host"] == worker.url.removeprefix("http://")  # the worker's own
+    assert seen.getall("Accept-Encoding") == ["identity"]  # the router's, not the client's
+    assert seen.getall("Content-Length") == [str(len(body))]
+    assert "Authorization" not in seen
+    assert "Connection" not in seen  # the client's connection, not the worker's
+
+
 async def test_a_workers_cookie_is_not_sent_to_the_next_request(start_worker, start_router):
     worker = await start_worker(set_cookie="affinity=w1; Path=/")
     worker.url = worker.url.replace("127.0.0.1", "localhost")  # a jar keeps no IP's cookies

@@ -180,6 +180,47 @@ async def test_a_request_is_parsed_into_its_parts(serve, connect):
     assert request.body == b"body" and request.http_version == "1.1"
 
 
+# Requests of every framing, pipelined: a head with a body of known length, one with none,
+# a chunked body (which the slow parser reads), blank lines before a request, a repeated
+# header. (request, what `echo` should see: target, body, a header).
+MIXED = [
+    (b"POST /a HTTP/1.1\r\nHost: t\r\nX-Tag: a\r\nContent-Length: 5\r\n\r\nhello",
+     "/a", "hello", "a"),
+    (b"GET /b HTTP/1.1\r\nHost: t\r\nX-Tag: b\r\nx-tag: second\r\n\r\n", "/b", "", "b"),
+    (b"POST /c HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\nX-Tag: c\r\n\r\n"
+     b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n", "/c", "abcde", "c"),
+    (b"\r\nGET /d HTTP/1.1\r\nHost: t\r\nX-Tag: d\r\n\r\n", "/d", "", "d"),
+    (b"POST /e HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\nX-Tag: e\r\n\r\nxyz", "/e", "xyz", "e"),
+]
+
+
+@pytest.mark.parametrize("cut", [1, 7, 40, "request", "whole"])
+async def test_pipelined_requests_come_out_the_same_however_the_bytes_are_cut(
+        serve, connect, cut):
+    # A head whole in one read goes to the fast parser, the rest to the slow one: any cut,
+    # mid-head, mid-body or between requests, gives the same requests in the same order.
+    server, port = await serve(echo)
+    reader, writer = await connect(port)
+    requests = [request for request, *_ in MIXED] * 2
+    data = b"".join(requests)
+    if cut == "whole":
+        pieces = [data]
+    elif cut == "request":  # each in a read of its own: fast, fast, slow, slow, fast, ...
+        pieces = requests
+    else:
+        pieces = [data[i:i + cut] for i in range(0, len(data), cut)]
+    for piece in pieces:
+        writer.write(piece)
+        await writer.drain()
+        await asyncio.sleep(0.001)  # separate reads, mostly
+    for _, target, body, tag in MIXED * 2:
+        answer = json.loads((await read_response(reader)).body)
+        assert (answer["target"], answer["body"], answer["headers"]["x-tag"]) == (
+            target, body, tag)
+    (conn,) = server.connections
+    assert not conn.slow_reading  # between requests, the next head may go the fast way
+
+
 async def test_a_compressed_body_passes_through_as_sent(serve, connect):
     _, port = await serve(echo)
     reader, writer = await connect(port)

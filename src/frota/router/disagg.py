@@ -36,11 +36,12 @@ from frota.router.discovery import Discovery
 from frota.router.health import Worker, WorkerPool
 from frota.router.loop_metrics import Counter, Histogram
 from frota.router.proxy import (
+    IDENTITY,
     Proxy,
     RequestContext,
     RetryableFailure,
     RoutePlan,
-    forwarded_headers,
+    forwarded_lines,
 )
 from frota.router.server import Answer
 from frota.router.upstream import UpstreamError
@@ -209,8 +210,8 @@ class DisaggPlan(RoutePlan):
         resp = None
         try:
             resp = await self.proxy.client.request(
-                worker.url, "POST", "/internal/kv/prefill" + ctx.route.path,
-                forwarded_headers(ctx.request), ctx.route.body,
+                worker.url, "POST", "/internal/kv/prefill" + ctx.route.path, (IDENTITY,),
+                ctx.route.body, lines=forwarded_lines(ctx.request),
                 read_timeout=self.disagg.config.prefill_timeout)
             body = await resp.read()
             if resp.status != 200:

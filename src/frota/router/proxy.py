@@ -77,13 +77,12 @@ class RequestContext:
     started: float  # time.perf_counter() when the router received it
 
 
-def forwarded_headers(request: Request) -> list[tuple[str, str]]:
-    """The client's headers a worker should see (hop-by-hop and credentials dropped)."""
+def forwarded_lines(request: Request) -> list[str]:
+    """The client's header lines a worker should see, as sent (hop-by-hop and credentials
+    dropped; the worker is asked for `IDENTITY` beside them)."""
     headers = request.headers
-    kept = [h for h, name in zip(headers.raw, headers.names, strict=True)
+    return [line for line, name in zip(headers.lines, headers.names, strict=True)
             if name not in DROP_REQUEST_HEADERS]
-    kept.append(IDENTITY)
-    return kept
 
 
 class Proxy:
@@ -137,12 +136,11 @@ class Proxy:
         are the request's own answer (a 400 is the client's problem) and go ahead.
         A 5xx counts against the worker's health; a 429 (a full queue) does not."""
         request = ctx.request
-        headers = forwarded_headers(request)
-        headers.extend(extra_headers)
         sent = time.perf_counter()
         try:
             upstream = await self.client.request(
-                worker.url, request.method, request.target, headers, ctx.route.body)
+                worker.url, request.method, request.target, (IDENTITY, *extra_headers),
+                ctx.route.body, lines=forwarded_lines(request))
         except UpstreamError as exc:
             # Refused: nothing listens there (stopped, scaled to zero): out of rotation now,
             # not after `eject_after` more requests fail on it; its probe brings it back.

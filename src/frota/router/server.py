@@ -78,35 +78,54 @@ _CHUNKED = ("Transfer-Encoding", "chunked")
 
 
 class Headers(Mapping[str, str]):
-    """A request's headers by case-insensitive name (a repeated header: its first value);
-    `raw` holds them as sent, `names` their names in lower case, in the same order."""
+    """A request's headers by case-insensitive name (a repeated header: its first value).
+    `lines` holds them as sent (`"Name: value"`), `names` their names in lower case, in the
+    same order; a value is read out of its line when it is asked for."""
 
-    __slots__ = ("_first", "names", "raw")
+    __slots__ = ("first", "lines", "names")
 
-    def __init__(self, raw: list[tuple[str, str]], names: list[str],
-                 first: dict[str, str]) -> None:
-        self.raw = raw
-        self.names = names
-        self._first = first  # indexed as the head was checked (`_Connection._refusal_of`)
+    def __init__(self, lines: list[str]) -> None:
+        self.lines = lines
+        self.names = [line.partition(":")[0].lower() for line in lines]
+        # Each name's first line: filled last to first, so that the first one stays.
+        self.first = dict(zip(reversed(self.names), reversed(lines), strict=True))
+
+    @classmethod
+    def of(cls, block: bytes) -> Headers:
+        """The headers of a head's header lines, `block` (CRLF between lines, none
+        around them), in one pass: one decode and one split, no call per header."""
+        return cls(block.decode("latin-1").split("\r\n") if block else [])
 
     def __getitem__(self, name: str) -> str:
-        return self._first[name.lower()]
+        return _value(self.first[name.lower()])
 
     def get(self, name: str, default: Any = None) -> Any:
-        return self._first.get(name.lower(), default)
+        line = self.first.get(name.lower())
+        return default if line is None else _value(line)
 
     def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and name.lower() in self._first
+        return isinstance(name, str) and name.lower() in self.first
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._first)
+        return iter(self.first)
 
     def __len__(self) -> int:
-        return len(self._first)
+        return len(self.first)
+
+    @property
+    def raw(self) -> list[tuple[str, str]]:
+        """(name, value) pairs as sent."""
+        return [(name, value.strip()) for name, _, value in
+                (line.partition(":") for line in self.lines)]
 
     def getall(self, name: str) -> list[str]:
         name = name.lower()
-        return [v for n, v in self.raw if n.lower() == name]
+        return [_value(line) for n, line in zip(self.names, self.lines, strict=True) if n == name]
+
+
+def _value(line: str) -> str:
+    """The value of a header line."""
+    return line.partition(":")[2].strip()
 
 
 class Request:
@@ -120,7 +139,7 @@ class Request:
         self.method = message.method
         self.target = message.target  # path and query, as sent (ASCII: the parser checks)
         self.path = self.target.partition("?")[0]
-        self.headers = Headers(message.headers, message.names, message.first)
+        self.headers = message.headers
         self.http_version = message.version
         self.body = message.body()
 
@@ -258,6 +277,9 @@ def _refusal(refused: Refusal) -> Response:
                     [("Content-Type", "application/json; charset=utf-8")])
 
 
+_NO_HEADERS = Headers([])
+
+
 class _Refused(Exception):
     """Raised in a parser callback: stop parsing, this request is refused."""
 
@@ -265,19 +287,18 @@ class _Refused(Exception):
 class _Message:
     """A request as the parser delivers it: the head, then the body piece by piece."""
 
-    __slots__ = ("_waiter", "complete", "expect_continue", "first", "headers", "keep_alive",
-                 "method", "names", "num_body_bytes", "num_head_bytes", "parts", "refusal",
-                 "target", "version")
+    __slots__ = ("_waiter", "complete", "expect_continue", "headers", "keep_alive", "length",
+                 "lines", "method", "num_body_bytes", "num_head_bytes", "parts", "refusal", "target",
+                 "version")
 
     def __init__(self) -> None:
         self.method = ""
         self.target = ""
         self.version = "1.1"
-        self.headers: list[tuple[str, str]] = []
-        # Filled once the head is in: the names in lower case, and each one's first value.
-        self.names: list[str] = []
-        self.first: dict[str, str] = {}
+        self.headers = _NO_HEADERS  # once the head is in
+        self.lines: list[bytes] = []  # header lines, as the slow parser delivers them
         self.keep_alive = True
+        self.length: int | None = None  # the body's, as the head declares it
         self.expect_continue = False
         self.num_head_bytes = 0
         self.num_body_bytes = 0
@@ -301,6 +322,19 @@ class _Message:
             await self._waiter
 
 
+class _HeaderCallbacks:
+    """The callbacks of a connection's `slow` parser: the connection's own, and the
+    header callback, which its fast parser goes without."""
+
+    def __init__(self, conn: _Connection) -> None:
+        self.on_message_begin = conn.on_message_begin
+        self.on_url = conn.on_url
+        self.on_header = conn.header_line
+        self.on_headers_complete = conn.on_headers_complete
+        self.on_body = conn.on_body
+        self.on_message_complete = conn.on_message_complete
+
+
 class _Connection(asyncio.Protocol):
     """One client connection: parses its requests and answers them in order."""
 
@@ -308,7 +342,14 @@ class _Connection(asyncio.Protocol):
         self.server = server
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
+        # Two parsers (see `_feed`): `parser` reads whole heads handed to it alone, with no
+        # callback per header, and then their bodies; `slow`, made when first needed, has
+        # the header callback and reads whatever `parser` cannot be given.
         self.parser = httptools.HttpRequestParser(self)
+        self.slow: httptools.HttpRequestParser | None = None
+        self.slow_reading = False  # `slow` is in the middle of a request
+        self.fast_head: Headers | None = None  # of the head handed to `parser`
+        self.body_left = 0  # bytes of the body `parser` still expects
         self.partial: _Message | None = None  # being received, head or body
         self.in_head = False
         self.num_requests = 0  # received whole
@@ -358,26 +399,62 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.stopped:
             return
-        began_in_head, num_requests = self.in_head, self.num_requests
         try:
-            self.parser.feed_data(data)
+            self._feed(data)
         except httptools.HttpParserCallbackError as exc:
             if not isinstance(exc.__context__, _Refused):
                 raise
-            return
         except httptools.HttpParserUpgrade:  # refused in on_headers_complete already
-            return
+            pass
         except httptools.HttpParserError as exc:
             reason = (str(exc).strip() or "unparsable")[:200]
             self._refuse((400, f"malformed HTTP request ({reason})", "bad_request"))
+
+    def _feed(self, data: bytes) -> None:
+        """Parse `data`. A request whose whole head is in it, and whose body (if any) has
+        a Content-Length, is read the fast way: the head is cut out here and handed to
+        `parser` alone, which checks it without a callback per header (each such call,
+        with its two new bytes objects, was most of what parsing a request cost), its
+        header lines are split in one pass (`Headers.of`), and the body follows, exactly
+        as long as the head said. Anything else (a head split over reads, a chunked body,
+        blank lines before a request) goes to `slow`, a parser with the header callback,
+        until a read leaves it between requests."""
+        pos, size = 0, len(data)
+        while pos < size:
+            if self.body_left:
+                n = min(self.body_left, size - pos)
+                self.body_left -= n
+                self.parser.feed_data(data if n == size else data[pos:pos + n])
+                pos += n
+                continue
+            if not self.slow_reading:
+                end = data.find(b"\r\n\r\n", pos)
+                if end >= 0 and data[pos] not in b"\r\n":
+                    line_end = data.find(b"\r\n", pos)
+                    head = Headers.of(data[line_end + 2:end]) if line_end < end else _NO_HEADERS
+                    if "transfer-encoding" not in head.first:
+                        self.fast_head = head
+                        end += 4
+                        self.parser.feed_data(data if end == size and not pos else data[pos:end])
+                        pos = end
+                        continue
+            self._feed_slow(data if not pos else data[pos:])
             return
-        if self.in_head:
+
+    def _feed_slow(self, data: bytes) -> None:
+        if self.slow is None:
+            self.slow = httptools.HttpRequestParser(_HeaderCallbacks(self))
+        self.slow_reading = True
+        began_in_head, num_requests = self.in_head, self.num_requests
+        self.slow.feed_data(data)
+        if self.partial is None:
+            self.slow_reading = False  # between requests: the next head may go the fast way
+        elif self.in_head:
             # A head still incomplete: count what it has received so far, which bounds
             # what the parser buffers. Exact when it began at the start of this data or
             # before; one that began after another request in the same data is counted
             # from the next data on.
             partial = self.partial
-            assert partial is not None
             if began_in_head:
                 partial.num_head_bytes += len(data)
             elif self.num_requests == num_requests:
@@ -396,11 +473,12 @@ class _Connection(asyncio.Protocol):
         assert message is not None
         message.target += url.decode("latin-1")
 
-    def on_header(self, name: bytes, value: bytes) -> None:
+    def header_line(self, name: bytes, value: bytes) -> None:
+        """`slow`'s header callback."""
         message = self.partial
         assert message is not None
-        message.headers.append((name.decode("latin-1"), value.decode("latin-1")))
-        if len(message.headers) > MAX_HEADERS:
+        message.lines.append(b"%b: %b" % (name, value))
+        if len(message.lines) > MAX_HEADERS:
             self._refuse(HEAD_TOO_LARGE)
             raise _Refused
 
@@ -408,7 +486,14 @@ class _Connection(asyncio.Protocol):
         message = self.partial
         assert message is not None
         self.in_head = False
-        parser = self.parser
+        head = self.fast_head
+        if head is None:  # read by `slow`
+            message.headers = Headers.of(b"\r\n".join(message.lines))
+        else:
+            message.headers = head
+            self.fast_head = None
+        parser = self.slow if self.slow_reading else self.parser
+        assert parser is not None
         message.method = parser.get_method().decode("ascii")
         message.version = parser.get_http_version()
         message.keep_alive = parser.should_keep_alive()
@@ -417,6 +502,8 @@ class _Connection(asyncio.Protocol):
         if refused is not None:
             self._refuse(refused)
             raise _Refused
+        if head is not None:
+            self.body_left = message.length or 0
         self._start()
 
     def on_body(self, body: bytes) -> None:
@@ -444,28 +531,22 @@ class _Connection(asyncio.Protocol):
 
     def _refusal_of(self, message: _Message) -> Refusal | None:
         """What the head alone says to refuse the request with, if anything. It also
-        reads the Content-Length and whether a 100-continue is expected, and indexes the
-        headers by name (`message.names`, `message.first`), in one pass."""
-        head_bytes = len(message.target)
-        names, first = message.names, message.first
-        for name, value in message.headers:
-            head_bytes += len(name) + len(value)
-            lower = name.lower()
-            names.append(lower)
-            first.setdefault(lower, value)
-        upgrade = "upgrade" in first
-        connection_upgrade = "upgrade" in first.get("connection", "").lower()
-        host = "host" in first
+        reads the body's declared length and whether a 100-continue is expected."""
+        lines, first = message.headers.lines, message.headers.first
+        if len(lines) > MAX_HEADERS:
+            return HEAD_TOO_LARGE
         declared = first.get("content-length")  # llhttp has checked it is a number
-        length = None if declared is None else int(declared)
-        message.expect_continue = first.get("expect", "").lower() == "100-continue"
-        if message.method == "CONNECT" or (upgrade and connection_upgrade):
+        length = message.length = None if declared is None else int(_value(declared))
+        expect = first.get("expect")
+        message.expect_continue = expect is not None and _value(expect).lower() == "100-continue"
+        if message.method == "CONNECT" or (
+                "upgrade" in first and "upgrade" in _value(first.get("connection", ":")).lower()):
             return NO_UPGRADES
-        if head_bytes > self.server.max_header_bytes:
+        if len(message.target) + sum(map(len, lines)) > self.server.max_header_bytes:
             return HEAD_TOO_LARGE
         if length is not None and length > self.server.max_body:
             return BODY_TOO_LARGE
-        if not host and message.version == "1.1":
+        if "host" not in first and message.version == "1.1":
             return NO_HOST
         return None
 

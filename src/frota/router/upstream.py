@@ -350,13 +350,15 @@ class UpstreamClient:
 
     async def request(self, base_url: str, method: str, target: str,
                       headers: Iterable[tuple[str, str]], body: bytes = b"", *,
+                      lines: Iterable[str] = (),
                       read_timeout: float | None = None) -> UpstreamResponse:
         """Send a request to the worker at `base_url`; return once its response headers
-        are in. Raises `UpstreamError`."""
+        are in. `lines` are more headers, as lines ("Name: value") ready to send: a
+        client's, forwarded as it sent them. Raises `UpstreamError`."""
         host, port, host_header, prefix = self._origin(base_url)
         # Each header line joined in C (`": ".join` mapped over the pairs), not formatted
-        # by a Python loop: the openai client's requests carry 15 headers to forward.
-        lines = [f"{method} {prefix}{target} HTTP/1.1\r\nHost: {host_header}",
+        # by a Python loop.
+        lines = [f"{method} {prefix}{target} HTTP/1.1\r\nHost: {host_header}", *lines,
                  *map(": ".join, headers)]
         if body or method in ("POST", "PUT", "PATCH"):
             lines.append(f"Content-Length: {len(body)}")
