@@ -342,6 +342,14 @@ async def test_malformed_request_gets_400_in_the_openai_shape_and_close(serve, c
     for bad in (b"GET / HTTP/1.1\r\nHost: t\r\nBad Header\r\n\r\n",
                 b"GET /x?q=\xc3\xa9 HTTP/1.1\r\nHost: t\r\n\r\n",  # raw bytes: percent-encode
                 b"GET / HTTP/1.1\r\n\r\n",  # HTTP/1.1 without Host
+                # A length that is not one (int() would take the first three), two
+                # lengths, a length and chunks:
+                b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: +2\r\n\r\nab",
+                b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 1_0\r\n\r\nab",
+                b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: \xb2\r\n\r\nab",
+                b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nab",
+                b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n2\r\nab\r\n0\r\n\r\n",
                 b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"):  # TLS on the plain port
         reader, writer = await connect(port)
         writer.write(bad)

@@ -3,9 +3,10 @@
 Hand-written on public APIs (`asyncio.Protocol`, `httptools.HttpRequestParser`) because
 it costs less CPU than aiohttp's low-level server for what the router does: measured by
 `bench/router.py --overhead`, 0.94 against 1.33 ms per request at 64 streams and 0.70
-against 0.86 ms at 256 (docs/benchmarks.md, "Overhead"). A connection parses what it receives as it arrives and
-answers its requests one at a time, in order: pipelined ones wait (it stops reading
-while MAX_PIPELINED are waiting). It keeps connections alive, closes one idle for
+against 0.86 ms at 256 (docs/benchmarks.md, "Overhead"). A connection parses what it
+receives as it arrives (a head that arrives whole, the usual case, without a Python call
+per header: `_Connection._feed`) and answers its requests one at a time, in order:
+pipelined ones wait (it stops reading while MAX_PIPELINED are waiting). It keeps connections alive, closes one idle for
 `keepalive_timeout`, and closes one whose request (head or body) has not fully arrived
 `keepalive_timeout` after it began (slowloris), without serving it. When a client
 disconnects, its request's handler is cancelled (the proxy then closes the upstream
@@ -80,21 +81,18 @@ _CHUNKED = ("Transfer-Encoding", "chunked")
 class Headers(Mapping[str, str]):
     """A request's headers by case-insensitive name (a repeated header: its first value).
     `lines` holds them as sent (`"Name: value"`), `names` their names in lower case, in the
-    same order; a value is read out of its line when it is asked for."""
+    same order, and `first` each name's first line; a value is read out of its line when
+    it is asked for."""
 
     __slots__ = ("first", "lines", "names")
 
-    def __init__(self, lines: list[str]) -> None:
-        self.lines = lines
-        self.names = [line.partition(":")[0].lower() for line in lines]
-        # Each name's first line: filled last to first, so that the first one stays.
-        self.first = dict(zip(reversed(self.names), reversed(lines), strict=True))
-
-    @classmethod
-    def of(cls, block: bytes) -> Headers:
-        """The headers of a head's header lines, `block` (CRLF between lines, none
-        around them), in one pass: one decode and one split, no call per header."""
-        return cls(block.decode("latin-1").split("\r\n") if block else [])
+    def __init__(self, block: bytes) -> None:
+        """From a head's header lines, `block` (CRLF between lines, none around them),
+        in one pass: one decode, one split, no call per header."""
+        self.lines = lines = block.decode("latin-1").split("\r\n") if block else []
+        self.names = names = [line.partition(":")[0].lower() for line in lines]
+        # Filled last to first, so that the first line of a name stays.
+        self.first = dict(zip(reversed(names), reversed(lines), strict=True))
 
     def __getitem__(self, name: str) -> str:
         return _value(self.first[name.lower()])
@@ -277,7 +275,7 @@ def _refusal(refused: Refusal) -> Response:
                     [("Content-Type", "application/json; charset=utf-8")])
 
 
-_NO_HEADERS = Headers([])
+_NO_HEADERS = Headers(b"")
 
 
 class _Refused(Exception):
@@ -412,34 +410,51 @@ class _Connection(asyncio.Protocol):
 
     def _feed(self, data: bytes) -> None:
         """Parse `data`. A request whose whole head is in it, and whose body (if any) has
-        a Content-Length, is read the fast way: the head is cut out here and handed to
-        `parser` alone, which checks it without a callback per header (each such call,
-        with its two new bytes objects, was most of what parsing a request cost), its
-        header lines are split in one pass (`Headers.of`), and the body follows, exactly
-        as long as the head said. Anything else (a head split over reads, a chunked body,
-        blank lines before a request) goes to `slow`, a parser with the header callback,
-        until a read leaves it between requests."""
+        a Content-Length, is read the fast way: its header lines are split here in one
+        pass (`Headers`), and the head and the body (as much of it as the head declares
+        and `data` holds) go to `parser`, which checks them without a callback per header
+        (such a call, with its two new bytes objects, costs more than the header's share
+        of the split: docs/benchmarks.md, "Where the time goes"). Anything else (a head split over reads, a chunked body, blank lines
+        before a request) goes to `slow`, a parser with the header callback, until a read
+        leaves it between requests."""
         pos, size = 0, len(data)
         while pos < size:
-            if self.body_left:
-                n = min(self.body_left, size - pos)
-                self.body_left -= n
-                self.parser.feed_data(data if n == size else data[pos:pos + n])
-                pos += n
-                continue
-            if not self.slow_reading:
-                end = data.find(b"\r\n\r\n", pos)
-                if end >= 0 and data[pos] not in b"\r\n":
-                    line_end = data.find(b"\r\n", pos)
-                    head = Headers.of(data[line_end + 2:end]) if line_end < end else _NO_HEADERS
-                    if "transfer-encoding" not in head.first:
-                        self.fast_head = head
-                        end += 4
-                        self.parser.feed_data(data if end == size and not pos else data[pos:end])
-                        pos = end
-                        continue
-            self._feed_slow(data if not pos else data[pos:])
-            return
+            if self.body_left:  # of a request whose head came in an earlier read
+                stop = min(pos + self.body_left, size)
+                self.body_left -= stop - pos
+            else:
+                end = -1 if self.slow_reading else self._whole_head(data, pos)
+                if end < 0:
+                    self._feed_slow(data if not pos else data[pos:])
+                    return
+                stop = min(end, size)
+                self.body_left = end - stop
+            self.parser.feed_data(data if stop == size and not pos else data[pos:stop])
+            pos = stop
+
+    def _whole_head(self, data: bytes, pos: int) -> int:
+        """Where the request that begins at `pos` in `data` ends (its body may go on in
+        later reads), when its head is whole in `data` and declares its body's length;
+        then its headers are noted for `parser`'s callbacks. Otherwise -1: `slow` reads
+        it."""
+        end = data.find(b"\r\n\r\n", pos)
+        if end < 0 or data[pos] in b"\r\n":
+            return -1
+        line_end = data.find(b"\r\n", pos)
+        head = Headers(data[line_end + 2:end]) if line_end < end else _NO_HEADERS
+        first = head.first
+        if "transfer-encoding" in first:
+            return -1
+        declared = first.get("content-length")
+        if declared is None:
+            length = 0
+        else:
+            digits = _value(declared)
+            if not (digits.isascii() and digits.isdigit()):  # `slow` gives llhttp's 400
+                return -1
+            length = int(digits)
+        self.fast_head = head
+        return end + 4 + length
 
     def _feed_slow(self, data: bytes) -> None:
         if self.slow is None:
@@ -488,7 +503,7 @@ class _Connection(asyncio.Protocol):
         self.in_head = False
         head = self.fast_head
         if head is None:  # read by `slow`
-            message.headers = Headers.of(b"\r\n".join(message.lines))
+            message.headers = Headers(b"\r\n".join(message.lines))
         else:
             message.headers = head
             self.fast_head = None
@@ -502,8 +517,6 @@ class _Connection(asyncio.Protocol):
         if refused is not None:
             self._refuse(refused)
             raise _Refused
-        if head is not None:
-            self.body_left = message.length or 0
         self._start()
 
     def on_body(self, body: bytes) -> None:
