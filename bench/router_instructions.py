@@ -3,6 +3,7 @@ vllm-router side by side, non-streaming and streaming, on the same stand-in work
 
     python bench/router_instructions.py                 # prints one JSON object
     python bench/router_instructions.py --frota-src DIR # also another checkout of Frota
+    python bench/router_instructions.py --headers bare  # Host, Content-Type, Content-Length
 
 Why: CPU time per request on a shared 2-core machine moves by 10-20% between runs of the
 same build, while the changes worth making to the router's hot path are a few percent.
@@ -91,7 +92,9 @@ async def count(name: str, argv: list[str], ready_path: str, args: argparse.Name
 
 async def run(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     args.backend = "stand-in"
-    args.headers = await router_bench.openai_client_headers()
+    # Host and Content-Length go with every request (the load generator writes them).
+    args.headers = (await router_bench.openai_client_headers() if args.headers == "openai"
+                    else [("Content-Type", "application/json")])
     worker = router_bench.start_worker(args, "stand-in", log_dir)
     await worker.wait_ready_async(60)
     targets: dict[str, tuple[list[str], str, dict[str, str] | None]] = {}
@@ -138,6 +141,9 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--model-name", default="smollm2")
+    parser.add_argument("--headers", choices=("openai", "bare"), default="openai",
+                        help="the headers of each request: the official openai client's "
+                             "(17 in all), or Host, Content-Type and Content-Length alone")
     parser.add_argument("--vllm-router", default=None, help="path of the vllm-router binary")
     parser.add_argument("--frota-src", action="append", default=[],
                         help="another checkout of Frota to count too (repeatable)")
