@@ -194,7 +194,7 @@ MIXED = [
 ]
 
 
-@pytest.mark.parametrize("cut", [1, 7, 40, "request", "whole"])
+@pytest.mark.parametrize("cut", [1, 7, 40, "request", "request-tail", "whole"])
 async def test_pipelined_requests_come_out_the_same_however_the_bytes_are_cut(
         serve, connect, cut):
     # A head whole in one read goes to the fast parser, the rest to the slow one: any cut,
@@ -207,6 +207,8 @@ async def test_pipelined_requests_come_out_the_same_however_the_bytes_are_cut(
         pieces = [data]
     elif cut == "request":  # each in a read of its own: fast, fast, slow, slow, fast, ...
         pieces = requests
+    elif cut == "request-tail":  # its last two bytes apart: a body that ends a read later
+        pieces = [part for request in requests for part in (request[:-2], request[-2:])]
     else:
         pieces = [data[i:i + cut] for i in range(0, len(data), cut)]
     for piece in pieces:
