@@ -6,11 +6,12 @@ it costs less CPU than aiohttp's low-level server for what the router does: meas
 against 0.86 ms at 256 (docs/benchmarks.md, "Overhead"). A connection parses what it
 receives as it arrives (a head that arrives whole, the usual case, without a Python call
 per header: `_Connection._feed`) and answers its requests one at a time, in order:
-pipelined ones wait (it stops reading while MAX_PIPELINED are waiting). It keeps connections alive, closes one idle for
-`keepalive_timeout`, and closes one whose request (head or body) has not fully arrived
-`keepalive_timeout` after it began (slowloris), without serving it. When a client
-disconnects, its request's handler is cancelled (the proxy then closes the upstream
-connection, and the worker aborts the generation). The router's contract on the wire:
+pipelined ones wait (it stops reading while MAX_PIPELINED are waiting). It keeps
+connections alive, closes one idle for `keepalive_timeout`, and closes one whose request
+(head or body) has not fully arrived `keepalive_timeout` after it began (slowloris),
+without serving it. When a client disconnects, its request's handler is cancelled (the
+proxy then closes the upstream connection, and the worker aborts the generation). The
+router's contract on the wire:
 
 - Bad input is answered in the OpenAI error shape and the connection closed: malformed
   requests 400 (llhttp's reason; HTTP/1.1 without Host too), a request line and headers
@@ -285,8 +286,8 @@ class _Refused(Exception):
 class _Message:
     """A request as the parser delivers it: the head, then the body piece by piece."""
 
-    __slots__ = ("_waiter", "complete", "expect_continue", "headers", "keep_alive", "length",
-                 "lines", "method", "num_body_bytes", "num_head_bytes", "parts", "refusal", "target",
+    __slots__ = ("_waiter", "complete", "expect_continue", "headers", "keep_alive", "lines",
+                 "method", "num_body_bytes", "num_head_bytes", "parts", "refusal", "target",
                  "version")
 
     def __init__(self) -> None:
@@ -296,7 +297,6 @@ class _Message:
         self.headers = _NO_HEADERS  # once the head is in
         self.lines: list[bytes] = []  # header lines, as the slow parser delivers them
         self.keep_alive = True
-        self.length: int | None = None  # the body's, as the head declares it
         self.expect_continue = False
         self.num_head_bytes = 0
         self.num_body_bytes = 0
@@ -414,9 +414,9 @@ class _Connection(asyncio.Protocol):
         pass (`Headers`), and the head and the body (as much of it as the head declares
         and `data` holds) go to `parser`, which checks them without a callback per header
         (such a call, with its two new bytes objects, costs more than the header's share
-        of the split: docs/benchmarks.md, "Where the time goes"). Anything else (a head split over reads, a chunked body, blank lines
-        before a request) goes to `slow`, a parser with the header callback, until a read
-        leaves it between requests."""
+        of the split: docs/benchmarks.md, "Where the time goes"). Anything else (a head
+        split over reads, a chunked body, blank lines before a request) goes to `slow`, a
+        parser with the header callback, until a read leaves it between requests."""
         pos, size = 0, len(data)
         while pos < size:
             if self.body_left:  # of a request whose head came in an earlier read
@@ -549,7 +549,7 @@ class _Connection(asyncio.Protocol):
         if len(lines) > MAX_HEADERS:
             return HEAD_TOO_LARGE
         declared = first.get("content-length")  # llhttp has checked it is a number
-        length = message.length = None if declared is None else int(_value(declared))
+        length = None if declared is None else int(_value(declared))
         expect = first.get("expect")
         message.expect_continue = expect is not None and _value(expect).lower() == "100-continue"
         if message.method == "CONNECT" or (
