@@ -36,7 +36,6 @@ from frota.router.discovery import Discovery
 from frota.router.health import Worker, WorkerPool
 from frota.router.loop_metrics import Counter, Histogram
 from frota.router.proxy import (
-    IDENTITY,
     Proxy,
     RequestContext,
     RetryableFailure,
@@ -210,7 +209,7 @@ class DisaggPlan(RoutePlan):
         resp = None
         try:
             resp = await self.proxy.client.request(
-                worker.url, "POST", "/internal/kv/prefill" + ctx.route.path, (IDENTITY,),
+                worker.url, "POST", "/internal/kv/prefill" + ctx.route.path, (),
                 ctx.route.body, lines=forwarded_lines(ctx.request),
                 read_timeout=self.disagg.config.prefill_timeout)
             body = await resp.read()

@@ -46,7 +46,7 @@ DROP_RESPONSE_HEADERS = frozenset({
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 WORKER_HEADER = "x-frota-worker"
 # Bytes pass through as the worker sent them; asking for identity keeps them plain.
-IDENTITY = ("Accept-Encoding", "identity")
+IDENTITY = "Accept-Encoding: identity"
 
 
 @dataclass
@@ -78,11 +78,13 @@ class RequestContext:
 
 
 def forwarded_lines(request: Request) -> list[str]:
-    """The client's header lines a worker should see, as sent (hop-by-hop and credentials
-    dropped; the worker is asked for `IDENTITY` beside them)."""
+    """The header lines a worker should see: the client's, as sent (hop-by-hop and
+    credentials dropped), and `IDENTITY`."""
     headers = request.headers
-    return [line for line, name in zip(headers.lines, headers.names, strict=True)
+    kept = [line for line, name in zip(headers.lines, headers.names, strict=True)
             if name not in DROP_REQUEST_HEADERS]
+    kept.append(IDENTITY)
+    return kept
 
 
 class Proxy:
@@ -139,8 +141,8 @@ class Proxy:
         sent = time.perf_counter()
         try:
             upstream = await self.client.request(
-                worker.url, request.method, request.target, (IDENTITY, *extra_headers),
-                ctx.route.body, lines=forwarded_lines(request))
+                worker.url, request.method, request.target, extra_headers, ctx.route.body,
+                lines=forwarded_lines(request))
         except UpstreamError as exc:
             # Refused: nothing listens there (stopped, scaled to zero): out of rotation now,
             # not after `eject_after` more requests fail on it; its probe brings it back.

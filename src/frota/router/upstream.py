@@ -358,12 +358,12 @@ class UpstreamClient:
         host, port, host_header, prefix = self._origin(base_url)
         # Each header line joined in C (`": ".join` mapped over the pairs), not formatted
         # by a Python loop.
-        lines = [f"{method} {prefix}{target} HTTP/1.1\r\nHost: {host_header}", *lines,
-                 *map(": ".join, headers)]
+        head = [f"{method} {prefix}{target} HTTP/1.1\r\nHost: {host_header}", *lines,
+                *map(": ".join, headers)]
         if body or method in ("POST", "PUT", "PATCH"):
-            lines.append(f"Content-Length: {len(body)}")
-        lines.append("\r\n")
-        data = "\r\n".join(lines).encode("latin-1") + body
+            head.append(f"Content-Length: {len(body)}")
+        head.append("\r\n")
+        data = "\r\n".join(head).encode("latin-1") + body
         timeout = read_timeout if read_timeout is not None else self.read_timeout
         if self._sweeper is None:
             self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
