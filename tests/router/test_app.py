@@ -5,6 +5,7 @@ import contextlib
 
 import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from frota.router.app import RouterConfig, build_app, read_api_keys
 from frota.router.discovery import StaticDiscovery
@@ -150,6 +151,34 @@ async def test_metrics_count_requests_decisions_and_latency(start_worker, start_
                  "frota_router_upstream_latency_seconds_bucket", "frota_router_queue_depth",
                  f'frota_router_worker_healthy{{worker="{a.url}"}} 1.0'):
         assert name in text
+
+
+async def test_the_outstanding_gauge_reads_each_workers_requests_in_flight(
+        start_worker, start_router):
+    """Read from the workers' own counts when scraped: a stream shows while it runs, is
+    gone from the count once it ends, and a worker that left has no series."""
+    a, b = [await start_worker(num_tokens=1000, token_delay=0.01) for _ in range(2)]
+    router = await start_router([a, b])
+
+    async def outstanding() -> dict[str, float]:
+        async with router.session.get(router.url + "/metrics") as r:
+            text = await r.text()
+        family = next(f for f in text_string_to_metric_families(text)
+                      if f.name == "frota_router_worker_outstanding_requests")
+        return {s.labels["worker"]: s.value for s in family.samples}
+
+    assert await outstanding() == {a.url: 0, b.url: 0}
+    resp = await router.session.post(router.url + "/v1/completions", json=BODY)
+    await resp.content.readany()
+    assert sorted((await outstanding()).values()) == [0, 1]
+    resp.close()
+    for _ in range(300):
+        if sum((await outstanding()).values()) == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert await outstanding() == {a.url: 0, b.url: 0}
+    router.state.pool.set_urls([b.url])
+    assert await outstanding() == {b.url: 0}
 
 
 async def test_health_ready_and_worker_listing(start_worker, start_router):

@@ -77,6 +77,20 @@ def test_loop_metrics_read_as_prometheus_client_metrics_would() -> None:
     assert _exposition(ours) == _exposition(reference)
 
 
+def test_a_read_gauge_reads_as_prometheus_client_gauge_would() -> None:
+    """Each reader's series, at scrape time; one given by two readers is their sum."""
+    ours, reference = CollectorRegistry(), CollectorRegistry()
+    read = loop_metrics.ReadGauge("rg", "a read gauge", ["worker"], registry=ours)
+    counts = {"a": 2, "b": 0}
+    read.add_reader(lambda: [((w,), n) for w, n in counts.items()])
+    read.add_reader(lambda: [(("b",), 1), (("c",), 3.5)])
+    counts["a"] = 5  # read when scraped, not when added
+    gauge = prometheus_client.Gauge("rg", "a read gauge", ["worker"], registry=reference)
+    for worker, value in (("a", 5), ("b", 1), ("c", 3.5)):
+        gauge.labels(worker).set(value)
+    assert _exposition(ours) == _exposition(reference)
+
+
 def test_a_loop_metric_refuses_what_prometheus_client_refuses() -> None:
     registry = CollectorRegistry()
     counter = loop_metrics.Counter("c", "a counter", ["reason"], registry=registry)

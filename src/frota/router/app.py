@@ -12,6 +12,7 @@ import hmac
 import json
 import logging
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -182,21 +183,24 @@ class RouterApp:
             await self.private.close(grace=1.0)
         await self.router.close()
 
-    async def handle(self, request: Request) -> Answer:
+    def handle(self, request: Request) -> Awaitable[Answer]:
+        """The server's handler: the route's own coroutine, awaited by the server itself
+        (not wrapped in one more, which each resumption of the request would pass through)."""
         methods = self.routes.get(request.path)
         if methods is None:
-            return error_response(404, f"no such endpoint: {request.path}",
-                                  "invalid_request_error", "not_found")
+            return _answered(error_response(404, f"no such endpoint: {request.path}",
+                                            "invalid_request_error", "not_found"))
         handler = methods.get(request.method)
         if handler is None:
-            return error_response(405, f"{request.method} is not allowed on {request.path}",
-                                  "invalid_request_error", "method_not_allowed",
-                                  headers={"Allow": ", ".join(methods)})
+            return _answered(error_response(
+                405, f"{request.method} is not allowed on {request.path}",
+                "invalid_request_error", "method_not_allowed",
+                headers={"Allow": ", ".join(methods)}))
         if self._keys and request.path.startswith("/v1/"):  # health and metrics stay open
             refused = self._check_key(request)
             if refused is not None:
-                return refused
-        return await handler(request)
+                return _answered(refused)
+        return handler(request)
 
     def _check_key(self, request: Request) -> Response | None:
         """Bearer-token check; None when the key is one of the configured ones."""
@@ -355,3 +359,8 @@ def _json_object(body: bytes) -> dict[str, Any] | Response:
 def build_app(config: RouterConfig, discovery: Discovery) -> RouterApp:
     """The router app; `await app.start(host, port)` opens it."""
     return RouterApp(config, discovery)
+
+
+async def _answered(answer: Answer) -> Answer:
+    """An answer already made, as the awaitable `RouterApp.handle` returns."""
+    return answer

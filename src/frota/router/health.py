@@ -189,6 +189,7 @@ class WorkerPool:
         self._probes: dict[str, asyncio.Task[None]] = {}
         self._healthy: list[Worker] = []
         self._changed = asyncio.Event()
+        metrics.worker_outstanding.add_reader(self._outstanding)
 
     # -- membership (discovery) ------------------------------------------------
 
@@ -212,9 +213,8 @@ class WorkerPool:
         task = self._probes.pop(url, None)
         if task is not None:
             task.cancel()
-        for metric in (self._metrics.worker_healthy, self._metrics.worker_outstanding):
-            with contextlib.suppress(KeyError):
-                metric.remove(url)
+        with contextlib.suppress(KeyError):
+            self._metrics.worker_healthy.remove(url)
         log.info("worker removed: %s", url)
 
     async def close(self) -> None:
@@ -223,6 +223,10 @@ class WorkerPool:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._probes.clear()
+
+    def _outstanding(self) -> list[tuple[tuple[str], float]]:
+        """Each worker's requests in flight, as its metric's series."""
+        return [((url,), worker.num_outstanding) for url, worker in self.workers.items()]
 
     # -- what policies see -----------------------------------------------------
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import time
 from bisect import bisect_left
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import accumulate
 from typing import Generic, TypeVar
 
@@ -176,6 +176,42 @@ class Gauge(_Family[GaugeValue]):
         family = GaugeMetricFamily(self.name, self.documentation, labels=self.labelnames)
         for values, series in self._items():
             family.add_metric(values, series.value)
+        return [family]
+
+
+Reader = Callable[[], Iterable[tuple[Sequence[str], float]]]
+
+
+class ReadGauge(Collector):
+    """A gauge read when scraped: each of its readers (`add_reader`) gives series, as
+    (label values, value) pairs; a series two readers give shows their sum. For a count
+    its owner keeps anyway, which a gauge would copy on every change (a worker's requests
+    in flight: two updates and a series lookup per request). Rendered as
+    prometheus_client's `Gauge`."""
+
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str] = (), *,
+                 registry: CollectorRegistry) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.labelnames = tuple(labelnames)
+        self._readers: list[Reader] = []
+        registry.register(self)
+
+    def add_reader(self, read: Reader) -> None:
+        self._readers.append(read)
+
+    def describe(self) -> Iterable[Metric]:
+        return self.collect()
+
+    def collect(self) -> Iterable[Metric]:
+        series: dict[tuple[str, ...], float] = {}
+        for read in self._readers:
+            for values, value in read():
+                key = tuple(values)
+                series[key] = series.get(key, 0.0) + value
+        family = GaugeMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for key, value in series.items():
+            family.add_metric(list(key), value)
         return [family]
 
 

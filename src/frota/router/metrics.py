@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from frota.api.contract import RouterMetric
-from frota.router.loop_metrics import Counter, Gauge, Histogram
+from frota.router.loop_metrics import Counter, Gauge, Histogram, ReadGauge
 
 # Buckets tuned for an LLM proxy: sub-millisecond overhead up to minute-long generations.
 LATENCY_BUCKETS = (
@@ -56,9 +56,11 @@ class RouterMetrics:
                                     by_worker)
         self.worker_healthy = gauge(RouterMetric.WORKER_HEALTHY,
                                     "1 when the worker is in rotation, else 0.", by_worker)
-        self.worker_outstanding = gauge(RouterMetric.WORKER_OUTSTANDING_REQUESTS,
-                                        "Requests the router has in flight on each worker.",
-                                        by_worker)
+        # Read from each worker's count when scraped (`WorkerPool` says how).
+        self.worker_outstanding = ReadGauge(
+            RouterMetric.WORKER_OUTSTANDING_REQUESTS,
+            "Requests the router has in flight on each worker.", by_worker,
+            registry=self.registry)
         self.inflight = gauge(RouterMetric.INFLIGHT_REQUESTS, "Admitted requests in flight.")
         self.queue_depth = gauge(RouterMetric.QUEUE_DEPTH, "Requests waiting for admission.")
         self.queue_wait = histogram(RouterMetric.QUEUE_WAIT_SECONDS,

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 
 from frota.router.errors import error_response, sse_error_event
 from frota.router.health import Worker, WorkerPool
-from frota.router.loop_metrics import GaugeValue
 from frota.router.metrics import RouterMetrics
 from frota.router.policies import RouteRequest, RoutingPolicy
 from frota.router.server import Answer, Request, Response, open_stream
@@ -126,7 +125,7 @@ class Proxy:
     def in_flight(self, worker: Worker) -> InFlight:
         """Count a request against `worker` (policies read the count) while it runs there:
         `with proxy.in_flight(worker): ...`."""
-        return InFlight(worker, self.metrics.worker_outstanding.labels(worker.url))
+        return InFlight(worker)
 
     async def attempt(self, worker: Worker, ctx: RequestContext, *,
                       extra_headers: Sequence[tuple[str, str]] = (),
@@ -233,19 +232,16 @@ class InFlight:
     """A request counted against its worker (`Proxy.in_flight`). A class, not a
     generator: it is entered once per request."""
 
-    __slots__ = ("gauge", "worker")
+    __slots__ = ("worker",)
 
-    def __init__(self, worker: Worker, gauge: GaugeValue) -> None:
+    def __init__(self, worker: Worker) -> None:
         self.worker = worker
-        self.gauge = gauge
 
     def __enter__(self) -> None:
         self.worker.num_outstanding += 1
-        self.gauge.inc()
 
     def __exit__(self, *exc_info: object) -> None:
         self.worker.num_outstanding -= 1
-        self.gauge.dec()
 
 
 class RoutePlan(ABC):

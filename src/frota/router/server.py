@@ -162,7 +162,9 @@ class Response:
                  headers: Iterable[tuple[str, str]] | Mapping[str, str] = ()) -> None:
         self.status = status
         self.body = body
+        # A list first: `isinstance` against the `Mapping` ABC is a Python-level call.
         self.headers: list[tuple[str, str]] = list(
+            headers if isinstance(headers, list) else
             headers.items() if isinstance(headers, Mapping) else headers)
 
     def header(self, name: str) -> str | None:

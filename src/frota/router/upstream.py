@@ -59,6 +59,7 @@ class UpstreamResponse:
         "_done",
         "_error",
         "_head",
+        "_loop",
         "_raw",
         "_relayed",
         "_sink",
@@ -72,7 +73,7 @@ class UpstreamResponse:
     )
 
     def __init__(self, conn: _Connection) -> None:
-        loop = asyncio.get_running_loop()
+        self._loop = loop = conn.loop
         self.status = 0
         self.headers: HeaderList = []
         self.names: list[str] = []  # the headers' names in lower case, in the same order
@@ -100,7 +101,7 @@ class UpstreamResponse:
                 raise self._error
             if self._done:
                 return b""
-            self._waiter = asyncio.get_running_loop().create_future()
+            self._waiter = self._loop.create_future()
             try:
                 await self._waiter
             finally:
@@ -124,7 +125,7 @@ class UpstreamResponse:
         chunk boundary on, as the worker framed it, end of body included. The future
         resolves at the end of the body (True when the end went to `raw`), or raises
         `UpstreamError` when the worker breaks off."""
-        self._relayed = asyncio.get_running_loop().create_future()
+        self._relayed = self._loop.create_future()
         while self._chunks:
             sink(self._chunks.popleft())
         if self._error is not None:
@@ -195,6 +196,9 @@ class _Connection(asyncio.Protocol):
     def __init__(self, client: UpstreamClient, key: str) -> None:
         self.client = client
         self.key = key
+        # Noted once: on Python 3.11, each `asyncio.get_running_loop()` is a getpid system
+        # call, which would be one per request (its response's futures come from here).
+        self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
         self.response: UpstreamResponse | None = None
         # The parser's callbacks that run once per chunk, as C methods: the body pieces
