@@ -32,6 +32,30 @@ async def test_a_full_queue_rejects_immediately():
     assert adm.num_inflight == 1 and adm.num_waiting == 0
 
 
+async def test_the_gauges_read_the_counts_in_flight_and_waiting():
+    metrics = RouterMetrics()
+    adm = AdmissionController(metrics, max_inflight=1, max_queue=4, queue_timeout=10)
+
+    def gauges() -> tuple[float, float]:
+        samples = {s.name: s.value for family in metrics.registry.collect()
+                   for s in family.samples}
+        return samples["frota_router_inflight_requests"], samples["frota_router_queue_depth"]
+
+    assert gauges() == (0, 0)
+    await adm.acquire()
+    waiters = [asyncio.create_task(adm.acquire()) for _ in range(2)]
+    await asyncio.sleep(0)
+    assert gauges() == (1, 2)
+    adm.release()  # the slot passes to a waiter
+    await asyncio.sleep(0)
+    assert gauges() == (1, 1)
+    waiters[1].cancel()  # a waiting client leaves
+    await asyncio.gather(*waiters, return_exceptions=True)
+    assert gauges() == (1, 0)
+    adm.release()
+    assert gauges() == (0, 0)
+
+
 async def test_a_queued_request_times_out_with_rejection():
     adm = controller(max_inflight=1, max_queue=4, queue_timeout=0.05)
     await adm.acquire()

@@ -43,6 +43,9 @@ class AdmissionController:
         self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
         self._num_waiting = 0
         self._seq = itertools.count()
+        # Both gauges read these counts when scraped (updating them cost two calls a request).
+        metrics.inflight.add_reader(lambda: [((), self.num_inflight)])
+        metrics.queue_depth.add_reader(lambda: [((), self._num_waiting)])
 
     @property
     def num_waiting(self) -> int:
@@ -53,7 +56,7 @@ class AdmissionController:
         usual case, without the cost of a coroutine); else False, and `acquire` waits."""
         if not self.max_inflight or (self.num_inflight < self.max_inflight
                                      and not self._num_waiting):
-            self._take()
+            self.num_inflight += 1
             return True
         return False
 
@@ -67,7 +70,6 @@ class AdmissionController:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         heapq.heappush(self._waiters, (-priority, next(self._seq), future))
         self._num_waiting += 1
-        self._metrics.queue_depth.set(self._num_waiting)
         started = time.monotonic()
         try:
             await asyncio.wait_for(asyncio.shield(future), self.queue_timeout)
@@ -88,13 +90,8 @@ class AdmissionController:
         finally:
             self._metrics.queue_wait.observe(time.monotonic() - started)
 
-    def _take(self) -> None:
-        self.num_inflight += 1
-        self._metrics.inflight.set(self.num_inflight)
-
     def _forget(self) -> None:
         self._num_waiting -= 1
-        self._metrics.queue_depth.set(self._num_waiting)
         # Timed-out waiters stay in the heap until popped; with no releases coming
         # (every slot stuck) they would pile up, so compact now and then.
         if len(self._waiters) > 2 * self._num_waiting + 64:
@@ -111,7 +108,6 @@ class AdmissionController:
             future.set_result(None)  # the slot moves to the waiter; inflight is unchanged
             return
         self.num_inflight -= 1
-        self._metrics.inflight.set(self.num_inflight)
 
 
 def process_share(limit: int, num_processes: int, index: int) -> int:

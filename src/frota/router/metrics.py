@@ -61,8 +61,11 @@ class RouterMetrics:
             RouterMetric.WORKER_OUTSTANDING_REQUESTS,
             "Requests the router has in flight on each worker.", by_worker,
             registry=self.registry)
-        self.inflight = gauge(RouterMetric.INFLIGHT_REQUESTS, "Admitted requests in flight.")
-        self.queue_depth = gauge(RouterMetric.QUEUE_DEPTH, "Requests waiting for admission.")
+        # Read from the admission controller's counts when scraped.
+        self.inflight = ReadGauge(RouterMetric.INFLIGHT_REQUESTS, "Admitted requests in flight.",
+                                  registry=self.registry)
+        self.queue_depth = ReadGauge(RouterMetric.QUEUE_DEPTH, "Requests waiting for admission.",
+                                     registry=self.registry)
         self.queue_wait = histogram(RouterMetric.QUEUE_WAIT_SECONDS,
                                     "Time spent waiting for admission.")
         self.upstream_latency = histogram(

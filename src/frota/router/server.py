@@ -349,6 +349,7 @@ class _Connection(asyncio.Protocol):
         self.slow: httptools.HttpRequestParser | None = None
         self.slow_reading = False  # `slow` is in the middle of a request
         self.fast_head: Headers | None = None  # of the head handed to `parser`
+        self.fast_length = 0  # its body's declared length
         self.body_left = 0  # bytes of the body `parser` still expects
         self.partial: _Message | None = None  # being received, head or body
         self.in_head = False
@@ -455,7 +456,7 @@ class _Connection(asyncio.Protocol):
             if not (digits.isascii() and digits.isdigit()):  # `slow` gives llhttp's 400
                 return -1
             length = int(digits)
-        self.fast_head = head
+        self.fast_head, self.fast_length = head, length
         return end + 4 + length
 
     def _feed_slow(self, data: bytes) -> None:
@@ -505,9 +506,12 @@ class _Connection(asyncio.Protocol):
         self.in_head = False
         head = self.fast_head
         if head is None:  # read by `slow`
-            message.headers = Headers(b"\r\n".join(message.lines))
+            message.headers = head = Headers(b"\r\n".join(message.lines))
+            declared = head.first.get("content-length")  # llhttp has checked it is a number
+            length = 0 if declared is None else int(_value(declared))
         else:
             message.headers = head
+            length = self.fast_length
             self.fast_head = None
         parser = self.slow if self.slow_reading else self.parser
         assert parser is not None
@@ -515,7 +519,7 @@ class _Connection(asyncio.Protocol):
         message.version = parser.get_http_version()
         message.keep_alive = parser.should_keep_alive()
         self.queue.append(message)
-        refused = self._refusal_of(message)
+        refused = self._refusal_of(message, length)
         if refused is not None:
             self._refuse(refused)
             raise _Refused
@@ -544,14 +548,12 @@ class _Connection(asyncio.Protocol):
             self.reading_paused = True
             self.transport.pause_reading()  # type: ignore[union-attr]
 
-    def _refusal_of(self, message: _Message) -> Refusal | None:
-        """What the head alone says to refuse the request with, if anything. It also
-        reads the body's declared length and whether a 100-continue is expected."""
+    def _refusal_of(self, message: _Message, length: int) -> Refusal | None:
+        """What the head alone (and the body's declared `length`) says to refuse the
+        request with, if anything. It also notes whether a 100-continue is expected."""
         lines, first = message.headers.lines, message.headers.first
         if len(lines) > MAX_HEADERS:
             return HEAD_TOO_LARGE
-        declared = first.get("content-length")  # llhttp has checked it is a number
-        length = None if declared is None else int(_value(declared))
         expect = first.get("expect")
         message.expect_continue = expect is not None and _value(expect).lower() == "100-continue"
         if message.method == "CONNECT" or (
@@ -559,7 +561,7 @@ class _Connection(asyncio.Protocol):
             return NO_UPGRADES
         if len(message.target) + sum(map(len, lines)) > self.server.max_header_bytes:
             return HEAD_TOO_LARGE
-        if length is not None and length > self.server.max_body:
+        if length > self.server.max_body:
             return BODY_TOO_LARGE
         if "host" not in first and message.version == "1.1":
             return NO_HOST
