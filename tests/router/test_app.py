@@ -2,6 +2,7 @@
 
 import asyncio
 import contextlib
+import time
 
 import aiohttp
 import pytest
@@ -137,11 +138,15 @@ async def test_validate_requests_passes_good_bodies_unchanged_and_names_bad_json
 async def test_metrics_count_requests_decisions_and_latency(start_worker, start_router):
     a, b = await start_worker(), await start_worker()
     router = await start_router([a, b])
+    before = time.time()
     for _ in range(4):
         async with router.session.post(router.url + "/v1/completions", json=BODY) as r:
             await r.read()
     async with router.session.get(router.url + "/metrics") as r:
         text = await r.text()
+    last = next(f for f in text_string_to_metric_families(text)
+                if f.name == "frota_router_last_request_timestamp_seconds").samples[0].value
+    assert before <= last <= time.time()  # what scale to zero judges idleness by
     assert 'frota_router_requests_total{endpoint="/v1/completions",status="200"} 4.0' in text
     for worker in (a, b):
         assert (f'frota_router_routing_decisions_total{{decision="next",policy="round-robin",'

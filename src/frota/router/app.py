@@ -224,7 +224,7 @@ class RouterApp:
         if invalid is not None:
             router.metrics.requests.labels(endpoint, "400").inc()
             return invalid
-        router.metrics.last_request.set(time.time())
+        router.metrics.last_request_at = time.time()
         assert router.proxy is not None
         held = None if router.proxy.pool.healthy() else await router.hold.until_serving(
             router.proxy.pool)

@@ -245,17 +245,19 @@ class DisaggPlan(RoutePlan):
             return None
         handle_header = (HANDLE_HEADER, json.dumps(handle, separators=(",", ":")))
         started = time.perf_counter()
+        worker.num_outstanding += 1
         try:
-            with proxy.in_flight(worker):
-                upstream = await proxy.attempt(worker, ctx, extra_headers=[handle_header],
-                                               only_200=True)
-                self.metrics.handoff_latency.observe(time.perf_counter() - started)
-                return await proxy.respond(upstream, worker, ctx)
+            upstream = await proxy.attempt(worker, ctx, extra_headers=[handle_header],
+                                           only_200=True)
+            self.metrics.handoff_latency.observe(time.perf_counter() - started)
+            return await proxy.respond(upstream, worker, ctx)
         except RetryableFailure as exc:
             said = exc.response.body[:300] if exc.response is not None else b""
             log.info("decode on %s failed before the first byte: %s %s", worker.url,
                      exc.reason, said)
             return None
+        finally:
+            worker.num_outstanding -= 1
 
     def _drop_handle(self, prefill: Worker, handle: dict[str, Any]) -> None:
         """Free the prefill worker's pinned blocks early (best effort; the TTL is the backstop)."""

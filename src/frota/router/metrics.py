@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 from functools import partial
 
@@ -83,10 +84,13 @@ class RouterMetrics:
             buckets=ITL_BUCKETS, registry=self.registry)
         self.held = gauge(RouterMetric.HELD_REQUESTS,
                           "Requests held while no worker is ready (scale to zero: a replica starts).")
-        self.last_request = gauge(RouterMetric.LAST_REQUEST_TIMESTAMP,
-                                  "When the last request arrived (Unix time; the router's start "
-                                  "until one does): what scale to zero judges idleness by.")
-        self.last_request.set_to_current_time()
+        # When the last request arrived (the app sets it), read when scraped.
+        self.last_request_at = time.time()
+        self.last_request = ReadGauge(
+            RouterMetric.LAST_REQUEST_TIMESTAMP,
+            "When the last request arrived (Unix time; the router's start until one does): "
+            "what scale to zero judges idleness by.", registry=self.registry)
+        self.last_request.add_reader(lambda: [((), self.last_request_at)])
         self.adapter_loads = counter(
             RouterMetric.ADAPTER_LOADS, "LoRA adapter loads the router made on workers, by "
             "trigger (api: a load through the router, demand: a request for an adapter no "

@@ -122,11 +122,6 @@ class Proxy:
                                       decision.worker.url).inc()
         return decision.worker
 
-    def in_flight(self, worker: Worker) -> InFlight:
-        """Count a request against `worker` (policies read the count) while it runs there:
-        `with proxy.in_flight(worker): ...`."""
-        return InFlight(worker)
-
     async def attempt(self, worker: Worker, ctx: RequestContext, *,
                       extra_headers: Sequence[tuple[str, str]] = (),
                       only_200: bool = False) -> UpstreamResponse:
@@ -228,22 +223,6 @@ class Proxy:
         return stream
 
 
-class InFlight:
-    """A request counted against its worker (`Proxy.in_flight`). A class, not a
-    generator: it is entered once per request."""
-
-    __slots__ = ("worker",)
-
-    def __init__(self, worker: Worker) -> None:
-        self.worker = worker
-
-    def __enter__(self) -> None:
-        self.worker.num_outstanding += 1
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.worker.num_outstanding -= 1
-
-
 class RoutePlan(ABC):
     """How one request travels through the fleet (direct today; prefill/decode later)."""
 
@@ -272,13 +251,15 @@ class DirectPlan(RoutePlan):
                 delay = config.retry_backoff * (2 ** (attempt - 1))
                 await asyncio.sleep(delay * random.uniform(0.5, 1.5))
             tried.add(worker.url)
+            worker.num_outstanding += 1  # what policies balance by, and its gauge reads
             try:
-                with proxy.in_flight(worker):
-                    return await proxy.respond(await proxy.attempt(worker, ctx), worker, ctx)
+                return await proxy.respond(await proxy.attempt(worker, ctx), worker, ctx)
             except RetryableFailure as exc:
                 failure = exc
                 log.info("attempt %d on %s failed before the first byte: %s",
                          attempt + 1, worker.url, exc.reason)
+            finally:
+                worker.num_outstanding -= 1
         if failure is not None and failure.response is not None:
             return failure.response  # every worker said 429/503: pass the last answer on
         if failure is not None:
