@@ -67,7 +67,7 @@ class RetryableFailure(Exception):
         self.response = response  # the worker's own answer, passed on if retries run out
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestContext:
     """One client request on its way through the router."""
 
