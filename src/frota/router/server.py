@@ -75,7 +75,7 @@ NO_HOST: Refusal = (400, "malformed HTTP request (HTTP/1.1 without a Host header
                     "bad_request")
 INTERNAL: Refusal = (500, "internal router error", "internal_error")
 
-_REASONS = {s.value: s.phrase for s in HTTPStatus}
+_STATUS_LINES = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n" for s in HTTPStatus}
 _CHUNKED = ("Transfer-Encoding", "chunked")
 
 
@@ -647,7 +647,7 @@ class _Connection(asyncio.Protocol):
         """The answer's head; says (and notes) `Connection: close` when the connection
         closes after it."""
         close = self.closing = not message.keep_alive or self.server.draining
-        lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}\r\n"]
+        lines = [_STATUS_LINES.get(status) or f"HTTP/1.1 {status} Unknown\r\n"]
         lines += [f"{name}: {value}\r\n" for name, value in headers]
         if length is not None:
             lines.append(f"Content-Length: {length}\r\n")
