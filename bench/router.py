@@ -266,14 +266,37 @@ def start_worker(args: argparse.Namespace, name: str, log_dir: Path, *,
 
 def start_router(workers: list[ServingProcess], policy: str, log_dir: Path,
                  name: str = "router", extra: list[str] | None = None,
-                 cores: list[int] | None = None, src: str | None = None) -> ServingProcess:
-    """`frota router` before `workers`; `src`: from another checkout of Frota."""
+                 cores: list[int] | None = None, src: str | None = None,
+                 python: str | None = None) -> ServingProcess:
+    """`frota router` before `workers`; `src`: from another checkout of Frota;
+    `python`: run by that interpreter (`--frota-python`) rather than this one."""
     port = free_port()
-    argv = frota_argv("router", "--policy", policy, "--max-inflight", "0",
-                      "--workers", ",".join(w.url for w in workers), "--log-level", "warning",
-                      *(extra or []), port=port)
+    argv = router_argv(python, "--policy", policy, "--max-inflight", "0",
+                       "--workers", ",".join(w.url for w in workers), "--log-level", "warning",
+                       *(extra or []), port=port)
+    env = checkout_env(src or str(ROOT)) if src or python else None
     return ServingProcess(name, pinned(argv, cores), port, log_dir / f"{file_label(name)}.log",
-                          checkout_env(src) if src else None)
+                          env)
+
+
+def router_argv(python: str | None, *args: str, port: int) -> list[str]:
+    """`frota router ARGS`, run by `python` (None: this interpreter)."""
+    argv = frota_argv("router", *args, port=port)
+    if python:
+        argv[0] = python
+    return argv
+
+
+def interpreter(python: str | None) -> dict[str, str]:
+    """Which Python runs Frota's routers: the image's (`scripts/image-python.sh`) measures
+    the router as it ships, where a development interpreter may be a slower build."""
+    probe = ("import json, platform, sys, sysconfig; print(json.dumps({'executable': "
+             "sys.executable, 'version': platform.python_version(), 'base': sys.base_prefix, "
+             "'libpython': 'shared' if sysconfig.get_config_var('Py_ENABLE_SHARED') and "
+             "'libpython' in open('/proc/self/maps').read() else 'static'}))")
+    done = subprocess.run([python or sys.executable, "-c", probe], capture_output=True,
+                          text=True, check=True)
+    return json.loads(done.stdout)
 
 
 def file_label(name: str) -> str:
@@ -587,7 +610,8 @@ async def overhead(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     args.load_cores = layout["load_generator"] if layout else None
     try:
         await worker.wait_ready_async(args.ready_timeout)
-        router = start_router([worker], "round-robin", log_dir, cores=router_cores)
+        router = start_router([worker], "round-robin", log_dir, cores=router_cores,
+                              python=args.frota_python)
         procs.append(router)
         await router.wait_ready_async(60)
         vllm_binary = find_vllm_router(args.vllm_router)
@@ -595,7 +619,7 @@ async def overhead(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
         for src in args.frota_src:  # other builds of Frota, to judge a change
             name = f"frota@{checkout_name(src)}"
             other = start_router([worker], "round-robin", log_dir, name=name,
-                                 cores=router_cores, src=src)
+                                 cores=router_cores, src=src, python=args.frota_python)
             procs.append(other)
             await other.wait_ready_async(60)
             routers[name] = other
@@ -623,6 +647,7 @@ async def overhead(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
             "request_headers": [name for name, _ in args.headers],
             "stand_in_ttft_ms": args.stand_in_ttft * 1000,
             "stand_in_itl_ms": args.stand_in_itl * 1000,
+            "frota_python": interpreter(args.frota_python),
             "cpu_count": os.cpu_count(), "cores": layout or "not pinned",
             "cpu_clock": "each router process's CPU-time clock, in nanoseconds",
             "vllm_router": vllm_binary or "not found (pip install vllm-router; "
@@ -972,7 +997,8 @@ async def prefix_one(args: argparse.Namespace, log_dir: Path,
                 if policy == "prefix-aware" and value is not None:
                     extra += [flag, str(value)]
             routers = [start_router(workers, policy, log_dir, name=f"router{r}-{policy}",
-                                    extra=extra) for r in range(args.routers)]
+                                    extra=extra, python=args.frota_python)
+                       for r in range(args.routers)]
             procs += routers
             for router in routers:
                 await router.wait_ready_async(60)
@@ -1095,6 +1121,9 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=None)
     parser.add_argument("--model-name", default="smollm2")
     parser.add_argument("--vllm-router", default=None, help="path of the vllm-router binary")
+    parser.add_argument("--frota-python", default=None,
+                        help="the interpreter that runs Frota's routers (default: this "
+                             "one); `bash scripts/image-python.sh` prints the image's")
     parser.add_argument("--frota-src", action="append", default=[],
                         help="--overhead: also another checkout of Frota (its src/), as "
                              "the target frota@<commit>, to judge a change")

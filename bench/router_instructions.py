@@ -38,7 +38,7 @@ sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(BENCH.parent))
 import router as router_bench  # noqa: E402  (bench/router.py: the stand-in and the load)
 
-from tests.processes import ServingProcess, free_port, frota_argv  # noqa: E402
+from tests.processes import ServingProcess, free_port  # noqa: E402
 
 
 def callgrind(argv: list[str], out_dir: Path) -> list[str]:
@@ -99,13 +99,16 @@ async def run(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     await worker.wait_ready_async(60)
     targets: dict[str, tuple[list[str], str, dict[str, str] | None]] = {}
     port = free_port()
-    targets["frota"] = (frota_argv("router", "--policy", "round-robin", "--max-inflight", "0",
-                                   "--workers", worker.url, "--log-level", "warning",
-                                   port=port), "/ready", None)
+    python = args.frota_python
+    targets["frota"] = (router_bench.router_argv(
+        python, "--policy", "round-robin", "--max-inflight", "0", "--workers", worker.url,
+        "--log-level", "warning", port=port), "/ready",
+        router_bench.checkout_env(str(BENCH.parent)) if python else None)
     for src in args.frota_src:
         targets[f"frota@{router_bench.checkout_name(src)}"] = (
-            frota_argv("router", "--policy", "round-robin", "--max-inflight", "0",
-                       "--workers", worker.url, "--log-level", "warning", port=free_port()),
+            router_bench.router_argv(python, "--policy", "round-robin", "--max-inflight", "0",
+                                     "--workers", worker.url, "--log-level", "warning",
+                                     port=free_port()),
             "/ready", router_bench.checkout_env(src))
     vllm_router = router_bench.find_vllm_router(args.vllm_router)
     if vllm_router:
@@ -115,6 +118,7 @@ async def run(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     out: dict[str, Any] = {
         "mode": "instructions", "counter": "callgrind, user space of the router's process",
         "frota": router_bench.checkout_name(str(BENCH.parent)),
+        "frota_python": router_bench.interpreter(python),
         "requests": args.requests, "concurrency": args.concurrency,
         "max_tokens": args.max_tokens, "stand_in_itl_ms": args.stand_in_itl * 1e3,
         "request_headers": [name for name, _ in args.headers],
@@ -145,6 +149,9 @@ def main() -> int:
                         help="the headers of each request: the official openai client's "
                              "(17 in all), or Host, Content-Type and Content-Length alone")
     parser.add_argument("--vllm-router", default=None, help="path of the vllm-router binary")
+    parser.add_argument("--frota-python", default=None,
+                        help="the interpreter that runs Frota's routers (default: this "
+                             "one); `bash scripts/image-python.sh` prints the image's")
     parser.add_argument("--frota-src", action="append", default=[],
                         help="another checkout of Frota to count too (repeatable)")
     args = parser.parse_args()
