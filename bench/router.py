@@ -17,7 +17,9 @@ pass too (`frota_minus_vllm_router`). The stand-in reports its own time to the f
 token with each answer; TTFT less that is the request's transit time, on which the
 targets are judged (`added_transit_*`). With two cores or more the router under test
 runs alone on one core (`taskset`), the load generator and the stand-in worker on the
-other; the JSON's `cores` says what shared a core (`--no-pin` turns it off). `--quick`
+other; the JSON's `cores` says what shared a core (`--no-pin` turns it off).
+`--frota-python PATH` runs Frota's routers on that interpreter (`bash
+scripts/image-python.sh` makes the image's; the JSON's `frota_python` names it). `--quick`
 is a smoke run (concurrency 64, streaming, 3 passes). By default the worker is a
 STAND-IN (this file, `--stand-in-serve`): a server that streams fixed tokens at a fixed
 pace and runs no model. It exists to isolate the router's overhead; it says nothing

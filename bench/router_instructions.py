@@ -4,6 +4,8 @@ vllm-router side by side, non-streaming and streaming, on the same stand-in work
     python bench/router_instructions.py                 # prints one JSON object
     python bench/router_instructions.py --frota-src DIR # also another checkout of Frota
     python bench/router_instructions.py --headers bare  # Host, Content-Type, Content-Length
+    python bench/router_instructions.py --frota-python "$(bash scripts/image-python.sh)"
+                                                        # Frota on the image's interpreter
 
 Why: CPU time per request on a shared 2-core machine moves by 10-20% between runs of the
 same build, while the changes worth making to the router's hot path are a few percent.
