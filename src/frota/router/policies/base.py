@@ -73,8 +73,9 @@ class RouteRequest:
 
 @dataclass(slots=True)
 class Decision:
-    """A policy's choice and why (the `decision` label of the routing metric). One per
-    request: slotted, not frozen, whose `__init__` costs three times as much."""
+    """A policy's choice and why (the `decision` label of the routing metric). Made once
+    per request, so slotted and not frozen: a frozen dataclass's `__init__` costs three
+    times as much."""
 
     worker: Worker
     reason: str
