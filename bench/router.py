@@ -979,7 +979,8 @@ async def prefix_one(args: argparse.Namespace, log_dir: Path,
         "mode": "prefix",
         "backend": ("stand-in workers with a SIMULATED prefix cache (LRU of 64-char blocks)"
                     if args.backend == "stand-in" else "frota worker smollm2"),
-        "workers": 2, "routers": args.routers, "workload": workload_description(args),
+        "workers": 2, "routers": args.routers, "frota_python": interpreter(args.frota_python),
+        "workload": workload_description(args),
         "concurrency": args.concurrency, "num_kv_blocks": num_kv_blocks or None,
         "threads_per_worker": threads, "warmup_requests_per_worker": args.warmup,
         "load_average_1m_at_start": round(os.getloadavg()[0], 2)}
