@@ -127,6 +127,16 @@ def _value(line: str) -> str:
     return line.partition(":")[2].strip()
 
 
+def _declared_length(head: Headers) -> int | None:
+    """The body's length its Content-Length declares (0 without one); None when that is
+    not plain ASCII digits (`int()` would take "+2", "1_0" and other digits)."""
+    declared = head.first.get("content-length")
+    if declared is None:
+        return 0
+    digits = _value(declared)
+    return int(digits) if digits.isascii() and digits.isdigit() else None
+
+
 class Request:
     """One request with its body read. `headers` is case-insensitive; `raw_headers` are
     the headers as sent."""
@@ -445,17 +455,11 @@ class _Connection(asyncio.Protocol):
             return -1
         line_end = data.find(b"\r\n", pos)
         head = Headers(data[line_end + 2:end]) if line_end < end else _NO_HEADERS
-        first = head.first
-        if "transfer-encoding" in first:
+        if "transfer-encoding" in head.first:
             return -1
-        declared = first.get("content-length")
-        if declared is None:
-            length = 0
-        else:
-            digits = _value(declared)
-            if not (digits.isascii() and digits.isdigit()):  # `slow` gives llhttp's 400
-                return -1
-            length = int(digits)
+        length = _declared_length(head)
+        if length is None:  # `slow` gives llhttp's 400
+            return -1
         self.fast_head, self.fast_length = head, length
         return end + 4 + length
 
@@ -507,8 +511,8 @@ class _Connection(asyncio.Protocol):
         head = self.fast_head
         if head is None:  # read by `slow`
             message.headers = head = Headers(b"\r\n".join(message.lines))
-            declared = head.first.get("content-length")  # llhttp has checked it is a number
-            length = 0 if declared is None else int(_value(declared))
+            length = _declared_length(head)
+            assert length is not None  # llhttp has checked it is a number
         else:
             message.headers = head
             length = self.fast_length
