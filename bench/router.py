@@ -276,9 +276,8 @@ def start_router(workers: list[ServingProcess], policy: str, log_dir: Path,
     argv = router_argv(python, "--policy", policy, "--max-inflight", "0",
                        "--workers", ",".join(w.url for w in workers), "--log-level", "warning",
                        *(extra or []), port=port)
-    env = checkout_env(src or str(ROOT)) if src or python else None
     return ServingProcess(name, pinned(argv, cores), port, log_dir / f"{file_label(name)}.log",
-                          env)
+                          router_env(src, python))
 
 
 def router_argv(python: str | None, *args: str, port: int) -> list[str]:
@@ -289,13 +288,20 @@ def router_argv(python: str | None, *args: str, port: int) -> list[str]:
     return argv
 
 
+def router_env(src: str | None, python: str | None) -> dict[str, str] | None:
+    """What a Frota router from checkout `src` (None: this one) run by `python` (None:
+    this interpreter, where this checkout is installed) needs in its environment."""
+    return checkout_env(src or str(ROOT)) if src or python else None
+
+
 def interpreter(python: str | None) -> dict[str, str]:
     """Which Python runs Frota's routers: the image's (`scripts/image-python.sh`) measures
     the router as it ships, where a development interpreter may be a slower build."""
-    probe = ("import json, platform, sys, sysconfig; print(json.dumps({'executable': "
-             "sys.executable, 'version': platform.python_version(), 'base': sys.base_prefix, "
-             "'libpython': 'shared' if sysconfig.get_config_var('Py_ENABLE_SHARED') and "
-             "'libpython' in open('/proc/self/maps').read() else 'static'}))")
+    # A build configured with a shared libpython may still link its own binary statically
+    # (Debian's does): what the process maps says which it runs on.
+    probe = ("import json, platform, sys; print(json.dumps({'executable': sys.executable, "
+             "'version': platform.python_version(), 'base': sys.base_prefix, 'libpython': "
+             "'shared' if 'libpython' in open('/proc/self/maps').read() else 'static'}))")
     done = subprocess.run([python or sys.executable, "-c", probe], capture_output=True,
                           text=True, check=True)
     return json.loads(done.stdout)

@@ -104,14 +104,13 @@ async def run(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     python = args.frota_python
     targets["frota"] = (router_bench.router_argv(
         python, "--policy", "round-robin", "--max-inflight", "0", "--workers", worker.url,
-        "--log-level", "warning", port=port), "/ready",
-        router_bench.checkout_env(str(BENCH.parent)) if python else None)
+        "--log-level", "warning", port=port), "/ready", router_bench.router_env(None, python))
     for src in args.frota_src:
         targets[f"frota@{router_bench.checkout_name(src)}"] = (
             router_bench.router_argv(python, "--policy", "round-robin", "--max-inflight", "0",
                                      "--workers", worker.url, "--log-level", "warning",
                                      port=free_port()),
-            "/ready", router_bench.checkout_env(src))
+            "/ready", router_bench.router_env(src, python))
     vllm_router = router_bench.find_vllm_router(args.vllm_router)
     if vllm_router:
         targets["vllm-router"] = (
