@@ -54,6 +54,31 @@ class Annotation:
     DEMANDED_AT = "router.frota.dev/demanded-at"
 
 
+class FleetKey:
+    """The per-fleet secret that internal calls and KV handles are signed with.
+
+    On a cluster the operator owns a Secret named `<fleet>` + SECRET_SUFFIX holding one
+    random key under DATA_KEY, mounted (as a directory, so that a rotation reaches running
+    pods) at MOUNT_DIR in the fleet's worker and router pods, with FILE_ENV naming the file.
+    `frota up` writes one per run. Nothing outside the fleet ever sees it."""
+
+    SECRET_SUFFIX = "-fleet-key"
+    DATA_KEY = "key"
+    MOUNT_DIR = "/var/run/secrets/frota/fleet-key"
+    FILE = f"{MOUNT_DIR}/{DATA_KEY}"
+    FILE_ENV = "FROTA_FLEET_KEY_FILE"  # `--fleet-key-file` of `frota worker` and `frota router`
+
+
+class InternalHeader:
+    """Headers that only the fleet's own parts set. The router drops every header with
+    PREFIX (and any other it does not forward) from a client's request and adds its own."""
+
+    PREFIX = "x-frota-"
+    KV_HANDLE = "x-frota-kv-handle"  # router -> decode worker: the signed KV handle
+    KV_FINGERPRINT = "x-frota-kv-fingerprint"  # decode -> prefill worker: its KV layout
+    WORKER = "x-frota-worker"  # router -> client, only under `--debug-headers`
+
+
 class Role(StrEnum):
     """What a pod does in a fleet (the value of Label.ROLE)."""
 
