@@ -20,6 +20,8 @@ import math
 import random
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 from frota.engine import (
     EngineStats,
@@ -239,3 +241,33 @@ class FakeEngine:
                                 prompt_logprobs=scored if len(generated) == 1 else None)
             if reason is not None:
                 return
+
+
+class StubKV:
+    """The `KVTransfer` surface the routes call, recording the sequences they build."""
+
+    def __init__(self) -> None:
+        self.sequences: list[SimpleNamespace] = []
+
+    def fingerprint(self) -> str:
+        return "fp"
+
+    def layout(self) -> dict[str, Any]:
+        return {}
+
+    @staticmethod
+    def prompt_digest(ids: list[int]) -> str:
+        return f"digest-{len(ids)}"
+
+    def new_sequence(self, request_id: str, prompt: list[int], params: Any, *,
+                     keep_kv: bool = False, adapter: str | None = None) -> SimpleNamespace:
+        seq = SimpleNamespace(request_id=request_id, token_ids=list(prompt), adapter=adapter,
+                              num_prompt_tokens=len(prompt), keep_kv=keep_kv)
+        self.sequences.append(seq)
+        return seq
+
+    async def release(self, seq: Any) -> None:
+        pass
+
+    def holds_blocks(self, seq: Any) -> bool:
+        return False

@@ -7,49 +7,22 @@ pinned is the worker's side: which adapter goes into the handle and into the seq
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from frota.api.contract import InternalHeader
+from frota.api.fleet_key import Keyring, generate_key
 from frota.server.adapters import LoRAOptions
 from frota.server.app import ServerOptions, create_app
-from frota.server.kv_routes import HANDLE_HEADER, KVOptions, add_kv_routes
+from frota.server.kv_routes import KVOptions, add_kv_routes
 from tests.server.conftest import MODEL, bindings, wait_ready
-from tests.server.fake_engine import FakeEngine, write_adapter
+from tests.server.fake_engine import FakeEngine, StubKV, write_adapter
 
-
-class StubKV:
-    """The `KVTransfer` surface the routes call, recording the sequences they build."""
-
-    def __init__(self) -> None:
-        self.sequences: list[SimpleNamespace] = []
-
-    def fingerprint(self) -> str:
-        return "fp"
-
-    def layout(self) -> dict[str, Any]:
-        return {}
-
-    @staticmethod
-    def prompt_digest(ids: list[int]) -> str:
-        return f"digest-{len(ids)}"
-
-    def new_sequence(self, request_id: str, prompt: list[int], params: Any, *,
-                     keep_kv: bool = False, adapter: str | None = None) -> SimpleNamespace:
-        seq = SimpleNamespace(request_id=request_id, token_ids=list(prompt), adapter=adapter,
-                              num_prompt_tokens=len(prompt), keep_kv=keep_kv)
-        self.sequences.append(seq)
-        return seq
-
-    async def release(self, seq: Any) -> None:
-        pass
-
-    def holds_blocks(self, seq: Any) -> bool:
-        return False
+KEYRING = Keyring(generate_key().encode())
 
 
 @pytest.fixture
@@ -58,7 +31,8 @@ async def kv_client(tmp_path: Path) -> AsyncIterator[tuple[TestClient, StubKV]]:
     kv = StubKV()
     engine.kv_transfer = kv  # type: ignore[attr-defined]
     lora = LoRAOptions(modules=[("sql", write_adapter(tmp_path / "sql"))])
-    app = create_app(ServerOptions(MODEL, warmup=False, lora=lora), bindings(engine))
+    app = create_app(ServerOptions(MODEL, warmup=False, lora=lora, keyring=KEYRING),
+                     bindings(engine))
     add_kv_routes(app, KVOptions("both", advertise_url="http://127.0.0.1:9"))
     client = TestClient(TestServer(app))
     await client.start_server()
@@ -71,6 +45,7 @@ async def kv_client(tmp_path: Path) -> AsyncIterator[tuple[TestClient, StubKV]]:
 async def test_the_prefill_handle_names_the_adapter_it_ran_under(kv_client, model: str) -> None:  # type: ignore[no-untyped-def]
     client, kv = kv_client
     resp = await client.post("/internal/kv/prefill/v1/completions",
+                             headers=dict([KEYRING.authorization()]),
                              json={"model": model, "prompt": "ab", "max_tokens": 4})
     assert resp.status == 200, await resp.text()
     handle = (await resp.json())["kv_handle"]
@@ -80,16 +55,17 @@ async def test_the_prefill_handle_names_the_adapter_it_ran_under(kv_client, mode
 
 
 def _handle(adapter: str | None) -> str:
-    return json.dumps({"url": "http://127.0.0.1:9", "id": "h1", "fingerprint": "fp",
-                       "prompt_digest": "digest-2", "num_prompt_tokens": 2, "first_token": 99,
-                       "adapter": adapter})
+    return json.dumps(KEYRING.sign({
+        "url": "http://127.0.0.1:9", "id": "h1", "fingerprint": "fp", "prompt_digest": "digest-2",
+        "num_prompt_tokens": 2, "first_token": 99, "adapter": adapter,
+        "expires_at": time.time() + 30}))
 
 
 @pytest.mark.parametrize(("sent", "model"), [(None, "sql"), ("sql", MODEL), ("other", "sql")])
 async def test_decode_refuses_kv_of_another_adapter_before_pulling(kv_client, sent: str | None,  # type: ignore[no-untyped-def]
                                                                    model: str) -> None:
     client, kv = kv_client
-    resp = await client.post("/v1/completions", headers={HANDLE_HEADER: _handle(sent)},
+    resp = await client.post("/v1/completions", headers={InternalHeader.KV_HANDLE: _handle(sent)},
                              json={"model": model, "prompt": "ab", "max_tokens": 4})
     assert resp.status == 409
     error = (await resp.json())["error"]
@@ -99,7 +75,7 @@ async def test_decode_refuses_kv_of_another_adapter_before_pulling(kv_client, se
 
 async def test_decode_under_the_same_adapter_goes_on_to_pull(kv_client) -> None:  # type: ignore[no-untyped-def]
     client, kv = kv_client
-    resp = await client.post("/v1/completions", headers={HANDLE_HEADER: _handle("sql")},
+    resp = await client.post("/v1/completions", headers={InternalHeader.KV_HANDLE: _handle("sql")},
                              json={"model": "sql", "prompt": "ab", "max_tokens": 4})
     # Past the adapter check: the pull itself fails (no prefill worker at that URL).
     assert resp.status == 424, await resp.text()

@@ -22,10 +22,11 @@ from dataclasses import dataclass
 from aiohttp import web
 from pydantic import ValidationError
 
+from frota.api.fleet_key import Keyring
 from frota.api.openai_requests import ChatCompletionRequest, CompletionRequest
 from frota.engine.outputs import EngineStats
 from frota.engine.sampling_params import SamplingParams
-from frota.server import adapters, errors
+from frota.server import adapters, errors, fleet_auth
 from frota.server.adapters import AdapterRegistry, LoRAOptions, StartupAdapterError
 from frota.server.engine_api import EngineBindings
 from frota.server.generation import Generation, Job
@@ -52,6 +53,10 @@ class ServerOptions:
     lora: LoRAOptions | None = None  # None: LoRA off (no adapter routes, no LoRA metric)
     # Set: every /v1/ route asks for `Authorization: Bearer <api_key>` (vLLM's --api-key).
     api_key: str | None = None
+    # The fleet key (`--fleet-key-file`): internal endpoints ask for its credential and KV
+    # handles must carry its signature. None: a worker on its own, whose internal
+    # endpoints are closed (frota.server.fleet_auth).
+    keyring: Keyring | None = None
 
 
 class WorkerState:
@@ -156,12 +161,13 @@ LOAD_TASK_KEY: web.AppKey[asyncio.Task[None]] = web.AppKey("load_task", asyncio.
 
 
 def auth_middleware(api_key: str):  # type: ignore[no-untyped-def]
-    """401 for a /v1/ request without `Authorization: Bearer <api_key>`, as vLLM's --api-key."""
+    """401 for a /v1/ request without `Authorization: Bearer <api_key>`, as vLLM's --api-key
+    (an internal call that carried the fleet's credential has shown more than a key)."""
     expected = f"Bearer {api_key}".encode()
 
     @web.middleware
     async def check(request: web.Request, handler):  # type: ignore[no-untyped-def]
-        if request.path.startswith("/v1/"):
+        if request.path.startswith("/v1/") and not request.get(fleet_auth.FROM_FLEET):
             given = request.headers.get("Authorization", "").encode()
             if not hmac.compare_digest(given, expected):
                 message = ("Missing API key: send 'Authorization: Bearer <key>'."
@@ -187,8 +193,9 @@ async def error_middleware(request: web.Request, handler):  # type: ignore[no-un
     except (asyncio.CancelledError, ConnectionResetError):
         raise
     except Exception:
-        log.exception("unhandled error on %s %s", request.method, request.path)
-        return errors.internal("Internal server error; see the worker log.").response()
+        log.exception("unhandled error on %s %s (request %s)", request.method, request.path,
+                      fleet_auth.request_id(request))
+        return errors.internal("Internal server error.").response()
 
 
 async def _read_json(request: web.Request) -> dict:
@@ -323,7 +330,7 @@ def create_app(options: ServerOptions, load: Loader | EngineBindings) -> web.App
             return bindings
 
         load = loaded
-    middlewares = [error_middleware]
+    middlewares = [error_middleware, fleet_auth.middleware(options.keyring)]
     if options.api_key:
         middlewares.append(auth_middleware(options.api_key))
     app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY_BYTES)

@@ -170,6 +170,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _flag(parser, "--expert-capacity-factor", type=float,
           help="MoE: most (token, slot) pairs per expert per step, as a multiple of the even "
           "share; overflow pairs are dropped (default: no limit)")
+    _flag(parser, "--fleet-key-file",
+          help="the fleet's key (a Secret the operator mounts; `frota up` writes one): internal "
+          "endpoints then ask for its credential and KV handles for its signature. Without it "
+          "the worker stands alone: /internal/ answers 403 and --role prefill/decode are refused")
     _flag(parser, "--api-key", help="require `Authorization: Bearer <key>` on every /v1/ route "
           "(default: no key)")
     add_lora_arguments(parser)
@@ -254,12 +258,24 @@ def run(args: argparse.Namespace) -> int:
         await bindings.engine.start()
         return bindings
 
+    keyring = None
+    if args.fleet_key_file:
+        from frota.api.fleet_key import FleetKeyError, Keyring
+
+        try:  # a rotated key is still accepted for one handle TTL
+            keyring = Keyring.from_file(args.fleet_key_file, grace_s=args.kv_handle_ttl)
+        except FleetKeyError as exc:
+            raise SystemExit(f"frota worker: {exc}") from exc
+    if args.role != "both" and keyring is None:
+        raise SystemExit(f"frota worker: --role {args.role} needs --fleet-key-file (the fleet's "
+                         "key signs the KV handles prefill and decode workers exchange)")
     options = ServerOptions(
         served_model_name=args.served_model_name or args.model,
         max_queue=args.max_queue or None,
         shutdown_grace_period_s=args.shutdown_grace_period,
         lora=lora,
         api_key=args.api_key or None,
+        keyring=keyring,
     )
 
     async def main() -> int:

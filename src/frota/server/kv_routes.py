@@ -10,11 +10,19 @@ Prefill role (`--role prefill|both`):
 - `DELETE /internal/kv/blocks/{id}` frees them without a transfer.
 
 Decode role (`--role decode|both`): an OpenAI request carrying the `x-frota-kv-handle`
-header (JSON: url, id, fingerprint, prompt_digest, num_prompt_tokens, first_token, adapter) pulls
-the blocks from the prefill worker into freshly allocated blocks of its own pool and
-continues decoding from the first token. A layout mismatch answers 409; a prefill peer
-that is gone or forgot the handle answers 424 (`kv_transfer_failed`), so the router can
-run the request colocated instead.
+header (JSON: url, id, fingerprint, prompt_digest, num_prompt_tokens, first_token, adapter,
+expires_at, sig) pulls the blocks from the prefill worker into freshly allocated blocks of
+its own pool and continues decoding from the first token. A layout mismatch answers 409; a
+prefill peer that is gone or forgot the handle answers 424 (`kv_transfer_failed`), so the
+router can run the request colocated instead.
+
+Trust: a handle is the fleet's word, not a client's. The prefill worker signs it with the
+fleet key (`frota.api.fleet_key`; the router re-signs it when it fills in the URL), and the
+decode worker checks the signature and the expiry before anything else: a handle that fails
+is a 403 and the worker connects nowhere. The routes under `/internal/` need the fleet's
+credential (`frota.server.fleet_auth`), which the decode worker sends when it pulls. What a
+refusal says names no URL, fingerprint or layout; the worker's log has them, with the
+request's id.
 
 LoRA: the handle names the adapter the prefill ran under (`adapter`, null for the base
 model), and so does the block stream's header. A decode request whose `model` names another
@@ -47,20 +55,23 @@ from aiohttp import web
 from prometheus_client import Counter, Gauge, Histogram
 from pydantic import ValidationError
 
+from frota.api.contract import InternalHeader
+from frota.api.fleet_key import Keyring
 from frota.api.openai_requests import ChatCompletionRequest, CompletionRequest
 from frota.engine.errors import InvalidRequestError
 from frota.engine.lora import AdapterError
-from frota.server import errors
+from frota.server import errors, fleet_auth
 from frota.server.adapters import from_adapter_error
 from frota.server.app import STATE_KEY, WorkerState, _read_json
+from frota.server.fleet_auth import forbidden, request_id
 from frota.server.generation import Job
 from frota.server.jobs import chat_job, completion_job
 
 log = logging.getLogger("frota.server.kv")
 
-HANDLE_HEADER = "x-frota-kv-handle"
-FINGERPRINT_HEADER = "x-frota-kv-fingerprint"
 ROLES = ("both", "prefill", "decode")
+# A request's verified handle, set by `KVService.check_handle`.
+HANDLE_KEY = web.RequestKey("kv_handle", dict)
 TRANSFER_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _BUILDERS = {"completions": (completion_job, CompletionRequest),
              "chat/completions": (chat_job, ChatCompletionRequest)}
@@ -110,6 +121,7 @@ class KVService:
     def __init__(self, state: WorkerState, options: KVOptions) -> None:
         self.state = state
         self.options = options
+        self.keyring: Keyring | None = state.options.keyring
         self.pinned: OrderedDict[str, _Pinned] = OrderedDict()
         self.metrics = KVMetrics(state.metrics.registry, lambda: len(self.pinned))
         self.session: aiohttp.ClientSession | None = None
@@ -210,13 +222,14 @@ class KVService:
         if first is None or reason not in ("stop", "length"):
             raise errors.internal(f"The prefill ended without a first token ({reason}).")
         self.pin(seq)
-        handle = {
+        assert self.keyring is not None  # /internal/ routes answer only with a fleet key
+        handle = self.keyring.sign({
             "url": self.options.advertise_url, "id": request_id,
             "fingerprint": kv.fingerprint(),
             "prompt_digest": kv.prompt_digest(job.prompts[0]),
             "num_prompt_tokens": seq.num_prompt_tokens, "first_token": first,
-            "ttl_s": self.options.handle_ttl_s, "adapter": job.adapter,
-        }
+            "adapter": job.adapter, "expires_at": time.time() + self.options.handle_ttl_s,
+        })
         return web.json_response({"kv_handle": handle, "first_token": first,
                                   "finish_reason": reason,
                                   "num_prompt_tokens": seq.num_prompt_tokens})
@@ -224,15 +237,15 @@ class KVService:
     async def send_blocks(self, request: web.Request) -> web.StreamResponse:
         kv = self.kv()
         fingerprint = kv.fingerprint()
-        asked = request.headers.get(FINGERPRINT_HEADER)
+        asked = request.headers.get(InternalHeader.KV_FINGERPRINT)
         if asked is not None and asked != fingerprint:
-            raise errors.APIError(409, f"KV layout mismatch: this prefill worker has {kv.layout()} "
-                                  f"(fingerprint {fingerprint}), the decode worker {asked}.",
-                                  code="kv_layout_mismatch")
+            log.warning("KV layout mismatch (request %s): this prefill worker has %s "
+                        "(fingerprint %s), the decode worker %s", request_id(request),
+                        kv.layout(), fingerprint, asked)
+            raise _layout_mismatch()
         entry = self.pinned.pop(request.match_info["id"], None)
         if entry is None:
-            raise errors.APIError(404, "Unknown or expired KV handle "
-                                  f"{request.match_info['id']!r}; run the request again.",
+            raise errors.APIError(404, "Unknown or expired KV handle; run the request again.",
                                   type="not_found_error", code="kv_handle_not_found")
         seq = entry.seq
         fields, parts = kv.export(seq)
@@ -268,18 +281,50 @@ class KVService:
 
     # -- decode side ---------------------------------------------------------
 
-    async def import_kv(self, request: web.Request, job: Job) -> None:
-        """The `WorkerState.kv_import` hook: pull the handle's blocks, set `job.kv_seq`."""
-        raw = request.headers.get(HANDLE_HEADER)
+    def verified_handle(self, request: web.Request) -> dict[str, Any] | None:
+        """The request's KV handle once its signature and expiry hold; None without one.
+        Anything else is a 403, decided before anything is looked up or connected to."""
+        raw = request.headers.get(InternalHeader.KV_HANDLE)
         if raw is None:
-            return
+            return None
+        if self.keyring is None:
+            self.metrics.failures.labels("no_fleet_key").inc()
+            raise forbidden("KV handles are not accepted here: this worker has no fleet key.",
+                            code="kv_handle_refused")
         try:
             handle = json.loads(raw)
+        except ValueError:
+            handle = None
+        if not isinstance(handle, dict) or not self.keyring.verify(handle):
+            self.metrics.failures.labels("bad_signature").inc()
+            log.warning("refused a KV handle whose signature does not hold (request %s)",
+                        request_id(request))
+            raise forbidden("The KV handle is not valid.", code="kv_handle_invalid")
+        expires_at = handle.get("expires_at")
+        if not isinstance(expires_at, int | float) or expires_at < time.time():
+            self.metrics.failures.labels("expired").inc()
+            raise forbidden("The KV handle has expired.", code="kv_handle_expired")
+        return handle
+
+    @web.middleware
+    async def check_handle(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """A request that carries a KV handle has it checked first, before its body is read."""
+        handle = self.verified_handle(request)
+        if handle is not None:
+            request[HANDLE_KEY] = handle
+        return await handler(request)
+
+    async def import_kv(self, request: web.Request, job: Job) -> None:
+        """The `WorkerState.kv_import` hook: pull the handle's blocks, set `job.kv_seq`."""
+        handle = request.get(HANDLE_KEY)
+        if handle is None:
+            return
+        try:  # signed by the fleet, so well formed unless a peer runs other code
             url, handle_id = str(handle["url"]).rstrip("/"), str(handle["id"])
             first = int(handle["first_token"])
         except (ValueError, KeyError, TypeError) as exc:
-            raise errors.invalid(f"Malformed {HANDLE_HEADER} header: {exc!r}.",
-                                 param=HANDLE_HEADER) from exc
+            raise errors.invalid("The KV handle is incomplete.",
+                                 param=InternalHeader.KV_HANDLE) from exc
         if job.num_choices != 1:
             raise errors.invalid("A request with a KV handle must have one prompt and n=1.",
                                  param="n")
@@ -287,11 +332,10 @@ class KVService:
         fingerprint = kv.fingerprint()
         if handle.get("fingerprint") != fingerprint:
             self.metrics.failures.labels("layout_mismatch").inc()
-            raise errors.APIError(409, f"KV layout mismatch: the handle's fingerprint is "
-                                  f"{handle.get('fingerprint')}, this decode worker's is "
-                                  f"{fingerprint} ({kv.layout()}); prefill and decode workers "
-                                  "must run the same model, dtype and block size.",
-                                  code="kv_layout_mismatch")
+            log.warning("KV layout mismatch (request %s): the handle's fingerprint is %s, this "
+                        "decode worker's %s (%s)", request_id(request), handle.get("fingerprint"),
+                        fingerprint, kv.layout())
+            raise _layout_mismatch()
         prompt = job.prompts[0]
         if handle.get("prompt_digest") != kv.prompt_digest(prompt):
             self.metrics.failures.labels("prompt_mismatch").inc()
@@ -306,45 +350,47 @@ class KVService:
             raise errors.invalid(str(exc)) from exc
         started = time.perf_counter()
         try:
-            received = await self._pull(kv, seq, url, handle_id, fingerprint)
+            received = await self._pull(kv, seq, url, handle_id, fingerprint, request)
         except errors.APIError:
             if kv.holds_blocks(seq):
                 await self.release(seq)
             raise
         except (aiohttp.ClientError, asyncio.IncompleteReadError, OSError, TimeoutError,
-                ValueError) as exc:
+                ValueError, KeyError, TypeError) as exc:
             if kv.holds_blocks(seq):
                 await self.release(seq)
             self.metrics.failures.labels(type(exc).__name__).inc()
-            raise errors.APIError(424, f"Could not fetch the KV blocks from the prefill worker "
-                                  f"{url}: {exc!r}. Retry the request (colocated).",
-                                  type="upstream_error", code="kv_transfer_failed") from exc
+            log.warning("could not fetch KV handle %s from %s (request %s): %r", handle_id, url,
+                        request_id(request), exc)
+            raise _transfer_failed() from exc
         self.metrics.bytes.labels("received").inc(received)
         self.metrics.seconds.labels("receive").observe(time.perf_counter() - started)
         kv.finish_import(seq, first)
         job.kv_seq = seq
 
-    async def _pull(self, kv: Any, seq: Any, url: str, handle_id: str,
-                    fingerprint: str) -> int:
+    async def _pull(self, kv: Any, seq: Any, url: str, handle_id: str, fingerprint: str,
+                    request: web.Request) -> int:
         """Stream the blocks into `seq`'s newly reserved blocks; the bytes received (0 when the
         pool was full and the prompt will be recomputed instead)."""
-        assert self.session is not None
+        assert self.session is not None and self.keyring is not None
+        headers = dict([self.keyring.authorization(), (InternalHeader.KV_FINGERPRINT, fingerprint),
+                        (fleet_auth.REQUEST_ID_HEADER, request_id(request))])
         async with self.session.get(f"{url}/internal/kv/blocks/{handle_id}",
-                                    headers={FINGERPRINT_HEADER: fingerprint}) as resp:
+                                    headers=headers) as resp:
             if resp.status != 200:
                 text = (await resp.text())[:500]
                 self.metrics.failures.labels(f"status_{resp.status}").inc()
-                status = 409 if resp.status == 409 else 424
-                raise errors.APIError(status, f"The prefill worker {url} answered "
-                                      f"{resp.status} for KV handle {handle_id}: {text}",
-                                      type="upstream_error", code="kv_transfer_failed")
+                log.warning("the prefill worker %s answered %d for KV handle %s (request %s): "
+                            "%s", url, resp.status, handle_id, request_id(request), text)
+                raise _layout_mismatch() if resp.status == 409 else _transfer_failed()
             (size,) = struct.unpack(">I", await resp.content.readexactly(4))
             header = json.loads(await resp.content.readexactly(size))
             num_parts = kv.num_parts()
             if (header["fingerprint"] != fingerprint or len(header["parts"]) != num_parts
                     or header["num_prompt_tokens"] != seq.num_prompt_tokens):
-                raise errors.APIError(409, f"The KV stream does not fit this worker: {header}.",
-                                      code="kv_layout_mismatch")
+                log.warning("the KV stream of handle %s does not fit this worker (request %s): "
+                            "%s", handle_id, request_id(request), header)
+                raise _layout_mismatch()
             try:
                 kv.check_adapter(header, seq)
             except AdapterError as exc:
@@ -360,6 +406,18 @@ class KVService:
                 kv.import_part(seq, i, data, spec)
                 received += len(data)
             return received
+
+
+def _layout_mismatch() -> errors.APIError:
+    return errors.APIError(409, "The KV handle was computed for another KV layout; prefill and "
+                           "decode workers must run the same model, dtype and block size.",
+                           code="kv_layout_mismatch")
+
+
+def _transfer_failed() -> errors.APIError:
+    return errors.APIError(424, "Could not fetch the KV blocks from the prefill worker; retry "
+                           "the request (colocated).", type="upstream_error",
+                           code="kv_transfer_failed")
 
 
 def _adapter_mismatch(sent: object, wanted: str | None) -> errors.APIError:
@@ -380,8 +438,12 @@ def add_kv_routes(app: web.Application, options: KVOptions) -> KVService:
     if options.role not in ROLES:
         raise ValueError(f"role {options.role!r}: use one of {', '.join(ROLES)}")
     state = app[STATE_KEY]
+    if options.role != "both" and state.options.keyring is None:
+        raise ValueError(f"role {options.role!r} needs the fleet key (--fleet-key-file): KV "
+                         "handles are signed with it")
     service = KVService(state, options)
     app[KV_KEY] = service
+    app.middlewares.append(service.check_handle)
     app.on_startup.append(service.start)
     app.on_cleanup.append(service.stop)
     app.router.add_get("/internal/kv/layout", service.describe)
