@@ -40,6 +40,8 @@ class FakeWorker:
     gate_at_chunk: int = 0
     gauges: dict[str, float] = field(default_factory=dict)
     set_cookie: str | None = None  # a Set-Cookie header on non-streamed answers
+    answer_headers: dict[str, str] = field(default_factory=dict)  # more, on non-streamed answers
+    error_message: str = "nope"  # what an `answer_status` answer says
     bodies: list[dict] = field(default_factory=list)
     raw_bodies: list[bytes] = field(default_factory=list)
     headers: list[Mapping[str, str]] = field(default_factory=list)
@@ -58,6 +60,7 @@ class FakeWorker:
     load_status: int | None = None  # answer every load with this status
     on_load: Callable[[str], None] | None = None  # called with the name as a load starts
     loads: list[str] = field(default_factory=list)
+    load_headers: list[Mapping[str, str]] = field(default_factory=list)
     unloads: list[str] = field(default_factory=list)
     server: TestServer | None = None
     url: str = ""  # set once started; kept after the server closes
@@ -104,6 +107,7 @@ class FakeWorker:
     async def _load_adapter(self, request: web.Request) -> web.Response:
         body = await request.json()
         name = body["lora_name"]
+        self.load_headers.append(request.headers.copy())
         if self.on_load is not None:
             self.on_load(name)
         self.loads.append(name)
@@ -138,14 +142,17 @@ class FakeWorker:
                           "model_not_found")
         if self.answer_status is not None:
             return web.json_response(
-                {"error": {"message": "nope", "type": "x", "param": None, "code": None}},
+                {"error": {"message": self.error_message, "type": "x", "param": None,
+                           "code": None}},
                 status=self.answer_status, headers={"Retry-After": "1"})
         if not body.get("stream"):
-            cookie = {"Set-Cookie": self.set_cookie} if self.set_cookie else None
+            headers = dict(self.answer_headers)
+            if self.set_cookie:
+                headers["Set-Cookie"] = self.set_cookie
             return web.json_response({"id": "cmpl-1", "object": "text_completion",
                                       "worker": self.name,
                                       "choices": [{"text": "tok" * self.num_tokens}]},
-                                     headers=cookie)
+                                     headers=headers)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         try:
@@ -225,8 +232,12 @@ async def start_router() -> AsyncIterator[StartRouter]:
     started: list[RunningRouter] = []
 
     async def start(workers: list[FakeWorker], config: RouterConfig | None = None,
-                    wait_healthy: int | None = None) -> RunningRouter:
+                    wait_healthy: int | None = None, *,
+                    debug_headers: bool = True) -> RunningRouter:
+        """A router in front of `workers`; it names the worker of each answer
+        (`--debug-headers`: what most tests observe) unless `debug_headers` is False."""
         config = config or RouterConfig(probe_interval=0.05)
+        config.proxy.debug_headers = debug_headers
         app = build_app(config, StaticDiscovery([w.url for w in workers]))
         await app.start("127.0.0.1", 0)
         router = RunningRouter(app, aiohttp.ClientSession())

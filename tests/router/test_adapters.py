@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from frota.api.fleet_key import Keyring, generate_key
 from frota.router.adapters import AdapterConfig, parse_adapter_paths
 from frota.router.app import RouterConfig
 from frota.router.disagg import DisaggConfig, Disaggregation
@@ -295,7 +296,9 @@ async def test_in_pd_mode_loads_reach_prefill_workers_too(start_worker, start_ro
     decode = await start_worker(name="decode", lora=True)
     prefill = await start_worker(name="prefill", lora=True)
     config = runtime()
-    config.disagg = Disaggregation(DisaggConfig(), StaticDiscovery([prefill.url]))
+    config.keyring = Keyring(generate_key().encode())
+    config.adapters.runtime_loading = True
+    config.disagg = Disaggregation(DisaggConfig(), StaticDiscovery([prefill.url]), config.keyring)
     router = await start_router([decode], config)
     await wait_until(lambda: bool(config.disagg.pool.healthy()))
     status, _, _ = await post(router, "/v1/load_lora_adapter",
@@ -303,6 +306,9 @@ async def test_in_pd_mode_loads_reach_prefill_workers_too(start_worker, start_ro
     assert status == 200
     assert decode.adapters == prefill.adapters == {"sql": "/adapters/sql"}
     assert config.disagg.pick_prefill("sql").url == prefill.url
+    # Loads on workers are internal calls: each carried the fleet's credential.
+    expected = config.keyring.authorization()[1]
+    assert [h["Authorization"] for h in decode.load_headers + prefill.load_headers] == [expected] * 2
 
 
 async def test_models_through_the_router_lists_adapters_any_worker_holds(

@@ -97,6 +97,7 @@ def test_loads_through_the_router_reach_every_worker_and_later_ones(
     processes.append(first)
     first.wait_ready(300)
     argv = frota_argv("router", "--probe-interval", "0.2", "--lora-runtime-loading",
+                      "--debug-headers",
                       "--workers", f"{first.url},http://127.0.0.1:{late_port}",
                       port=router_port)
     router = ServingProcess("router", argv, router_port, tmp_path / "router.log")

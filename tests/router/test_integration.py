@@ -52,7 +52,8 @@ def start_worker(tmp: Path, name: str, port: int | None = None) -> ServingProces
 def start_router(tmp: Path, workers: list[ServingProcess], policy: str,
                  *extra: str) -> ServingProcess:
     port = free_port()
-    argv = frota_argv("router", "--policy", policy, "--probe-interval", "0.2",
+    # --debug-headers: the tests read which worker served each answer.
+    argv = frota_argv("router", "--policy", policy, "--probe-interval", "0.2", "--debug-headers",
                       "--workers", ",".join(w.url for w in workers), *extra, port=port)
     name = f"router-{policy}-{port}"
     return ServingProcess(name, argv, port, tmp / f"{name}.log").wait_ready(60)

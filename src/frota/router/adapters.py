@@ -48,6 +48,7 @@ from typing import Any
 
 import aiohttp
 
+from frota.api.fleet_key import Keyring
 from frota.router.errors import error_body, error_response, json_response
 from frota.router.health import Worker, WorkerPool
 from frota.router.metrics import RouterMetrics
@@ -128,8 +129,11 @@ class Outcome:
 class Adapters:
     """The router's view of LoRA adapters over its pools; one per app."""
 
-    def __init__(self, config: AdapterConfig, metrics: RouterMetrics) -> None:
+    def __init__(self, config: AdapterConfig, metrics: RouterMetrics,
+                 keyring: Keyring | None = None) -> None:
         self.config = config
+        # Loads and unloads on workers are internal calls: they carry the fleet's credential.
+        self.keyring = keyring
         self.runtime_loading = config.runtime_loading
         # Every name the router knows as an adapter (grows; read on every request).
         self.names: set[str] = set(config.paths)
@@ -222,7 +226,8 @@ class Adapters:
         assert self.session is not None
         timeout = aiohttp.ClientTimeout(total=self.config.load_timeout)
         try:
-            async with self.session.post(worker.url + path, json=payload,
+            headers = dict([self.keyring.authorization()]) if self.keyring else None
+            async with self.session.post(worker.url + path, json=payload, headers=headers,
                                          timeout=timeout) as resp:
                 return Outcome(worker, resp.status, await resp.read(),
                                resp.headers.get("Content-Type", "text/plain"))

@@ -20,6 +20,7 @@ from typing import Any
 import aiohttp
 
 from frota.api.contract import AdmissionDefault
+from frota.api.fleet_key import Keyring
 from frota.router.adapters import LOAD_PATH, UNLOAD_PATH, AdapterConfig, Adapters
 from frota.router.admission import AdmissionController, Rejected
 from frota.router.discovery import Discovery
@@ -76,6 +77,10 @@ class RouterConfig:
     announce: Announce | None = None
     # Under `--processes N`: this process's siblings, whose metrics its /metrics includes.
     siblings: Siblings | None = None
+    # The fleet key (`--fleet-key-file`): the credential of internal calls to workers, and
+    # what `/router/workers` asks for. None: no internal calls, and no `/router/workers`
+    # unless `proxy.debug_headers`.
+    keyring: Keyring | None = None
 
 
 def read_api_keys(path: str | Path) -> frozenset[str]:
@@ -99,7 +104,7 @@ class Router:
         self.admission = AdmissionController(
             self.metrics, max_inflight=config.max_inflight, max_queue=config.max_queue,
             queue_timeout=config.queue_timeout)
-        self.adapters = Adapters(config.adapters, self.metrics)
+        self.adapters = Adapters(config.adapters, self.metrics, config.keyring)
         self.hold = Hold(config.hold, self.metrics, config.announce)
         self.session: aiohttp.ClientSession | None = None
         self.client: UpstreamClient | None = None
@@ -202,6 +207,17 @@ class RouterApp:
                 return _answered(refused)
         return handler(request)
 
+    def _fleet_only(self, request: Request) -> Response | None:
+        """None when `request` may see the fleet's inside (worker addresses): it carries the
+        fleet's credential, or the router runs with `--debug-headers`; else the 403."""
+        config = self.router.config
+        if config.proxy.debug_headers or (
+                config.keyring is not None
+                and config.keyring.accepts_authorization(request.headers.get("authorization"))):
+            return None
+        return error_response(403, f"{request.path} is internal to the fleet",
+                              "permission_error", "forbidden")
+
     def _check_key(self, request: Request) -> Response | None:
         """Bearer-token check; None when the key is one of the configured ones."""
         auth = request.headers.get("authorization", "")
@@ -232,6 +248,7 @@ class RouterApp:
             router.metrics.requests.labels(endpoint, str(held.status)).inc()
             return held
         status = STATUS_CLIENT_CLOSED
+        request_id = router.proxy.ids.next()
         if not router.admission.try_acquire():
             try:
                 priority = int(request.headers.get(PRIORITY_HEADER, "0"))
@@ -244,7 +261,7 @@ class RouterApp:
                 return error_response(
                     429, f"the router is at capacity ({exc.reason}); retry after "
                     f"{exc.retry_after}s", "rate_limit_exceeded", exc.reason,
-                    headers={"Retry-After": str(exc.retry_after)})
+                    headers={"Retry-After": str(exc.retry_after), "x-request-id": request_id})
         try:
             assert router.proxy is not None
             adapters = router.adapters
@@ -254,7 +271,7 @@ class RouterApp:
                 pool = router.proxy.pool
                 if adapters.should_load(adapter, pool.healthy()):
                     await adapters.ensure_loaded(adapter, pool)
-            ctx = RequestContext(request, route, started)
+            ctx = RequestContext(request, route, started, request_id)
             response = await router.proxy.plan_for(ctx).execute(ctx)
             if (response.status in (502, 503) and isinstance(response, Response)
                     and not router.proxy.pool.healthy() and router.config.hold.seconds > 0):
@@ -334,7 +351,11 @@ class RouterApp:
         return Response(200, self.router.metrics.render(), METRICS_HEADERS)
 
     async def _workers(self, request: Request) -> Response:
-        """The router's view of its workers (for people and tests)."""
+        """The router's view of its workers (for people and tests): their addresses, so only
+        for the fleet's own callers (`_fleet_only`)."""
+        refused = self._fleet_only(request)
+        if refused is not None:
+            return refused
         router = self.router
         workers = router.pool.workers.values() if router.pool else []
         return json_response({"policy": router.policy.name.value, "workers": [

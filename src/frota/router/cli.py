@@ -56,6 +56,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--host", "0.0.0.0", "address to listen on")
     add("--port", 8000, "port to listen on")
     add("--api-key-file", None, "file with accepted API keys, one per line; without it, no auth")
+    add("--fleet-key-file", None, "the fleet's key (the operator mounts its Secret; `frota up` "
+        "writes one): internal calls to workers carry its credential; disaggregation needs it")
+    add("--debug-headers", False, "name the worker that served each answer (x-frota-worker) and "
+        "serve /router/workers to anyone: worker addresses are internal, so keep this off for "
+        "clients you do not trust", action="store_true")
     add("--validate-requests", False, "check completions and chat bodies against Frota's "
         "OpenAI request models before routing, so workers of another runtime (vLLM) refuse "
         "the same requests with the same 400", action="store_true")
@@ -122,9 +127,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--hold-seconds", 0.0, "hold a request that finds no ready worker this long (a "
         "replica may be starting from zero) before a 503; 0: answer 503 at once")
     add("--max-held-requests", 1024, "requests held at once; beyond it 503 at once")
-    add("--announce-demand", None, "kubernetes: when a request is held, mark the "
-        "InferenceService of this name (in --namespace) so the operator brings a replica "
-        "back at once")
+    add("--announce-demand", None, "kubernetes: when a request is held, stamp the demand "
+        "ConfigMap of this name (in --namespace; the operator makes it) so the operator "
+        "brings a replica back at once")
     add("--demand-url", None, "when a request is held, POST to this URL (frota up's "
         "supervisor starts its workers)")
 
@@ -201,10 +206,22 @@ def _announcer(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     return hold.url_announcer(args.demand_url) if args.demand_url else None
 
 
-def _disaggregation(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def _keyring(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """The fleet key's keyring, or None without --fleet-key-file."""
+    if not args.fleet_key_file:
+        return None
+    from frota.api.fleet_key import Keyring
+
+    return Keyring.from_file(args.fleet_key_file)
+
+
+def _disaggregation(args: argparse.Namespace, keyring):  # type: ignore[no-untyped-def]
     """The prefill pool and thresholds, or None when there are no prefill workers."""
     if not _disagg_enabled(args):
         return None
+    if keyring is None:
+        raise ValueError("disaggregated prefill/decode needs --fleet-key-file: the KV handles "
+                         "and the calls to prefill workers are signed with the fleet's key")
     from frota.router.disagg import DisaggConfig, Disaggregation
     from frota.router.discovery import StaticDiscovery
 
@@ -212,8 +229,9 @@ def _disaggregation(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     if args.disagg_min_prompt_tokens is not None:
         config.min_prompt_tokens = int(args.disagg_min_prompt_tokens)
     if args.discovery == "static":
-        return Disaggregation(config, StaticDiscovery(args.prefill_workers))
-    return Disaggregation(config, _kubernetes(args, f"{args.selector},{Label.ROLE}=prefill"))
+        return Disaggregation(config, StaticDiscovery(args.prefill_workers), keyring)
+    return Disaggregation(config, _kubernetes(args, f"{args.selector},{Label.ROLE}=prefill"),
+                          keyring)
 
 
 def is_true(value: object) -> bool:
@@ -233,6 +251,7 @@ def config_from_args(args: argparse.Namespace,  # type: ignore[no-untyped-def]
     from frota.router.proxy import ProxyConfig
 
     num_processes = args.processes if process is not None else 1
+    keyring = _keyring(args)
 
     return RouterConfig(
         policy=PolicyName(args.policy), load_signal=LoadSignal(args.load_signal),
@@ -246,11 +265,13 @@ def config_from_args(args: argparse.Namespace,  # type: ignore[no-untyped-def]
         queue_timeout=args.queue_timeout,
         proxy=ProxyConfig(max_retries=args.max_retries, retry_backoff=args.retry_backoff,
                           connect_timeout=args.connect_timeout,
-                          read_timeout=args.read_timeout or None),
+                          read_timeout=args.read_timeout or None,
+                          debug_headers=is_true(args.debug_headers)),
         probe_interval=args.probe_interval, probe_timeout=args.probe_timeout,
         eject_after=args.eject_after, drain_timeout=args.drain_timeout,
         api_keys=read_api_keys(args.api_key_file) if args.api_key_file else frozenset(),
-        disagg=_disaggregation(args),
+        disagg=_disaggregation(args, keyring),
+        keyring=keyring,
         validate_requests=args.validate_requests,
         hold=HoldConfig(seconds=args.hold_seconds, max_held=args.max_held_requests),
         announce=_announcer(args),

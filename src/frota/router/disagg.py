@@ -13,9 +13,14 @@ A request stays colocated (straight to the main pool, `DirectPlan`) when:
 - it cannot be split: several prompts, `n` > 1, or logprobs (the first token's
   logprobs stay on the prefill worker);
 - anything on the way fails: no prefill worker, the prefill fails, the decode worker
-  cannot pull the KV (409 layout mismatch, 424 prefill peer gone), or the decode
-  worker fails before its first byte. The request then runs colocated; nothing has
-  reached the client yet, so the client sees one normal answer.
+  cannot pull the KV (409 layout mismatch, 424 prefill peer gone, 403 a handle signed
+  with a key it does not know yet, mid-rotation), or the decode worker fails before its
+  first byte. The request then runs colocated; nothing has reached the client yet, so the
+  client sees one normal answer.
+
+The prefill call and the handle drop carry the fleet's credential (`frota.api.fleet_key`);
+the handle is signed by the prefill worker, and re-signed here when the router fills in the
+URL it reached that worker at. Disaggregation therefore needs the router's `--fleet-key-file`.
 """
 
 from __future__ import annotations
@@ -31,7 +36,8 @@ from typing import Any
 
 import aiohttp
 
-from frota.api.contract import RouterMetric
+from frota.api.contract import InternalHeader, RouterMetric
+from frota.api.fleet_key import Keyring
 from frota.router.discovery import Discovery
 from frota.router.health import Worker, WorkerPool
 from frota.router.loop_metrics import Counter, Histogram
@@ -47,7 +53,6 @@ from frota.router.upstream import UpstreamError
 
 log = logging.getLogger(__name__)
 
-HANDLE_HEADER = "x-frota-kv-handle"
 CHARS_PER_TOKEN = 4
 DISAGG_PATHS = ("/v1/completions", "/v1/chat/completions")
 PREFILL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -118,9 +123,11 @@ class DisaggMetrics:
 class Disaggregation:
     """The prefill pool plus what the plan needs; one per router app."""
 
-    def __init__(self, config: DisaggConfig, prefill_discovery: Discovery) -> None:
+    def __init__(self, config: DisaggConfig, prefill_discovery: Discovery,
+                 keyring: Keyring) -> None:
         self.config = config
         self.discovery = prefill_discovery
+        self.keyring = keyring
         self.pool: WorkerPool | None = None
         self.metrics: DisaggMetrics | None = None
         self.session: aiohttp.ClientSession | None = None
@@ -209,20 +216,23 @@ class DisaggPlan(RoutePlan):
         resp = None
         try:
             resp = await self.proxy.client.request(
-                worker.url, "POST", "/internal/kv/prefill" + ctx.route.path, (),
-                ctx.route.body, lines=forwarded_lines(ctx.request),
-                read_timeout=self.disagg.config.prefill_timeout)
+                worker.url, "POST", "/internal/kv/prefill" + ctx.route.path,
+                (self.disagg.keyring.authorization(),), ctx.route.body,
+                lines=forwarded_lines(ctx), read_timeout=self.disagg.config.prefill_timeout)
             body = await resp.read()
             if resp.status != 200:
                 if resp.status >= 500:
                     pool.record_failure(worker, f"prefill answered {resp.status}",
                                         eject_now=resp.status == 503)
-                log.info("prefill on %s answered %d: %s", worker.url, resp.status, body[:300])
+                log.info("request %s: prefill on %s answered %d: %s", ctx.request_id,
+                         worker.url, resp.status, body[:300])
                 return None, f"prefill_status_{resp.status}"
             handle = json.loads(body)["kv_handle"]
-        except (UpstreamError, ValueError, KeyError) as exc:
+            if not isinstance(handle, dict):
+                raise ValueError("kv_handle is not an object")
+        except (UpstreamError, ValueError, KeyError, TypeError) as exc:
             pool.record_failure(worker, f"prefill: {type(exc).__name__}")
-            log.info("prefill on %s failed: %r", worker.url, exc)
+            log.info("request %s: prefill on %s failed: %r", ctx.request_id, worker.url, exc)
             return None, "prefill_error"
         finally:
             worker.num_outstanding -= 1
@@ -231,7 +241,9 @@ class DisaggPlan(RoutePlan):
         pool.record_success(worker)
         self.metrics.prefill_latency.observe(time.perf_counter() - started)
         if not handle.get("url"):
-            handle["url"] = worker.url  # the address we reached it at reaches it from pods too
+            # The address we reached it at reaches it from pods too; the handle's signature
+            # covers its URL, so it is signed again with it.
+            handle = self.disagg.keyring.sign({**handle, "url": worker.url})
         return handle, worker
 
     async def _decode(self, ctx: RequestContext,
@@ -243,7 +255,7 @@ class DisaggPlan(RoutePlan):
         worker = proxy.pick(ctx, set())
         if worker is None:
             return None
-        handle_header = (HANDLE_HEADER, json.dumps(handle, separators=(",", ":")))
+        handle_header = (InternalHeader.KV_HANDLE, json.dumps(handle, separators=(",", ":")))
         started = time.perf_counter()
         worker.num_outstanding += 1
         try:
@@ -253,8 +265,8 @@ class DisaggPlan(RoutePlan):
             return await proxy.respond(upstream, worker, ctx)
         except RetryableFailure as exc:
             said = exc.response.body[:300] if exc.response is not None else b""
-            log.info("decode on %s failed before the first byte: %s %s", worker.url,
-                     exc.reason, said)
+            log.info("request %s: decode on %s failed before the first byte: %s %s",
+                     ctx.request_id, worker.url, exc.reason, said)
             return None
         finally:
             worker.num_outstanding -= 1
@@ -266,6 +278,7 @@ class DisaggPlan(RoutePlan):
             with contextlib.suppress(aiohttp.ClientError, TimeoutError, OSError):
                 async with self.disagg.session.delete(
                         f"{prefill.url}/internal/kv/blocks/{handle['id']}",
+                        headers=dict([self.disagg.keyring.authorization()]),
                         timeout=aiohttp.ClientTimeout(total=5)) as resp:
                     await resp.read()
 

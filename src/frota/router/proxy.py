@@ -12,19 +12,30 @@ never parses or re-serializes SSE events, and a chunk goes from the worker's
 connection to the client's in one callback (`frota.router.upstream`,
 `frota.router.server.ResponseStream`). Non-streaming bodies are read whole before
 the client sees anything, which makes them retryable as a whole.
+
+The router is where the outside ends (docs/security.md). A worker sees only the client's
+headers it needs (`FORWARDED_REQUEST_HEADERS`; never one named in the request's
+`Connection`, never an `x-frota-*` one), then the router's own: the request's id and,
+on the fleet's internal calls, the fleet's credential. A client sees the worker's answer
+without its internal headers, and of a worker's failure (a 5xx) only that it failed and
+the request's id: the worker's words go to the router's log under that id.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import json
 import logging
 import random
+import secrets
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from frota.router.errors import error_response, sse_error_event
+from frota.api.contract import InternalHeader
+from frota.router.errors import error_body, error_response, sse_error_event
 from frota.router.health import Worker, WorkerPool
 from frota.router.metrics import RouterMetrics
 from frota.router.policies import RouteRequest, RoutingPolicy
@@ -33,17 +44,20 @@ from frota.router.upstream import UpstreamClient, UpstreamError, UpstreamRespons
 
 log = logging.getLogger(__name__)
 
-# Hop-by-hop and router-only headers: never forwarded in either direction.
-DROP_REQUEST_HEADERS = frozenset({
-    "host", "content-length", "transfer-encoding", "connection", "keep-alive",
-    "authorization", "accept-encoding", "te", "upgrade", "proxy-authorization", "expect",
+# The only headers of a client's request a worker sees (an allowlist: whatever the fleet
+# uses inside, today's `x-frota-*` and tomorrow's, cannot be sent from outside). The body's
+# type, what the client accepts, who it is for the logs, and the trace context.
+FORWARDED_REQUEST_HEADERS = frozenset({
+    "content-type", "accept", "user-agent", "traceparent", "tracestate",
 })
+# Hop-by-hop and the router's own: never passed from a worker's answer to the client.
 DROP_RESPONSE_HEADERS = frozenset({
     "content-length", "transfer-encoding", "connection", "keep-alive", "date", "server",
+    "x-request-id",
 })
 # Worker answers that mean "try another replica" (nothing was generated).
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
-WORKER_HEADER = "x-frota-worker"
+REQUEST_ID_HEADER = "x-request-id"
 # Bytes pass through as the worker sent them; asking for identity keeps them plain.
 IDENTITY = "Accept-Encoding: identity"
 
@@ -56,6 +70,7 @@ class ProxyConfig:
     retry_backoff: float = 0.02     # seconds before the first retry; doubles each time
     connect_timeout: float = 3.0
     read_timeout: float | None = 600.0  # longest silence from a worker mid-response
+    debug_headers: bool = False     # name the worker in each answer (`x-frota-worker`)
 
 
 class RetryableFailure(Exception):
@@ -74,15 +89,33 @@ class RequestContext:
     request: Request
     route: RouteRequest
     started: float  # time.perf_counter() when the router received it
+    request_id: str  # in the client's answer and the worker's request, and in log lines
 
 
-def forwarded_lines(request: Request) -> list[str]:
-    """The header lines a worker should see: the client's, as sent (hop-by-hop and
-    credentials dropped), and `IDENTITY`."""
-    headers = request.headers
+class RequestIds:
+    """Ids for requests: a random prefix per process and a counter, unique across router
+    processes and restarts without a system call per request."""
+
+    def __init__(self) -> None:
+        self._prefix = f"req_{secrets.token_hex(6)}"
+        self._count = itertools.count(1)
+
+    def next(self) -> str:
+        return f"{self._prefix}{next(self._count):08x}"
+
+
+def forwarded_lines(ctx: RequestContext) -> list[str]:
+    """The header lines a worker should see: the client's allowed ones, as sent (none that
+    its `Connection` header names), `IDENTITY` and the request's id."""
+    headers = ctx.request.headers
     kept = [line for line, name in zip(headers.lines, headers.names, strict=True)
-            if name not in DROP_REQUEST_HEADERS]
+            if name in FORWARDED_REQUEST_HEADERS]
+    if "connection" in headers.first:  # rare: the names it lists stop at this hop
+        hop = {token.strip().lower() for value in headers.getall("connection")
+               for token in value.split(",")}
+        kept = [line for line in kept if line.partition(":")[0].strip().lower() not in hop]
     kept.append(IDENTITY)
+    kept.append(f"X-Request-Id: {ctx.request_id}")
     return kept
 
 
@@ -99,6 +132,7 @@ class Proxy:
         self.disagg = None  # frota.router.disagg.Disaggregation, when prefill workers exist
         self._policy_name = policy.name.value
         self.direct = DirectPlan(self)  # holds no request state: one serves them all
+        self.ids = RequestIds()
 
     def plan_for(self, ctx: RequestContext) -> RoutePlan:
         if self.disagg is not None:
@@ -136,7 +170,7 @@ class Proxy:
         try:
             upstream = await self.client.request(
                 worker.url, request.method, request.target, extra_headers, ctx.route.body,
-                lines=forwarded_lines(request))
+                lines=forwarded_lines(ctx))
         except UpstreamError as exc:
             # Refused: nothing listens there (stopped, scaled to zero): out of rotation now,
             # not after `eject_after` more requests fail on it; its probe brings it back.
@@ -154,7 +188,9 @@ class Proxy:
                 upstream.close()
             if status >= 500:
                 self.pool.record_failure(worker, f"answered {status}", eject_now=status == 503)
-            response = Response(status, body, _response_headers(upstream, worker))
+                response = self.failure_answer(upstream, worker, ctx, body)
+            else:
+                response = Response(status, body, self.response_headers(upstream, worker, ctx))
             raise RetryableFailure(f"status_{status}", response)
         return upstream
 
@@ -166,11 +202,12 @@ class Proxy:
         try:
             if upstream.content_type == "text/event-stream":
                 return await self.relay_stream(upstream, worker, ctx)
-            return await self.read_whole(upstream, worker)
+            return await self.read_whole(upstream, worker, ctx)
         finally:
             upstream.close()  # no-op when fully read; cuts the worker off otherwise
 
-    async def read_whole(self, upstream: UpstreamResponse, worker: Worker) -> Response:
+    async def read_whole(self, upstream: UpstreamResponse, worker: Worker,
+                         ctx: RequestContext) -> Response:
         """Read a non-streaming answer whole; a failure is still retryable."""
         try:
             body = await upstream.read()
@@ -178,7 +215,42 @@ class Proxy:
             self.pool.record_failure(worker, f"body: {exc}")
             raise RetryableFailure("disconnected") from exc
         self.pool.record_success(worker)
-        return Response(upstream.status, body, _response_headers(upstream, worker))
+        if upstream.status >= 500:
+            return self.failure_answer(upstream, worker, ctx, body)
+        return Response(upstream.status, body, self.response_headers(upstream, worker, ctx))
+
+    def response_headers(self, upstream: UpstreamResponse, worker: Worker,
+                         ctx: RequestContext) -> list[tuple[str, str]]:
+        """The worker's headers the client may see, and the request's id."""
+        headers = [h for h, name in zip(upstream.headers, upstream.names, strict=True)
+                   if name not in DROP_RESPONSE_HEADERS
+                   and not name.startswith(InternalHeader.PREFIX)]
+        headers.append((REQUEST_ID_HEADER, ctx.request_id))
+        if self.config.debug_headers:
+            headers.append((InternalHeader.WORKER, worker.url))
+        return headers
+
+    def failure_answer(self, upstream: UpstreamResponse, worker: Worker, ctx: RequestContext,
+                       body: bytes) -> Response:
+        """A worker's 5xx as the client sees it: its status (and Retry-After), an OpenAI error
+        that names the request's id and nothing of the fleet; what the worker said goes to
+        the log under that id."""
+        status = upstream.status
+        log.warning("request %s: %s answered %d: %s", ctx.request_id, worker.url, status,
+                    body[:500])
+        retry_after = next((v for (n, v), name in zip(upstream.headers, upstream.names,
+                                                      strict=True)
+                            if name == "retry-after"), None)
+        headers = [("Content-Type", "application/json; charset=utf-8"),
+                   (REQUEST_ID_HEADER, ctx.request_id)]
+        if retry_after is not None:
+            headers.append(("Retry-After", retry_after))
+        if self.config.debug_headers:
+            headers.append((InternalHeader.WORKER, worker.url))
+        message = (f"the worker serving this request failed (status {status}); retry the "
+                   f"request, and quote request id {ctx.request_id} when reporting it")
+        return Response(status, json.dumps(error_body(
+            message, "server_error", "upstream_error")).encode(), headers)
 
     async def relay_stream(self, upstream: UpstreamResponse, worker: Worker,
                            ctx: RequestContext) -> Answer:
@@ -198,8 +270,8 @@ class Proxy:
             self.pool.record_failure(worker, "empty stream")
             raise RetryableFailure("empty_stream")
         self.pool.record_success(worker)
-        stream = open_stream(ctx.request, upstream.status, _response_headers(upstream, worker),
-                             first)
+        stream = open_stream(ctx.request, upstream.status,
+                             self.response_headers(upstream, worker, ctx), first)
         self.metrics.ttft.observe(time.perf_counter() - ctx.started)
         stream.time_gaps(self.metrics.itl.labels())
         stream.set_flow_control(upstream.pause_reading, upstream.resume_reading)
@@ -211,14 +283,15 @@ class Proxy:
         except UpstreamError as exc:
             self.metrics.stream_errors.inc()
             self.pool.record_failure(worker, f"mid-stream: {exc}")
-            log.warning("stream from %s broke after its first byte: %s", worker.url, exc)
+            log.warning("request %s: the stream from %s broke after its first byte: %s",
+                        ctx.request_id, worker.url, exc)
             if exc.mid_chunk:  # part of a chunk went out: no event can follow it
                 stream.cut()
                 return stream
             stream.time_gaps(None)  # the error event is not a token
             stream.write(sse_error_event(
-                f"the worker serving this stream failed ({exc.reason}); "
-                "the response is incomplete, retry the request"))
+                f"the worker serving this stream failed ({exc.reason}); the response is "
+                f"incomplete, retry the request (request id {ctx.request_id})"))
         stream.end(ended_raw=ended_raw)
         return stream
 
@@ -256,24 +329,18 @@ class DirectPlan(RoutePlan):
                 return await proxy.respond(await proxy.attempt(worker, ctx), worker, ctx)
             except RetryableFailure as exc:
                 failure = exc
-                log.info("attempt %d on %s failed before the first byte: %s",
-                         attempt + 1, worker.url, exc.reason)
+                log.info("request %s: attempt %d on %s failed before the first byte: %s",
+                         ctx.request_id, attempt + 1, worker.url, exc.reason)
             finally:
                 worker.num_outstanding -= 1
         if failure is not None and failure.response is not None:
             return failure.response  # every worker said 429/503: pass the last answer on
+        ids = {REQUEST_ID_HEADER: ctx.request_id}
         if failure is not None:
             return error_response(
                 502, f"no worker could serve the request ({failure.reason} on "
                 f"{len(tried)} worker(s)); retry later", "upstream_error", "upstream_unavailable",
-                headers={"Retry-After": "1"})
+                headers={"Retry-After": "1", **ids})
         return error_response(
             503, "no healthy worker is available; the fleet may be starting or scaling",
-            "service_unavailable", "no_healthy_workers", headers={"Retry-After": "1"})
-
-
-def _response_headers(upstream: UpstreamResponse, worker: Worker) -> list[tuple[str, str]]:
-    headers = [h for h, name in zip(upstream.headers, upstream.names, strict=True)
-               if name not in DROP_RESPONSE_HEADERS]
-    headers.append((WORKER_HEADER, worker.url))
-    return headers
+            "service_unavailable", "no_healthy_workers", headers={"Retry-After": "1", **ids})
