@@ -7,20 +7,29 @@ from pathlib import Path
 
 import httpx
 
+from frota.api.contract import FleetKey
+from frota.api.fleet_key import write_key_file
 from tests.metrics_text import metric_sum
 from tests.processes import ServingProcess, free_port, frota_argv
 
-__all__ = ["Proc", "free_port", "metric", "router", "wait_for", "worker"]
+__all__ = ["Proc", "fleet_key", "free_port", "metric", "router", "wait_for", "worker"]
+
+
+def fleet_key(log_dir: Path) -> Path:
+    """The fleet key of the processes logging to `log_dir` (one fleet), written once."""
+    path = log_dir / "fleet.key"
+    return path if path.exists() else write_key_file(path)
 
 
 class Proc(ServingProcess):
     """`frota <argv>` serving HTTP on a free port (one torch thread); its log is
-    `<log_dir>/<name>.log`."""
+    `<log_dir>/<name>.log`. The processes of one `log_dir` share a fleet key."""
 
     def __init__(self, name: str, argv: list[str], log_dir: Path) -> None:
         port = free_port()
         super().__init__(name, frota_argv(*argv, port=port), port, log_dir / f"{name}.log",
-                         env={"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+                         env={"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+                              FleetKey.FILE_ENV: str(fleet_key(log_dir))})
 
 
 def worker(name: str, model: str, role: str, log_dir: Path, *extra: str) -> Proc:

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from frota.api.contract import Role
+from frota.api.contract import FleetKey, Role
 from frota.local.ports import free_ports, require_free
 from frota.local.supervisor import GroupSpec, ProcessSpec
 from frota.local.topology import (
@@ -39,6 +39,8 @@ class FleetOptions:
     vllm: str = "vllm"  # the `vllm` command the vllm runtime's workers run
     # Scale to zero: the router holds requests and POSTs here to have the workers started.
     demand_url: str | None = None
+    # The fleet's key, one per run (`frota.api.fleet_key`): every process gets its path.
+    fleet_key_file: str | None = None
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,7 @@ def build(topology: LocalTopology, opts: FleetOptions) -> LocalFleet:
                                             threads)}
             if devices is not None:
                 env["CUDA_VISIBLE_DEVICES"] = devices[index]
+            env.update(_fleet_key_env(opts))
             argv = (*local_command(rank, opts), *strip_flags(rank.args, {"--port", "--host"}),
                     "--host", opts.host, "--port", str(port))
             is_leader = rank.rank == 0
@@ -147,11 +150,16 @@ def _router_spec(topology: LocalTopology, groups: list[GroupSpec], opts: FleetOp
                                                  "--prefill-workers", "--decode-workers"}),
             *hold, "--host", opts.host, "--port", str(opts.port))
     return ProcessSpec(
-        name="router", argv=argv, env={**topology.router_env, "FROTA_LOG_LEVEL": opts.log_level},
+        name="router", argv=argv,
+        env={**topology.router_env, "FROTA_LOG_LEVEL": opts.log_level, **_fleet_key_env(opts)},
         port=opts.port,
         role=Role.ROUTER, ready_url=f"http://{_connect_host(opts.host)}:{opts.port}/ready",
         live_url=f"http://{_connect_host(opts.host)}:{opts.port}/health",
     )
+
+
+def _fleet_key_env(opts: FleetOptions) -> dict[str, str]:
+    return {FleetKey.FILE_ENV: opts.fleet_key_file} if opts.fleet_key_file else {}
 
 
 def _rank_env(group: LocalGroup, rank: int, master_port: int, opts: FleetOptions,

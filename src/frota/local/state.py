@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from frota.api.fleet_key import write_key_file
+
 
 @dataclass
 class ProcessState:
@@ -61,6 +63,18 @@ def state_dir() -> Path:
 
 def state_path(port: int) -> Path:
     return state_dir() / f"up-{port}.json"
+
+
+def fleet_key_path(port: int) -> Path:
+    """The fleet key of the fleet on `port` (readable by its owner only)."""
+    return state_dir() / f"fleet-key-{port}"
+
+
+def write_fleet_key(port: int) -> Path:
+    """A new fleet key for the fleet on `port`, replacing any earlier run's."""
+    path = fleet_key_path(port)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return write_key_file(path)
 
 
 def write(state: FleetState) -> Path:

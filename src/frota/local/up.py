@@ -100,7 +100,8 @@ def run(args: argparse.Namespace) -> int:
         opts = FleetOptions(host=args.host, port=args.port, worker_base_port=args.worker_base_port,
                             log_level=args.log_level, launcher=launcher,
                             cpu_threads=args.cpu_threads, vllm=vllm or "vllm",
-                            demand_url=demand_url)
+                            demand_url=demand_url,
+                            fleet_key_file=str(state.fleet_key_path(args.port)))
         fleet = build(topology, opts)
         if args.dry_run:
             _print_plan(topology, fleet)
@@ -209,6 +210,7 @@ async def _serve(topology: LocalTopology, fleet: LocalFleet, args: argparse.Name
     for note in topology.notes:
         progress.info(f"note: {note}")
     started = time.monotonic()
+    state.write_fleet_key(args.port)  # a new key each run: nothing outlives the fleet
     start = asyncio.create_task(sup.start(args.ready_timeout))
     stopped = asyncio.create_task(stop.wait())
     supervise: asyncio.Task[None] | None = None
@@ -245,6 +247,7 @@ async def _serve(topology: LocalTopology, fleet: LocalFleet, args: argparse.Name
             supervise.cancel()
         await sup.stop()
         state.remove(args.port)
+        state.fleet_key_path(args.port).unlink(missing_ok=True)
         progress.info("stopped; all processes ended")
 
 
