@@ -8,17 +8,28 @@ from pathlib import Path
 import httpx
 
 from frota.api.contract import FleetKey
-from frota.api.fleet_key import write_key_file
+from frota.api.fleet_key import Keyring, write_key_file
 from tests.metrics_text import metric_sum
 from tests.processes import ServingProcess, free_port, frota_argv
 
-__all__ = ["Proc", "fleet_key", "free_port", "metric", "router", "wait_for", "worker"]
+__all__ = ["Proc", "fleet_key", "free_port", "internal", "keyring", "metric", "router",
+           "wait_for", "worker"]
 
 
 def fleet_key(log_dir: Path) -> Path:
     """The fleet key of the processes logging to `log_dir` (one fleet), written once."""
     path = log_dir / "fleet.key"
     return path if path.exists() else write_key_file(path)
+
+
+def keyring(proc: ServingProcess) -> Keyring:
+    """The fleet key of `proc`'s fleet, as its peers hold it."""
+    return Keyring.from_file(fleet_key(proc.log_path.parent))
+
+
+def internal(proc: ServingProcess) -> dict[str, str]:
+    """The headers of an internal call to `proc` (what its router and peers send)."""
+    return dict([keyring(proc).authorization()])
 
 
 class Proc(ServingProcess):

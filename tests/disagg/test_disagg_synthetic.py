@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 
 from frota.engine import numeric_paths as paths
-from tests.disagg.fleet import Proc, free_port, metric, router, wait_for, worker
+from tests.disagg.fleet import Proc, free_port, internal, keyring, metric, router, wait_for, worker
 
 MODEL = "synthetic:dense-tiny"
 PROMPTS = ["Hi", "The quick brown fox jumps over the lazy dog. " * 6,
@@ -90,7 +90,8 @@ def test_unfetched_handles_expire_and_their_blocks_are_freed(fleet: dict[str, Pr
     prefill = fleet["prefill"].url
     expired = metric(prefill, "frota_kv_handles_total", outcome="expired")
     body = {"model": MODEL, "prompt": PROMPTS[2], "max_tokens": 8, "temperature": 0}
-    r = httpx.post(f"{prefill}/internal/kv/prefill/v1/completions", json=body, timeout=60)
+    r = httpx.post(f"{prefill}/internal/kv/prefill/v1/completions", json=body, timeout=60,
+                   headers=internal(fleet["prefill"]))
     assert r.status_code == 200, r.text
     handle = r.json()["kv_handle"]
     assert metric(prefill, "vllm:kv_cache_usage_perc") > 0  # pinned
@@ -98,7 +99,8 @@ def test_unfetched_handles_expire_and_their_blocks_are_freed(fleet: dict[str, Pr
              "the handle to expire (TTL 1s)")
     wait_for(lambda: metric(prefill, "vllm:kv_cache_usage_perc") == 0, 10, "blocks freed")
     assert metric(prefill, "frota_kv_handles_pinned") == 0
-    r = httpx.get(f"{prefill}/internal/kv/blocks/{handle['id']}", timeout=10)
+    r = httpx.get(f"{prefill}/internal/kv/blocks/{handle['id']}", timeout=10,
+                  headers=internal(fleet["prefill"]))
     assert r.status_code == 404
     assert r.json()["error"]["code"] == "kv_handle_not_found"
 
@@ -106,14 +108,15 @@ def test_unfetched_handles_expire_and_their_blocks_are_freed(fleet: dict[str, Pr
 def _handle(fleet: dict[str, Proc], prompt: str) -> dict:
     body = {"model": MODEL, "prompt": prompt, "max_tokens": 8, "temperature": 0}
     r = httpx.post(f"{fleet['prefill'].url}/internal/kv/prefill/v1/completions", json=body,
-                   timeout=60)
+                   timeout=60, headers=internal(fleet["prefill"]))
     assert r.status_code == 200, r.text
     return r.json()["kv_handle"]
 
 
 def test_decode_worker_whose_prefill_peer_died_answers_a_clean_424(fleet: dict[str, Proc]) -> None:
     handle = _handle(fleet, PROMPTS[1])
-    handle["url"] = f"http://127.0.0.1:{free_port()}"  # nobody listens there any more
+    # Signed by the fleet (as the router signs the URL it fills in); nobody listens there.
+    handle = keyring(fleet["decode"]).sign({**handle, "url": f"http://127.0.0.1:{free_port()}"})
     body = {"model": MODEL, "prompt": PROMPTS[1], "max_tokens": 8, "temperature": 0}
     r = httpx.post(f"{fleet['decode'].url}/v1/completions", json=body, timeout=60,
                    headers={"x-frota-kv-handle": json.dumps(handle)})
@@ -123,21 +126,24 @@ def test_decode_worker_whose_prefill_peer_died_answers_a_clean_424(fleet: dict[s
 
 def test_decode_worker_rejects_a_foreign_layout_with_409(fleet: dict[str, Proc]) -> None:
     handle = _handle(fleet, PROMPTS[1])
-    handle["fingerprint"] = "0" * 16
+    handle = keyring(fleet["decode"]).sign({**handle, "fingerprint": "0" * 16})
     body = {"model": MODEL, "prompt": PROMPTS[1], "max_tokens": 8, "temperature": 0}
     r = httpx.post(f"{fleet['decode'].url}/v1/completions", json=body, timeout=60,
                    headers={"x-frota-kv-handle": json.dumps(handle)})
     assert r.status_code == 409
     assert r.json()["error"]["code"] == "kv_layout_mismatch"
-    assert "block_size" in r.json()["error"]["message"]
+    # The layout is for the worker's log (with the request id), not for whoever asked.
+    assert "block_size" not in r.text and "0" * 16 not in r.text
+    wait_for(lambda: "block_size" in fleet["decode"].log_path.read_text(), 5, "the logged layout")
 
 
 class DyingPrefill:
     """Stands in for a prefill worker that hands out a handle and then dies: it forwards the
     prefill to the real one but points the handle at an address where nobody listens."""
 
-    def __init__(self, real: str) -> None:
-        self.real = real
+    def __init__(self, real: Proc) -> None:
+        self.real = real.url
+        self.keyring = keyring(real)
         self.dead = f"http://127.0.0.1:{free_port()}"
 
     def app(self) -> web.Application:
@@ -147,11 +153,13 @@ class DyingPrefill:
             return web.json_response({"status": "ready"})
 
         async def prefill(request: web.Request) -> web.Response:
+            headers = {"Content-Type": "application/json",
+                       "Authorization": request.headers.get("Authorization", "")}
             async with aiohttp.ClientSession() as s, s.post(
-                    self.real + request.path, data=await request.read(),
-                    headers={"Content-Type": "application/json"}) as r:
+                    self.real + request.path, data=await request.read(), headers=headers) as r:
                 answer = await r.json()
-            answer["kv_handle"]["url"] = self.dead
+            # A fleet member's handle (signed), pointing where its blocks no longer are.
+            answer["kv_handle"] = self.keyring.sign({**answer["kv_handle"], "url": self.dead})
             return web.json_response(answer)
 
         app = web.Application()
@@ -164,8 +172,8 @@ def test_router_runs_colocated_when_the_decode_worker_cannot_pull(
         fleet: dict[str, Proc], tmp_path: Path) -> None:
     from tests.server.harness import app_in_thread
 
-    with app_in_thread(DyingPrefill(fleet["prefill"].url).app()) as dying:
-        rtr = router("router-dying", tmp_path, decode=[fleet["decode"].url],
+    with app_in_thread(DyingPrefill(fleet["prefill"]).app()) as dying:
+        rtr = router("router-dying", fleet["decode"].log_path.parent, decode=[fleet["decode"].url],
                      prefill=[dying]).wait_ready()
         try:
             expected = complete(fleet["colocated"].url, PROMPTS[1])
@@ -180,7 +188,7 @@ def test_router_runs_colocated_when_the_decode_worker_cannot_pull(
 
 
 def test_short_prompts_stay_colocated(fleet: dict[str, Proc], tmp_path: Path) -> None:
-    rtr = router("router-threshold", tmp_path, decode=[fleet["decode"].url],
+    rtr = router("router-threshold", fleet["decode"].log_path.parent, decode=[fleet["decode"].url],
                  prefill=[fleet["prefill"].url], min_prompt_tokens=20).wait_ready()
     try:
         assert complete(rtr.url, "Hi") == complete(fleet["colocated"].url, "Hi")
