@@ -115,14 +115,21 @@ def test_fill_of_a_failing_download_writes_no_marker(local_ca: LocalCA, tmp_path
     assert not (tmp_path / "k" / cache.MARKER).exists()
 
 
-def test_fill_finds_the_work_done_when_the_marker_names_the_uri(tmp_path: Path) -> None:
-    (tmp_path / cache.MARKER).write_text(json.dumps({"uri": "https://example.invalid/m.gguf"}))
-    # No server: a second download would fail.
-    assert main(["cache", "fill", "https://example.invalid/m.gguf", "--dest", str(tmp_path / "m.gguf")]) == 0
+def test_fill_finds_the_work_done_when_the_marker_names_the_uri_and_the_files_match_it(
+        local_ca: LocalCA, tmp_path: Path) -> None:
+    dest = tmp_path / "m.gguf"
+    with serving(local_ca, {"/w/m.gguf": GGUF}) as base:
+        assert main(["cache", "fill", f"{base}/w/m.gguf", "--dest", str(dest)]) == 0
+    written = (tmp_path / cache.MARKER).stat().st_mtime_ns
+    # No server now: a second download would fail.
+    assert main(["cache", "fill", f"{base}/w/m.gguf", "--dest", str(dest)]) == 0
+    assert (tmp_path / cache.MARKER).stat().st_mtime_ns == written and dest.read_bytes() == GGUF
 
 
-def test_wait_returns_at_once_when_the_marker_is_there(tmp_path: Path) -> None:
-    (tmp_path / cache.MARKER).write_text(json.dumps({"uri": "hf://o/r", "bytes": 3}))
+def test_wait_returns_at_once_when_the_marker_is_there_and_the_files_match_it(
+        local_ca: LocalCA, tmp_path: Path) -> None:
+    with serving(local_ca, {"/w/m.gguf": GGUF}) as base:
+        assert main(["cache", "fill", f"{base}/w/m.gguf", "--dest", str(tmp_path / "m.gguf")]) == 0
     assert main(["cache", "wait", str(tmp_path), "--timeout", "0"]) == 0
 
 

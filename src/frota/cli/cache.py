@@ -1,8 +1,12 @@
-"""`frota cache fill URI --dest DIR/NAME` and `frota cache wait DIR --timeout S`: the two
+"""`frota cache fill URI --dest DIR/PATH --cache-dir DIR` and `frota cache wait DIR`: the two
 halves of spec.model.cache. The operator's Job runs `fill` once per InferenceService and
-model (it downloads with `frota.server.fetch`, atomically, then writes the marker
-DIR/.frota-cache.json LAST); every worker pod's init container runs `wait`, which only
-reads the read-only claim until the marker is there, so no pod ever downloads.
+model (it downloads with `frota.server.fetch`, atomically and fsynced, then writes the
+marker DIR/.frota-cache.json LAST: the manifest of every file's size and sha256, see
+`frota.engine.loader.cache_manifest`); every worker pod's init container runs `wait`,
+which only reads the read-only claim until the marker is there, then checks every file
+against the manifest (and the pinned sha256, --sha256), so no pod downloads, and none
+starts on a file that changed since. `frota cache digest PATH` prints the sha256 that
+spec.model.sha256 names for a file or a directory.
 
 While `fill` downloads it answers GET :PORT/progress (--progress-port) with {"bytes", "totalBytes"}:
 the bytes of its partial on disk and the source's Content-Length where one is announced.
@@ -18,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import json
 import os
 import signal
@@ -27,15 +30,20 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from frota.cli.fetch import sha256_arg
+
+# frota.engine.loader.cache_manifest.MARKER, which this module imports only lazily (the layering).
 MARKER = ".frota-cache.json"
 POLL_SECONDS = 2.0
-# `fill`'s exit status when another try cannot help (the body's sha256 is not the URL's, the
-# model cannot be converted): the Job's podFailurePolicy fails the Job at once on it,
-# instead of downloading the same wrong bytes backoffLimit times more.
+# `fill`'s exit status when another try cannot help (the body's sha256 is not the pinned one,
+# the model cannot be converted): the Job's podFailurePolicy fails the Job at once on it,
+# instead of downloading the same wrong bytes backoffLimit times more. `wait` exits with it
+# when the cache is not what its manifest or the pin says (the operator reports it).
 EXIT_PERMANENT = 3
 TERMINATION_LOG = "/dev/termination-log"  # the container's terminationMessagePath
 PROGRESS_PATH = "/progress"
@@ -44,49 +52,60 @@ TOTAL_TIMEOUT_S = 10.0
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", required=True)
-    fill = sub.add_parser("fill", help="download URI to --dest, then write the marker beside it")
+    fill = sub.add_parser("fill", help="download URI to --dest, then write the marker in --cache-dir")
     fill.add_argument("uri", help="hf://ORG/REPO or an https:// URL (as `frota fetch`)")
-    fill.add_argument("--dest", required=True, help="DIR/NAME: the download; the marker is DIR/" + MARKER)
+    fill.add_argument("--dest", required=True, help="DIR/PATH: where the download goes, under --cache-dir")
+    fill.add_argument("--cache-dir", default=None,
+                      help=f"DIR: the cache directory, where the marker {MARKER} goes (default: DEST's parent)")
+    fill.add_argument("--sha256", type=sha256_arg, default=None,
+                      help="the source's pinned sha256 (a file's, an archive's, or a directory's as "
+                      "`frota cache digest` prints it): enforced at the download")
     fill.add_argument("--convert", metavar="DIR", default=None,
                       help="then convert the GGUF model into DIR as an HF-layout checkpoint (for vLLM)")
     fill.add_argument("--progress-port", type=int, default=None,
                       help=f"serve GET {PROGRESS_PATH} (bytes so far, total) on this port while downloading")
-    wait = sub.add_parser("wait", help="wait until DIR/" + MARKER + " exists")
+    wait = sub.add_parser("wait", help=f"wait until DIR/{MARKER} exists, then check the files against it")
     wait.add_argument("dir", help="the cache directory (the claim's subPath, mounted read-only)")
-    wait.add_argument("--timeout", type=float, default=3600.0, help="seconds (default 3600)")
+    wait.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for the marker (default 3600)")
+    wait.add_argument("--sha256", type=sha256_arg, default=None,
+                      help="the pinned sha256 (spec.model.sha256) the cached source must have")
+    digest = sub.add_parser("digest", help="print the sha256 of a file, or of a directory's files "
+                            "(what spec.model.sha256 names)")
+    digest.add_argument("path", help="a file, or a directory such as `frota fetch` writes")
 
 
-def files_of(path: Path) -> dict[str, dict[str, Any]]:
-    """Each regular file under `path` (or `path` itself): its size and sha256."""
-    paths = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    out: dict[str, dict[str, Any]] = {}
-    for p in paths:
-        digest = hashlib.sha256()
-        with p.open("rb") as f:
-            while chunk := f.read(1 << 20):
-                digest.update(chunk)
-        out[p.name if p == path else str(p.relative_to(path))] = {
-            "size": p.stat().st_size, "sha256": digest.hexdigest()}
-    return out
+def write_marker(root: Path, dest: Path, uri: str, checked: list[str],
+                 downloaded: Mapping[Path, str] | None = None, source: tuple[str, str] | None = None,
+                 converted: Path | None = None) -> Path:
+    """The manifest, written last and durably: each file of the download (`downloaded`:
+    path -> sha256, hashed before it was published) and of the converted copy, named
+    relative to the cache directory `root`; the source's (sha256, of what); what was
+    checked, and when."""
+    from frota.engine.loader.cache_manifest import VERSION, FileRecord, record
+    from frota.server.fetch import fsync_tree, partial_path
 
-
-def write_marker(dest: Path, uri: str, checked: list[str], converted: Path | None = None) -> Path:
-    """DEST's files (and the converted copy's, under its directory name), what was checked
-    while downloading, and when; written atomically."""
-    files = files_of(dest) if dest.exists() else {}
+    files: dict[str, FileRecord] = {}
+    if downloaded:
+        files = {p.relative_to(root).as_posix(): FileRecord(p.stat().st_size, d) for p, d in downloaded.items()}
     if converted is not None:
-        files |= {f"{converted.name}/{name}": f for name, f in files_of(converted).items()}
-    marker = dest.parent / MARKER
-    body = {"uri": uri, "path": dest.name, "checked": checked, "files": files,
-            "bytes": sum(f["size"] for f in files.values()),
-            "completedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        files |= record(root, [converted])
+    body: dict[str, Any] = {
+        "version": VERSION, "uri": uri, "path": dest.relative_to(root).as_posix(), "checked": checked,
+        "files": {name: f.to_json() for name, f in sorted(files.items())},
+        "bytes": sum(f.size for f in files.values()),
+        "completedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if source is not None:
+        body |= {"sha256": source[0], "sha256Of": source[1]}
     if converted is not None:
-        body["converted"] = converted.name
-    from frota.server.fetch import partial_path
-
+        body["converted"] = converted.relative_to(root).as_posix()
+    marker = root / MARKER
     partial = partial_path(marker)
-    partial.write_text(json.dumps(body, indent=1, sort_keys=True))
+    with partial.open("w") as f:
+        f.write(json.dumps(body, indent=1, sort_keys=True))
+        f.flush()
+        os.fsync(f.fileno())
     partial.replace(marker)
+    fsync_tree(root, recursive=False)  # the rename
     return marker
 
 
@@ -102,7 +121,7 @@ def convert(source: str, into: Path) -> None:
 
     from frota.engine.errors import ModelNotFoundError, UnsupportedModelError
     from frota.engine.loader.export import export_hf  # torch: only where a conversion runs
-    from frota.server.fetch import partial_path
+    from frota.server.fetch import fsync_tree, partial_path
 
     into.parent.mkdir(parents=True, exist_ok=True)  # an image-baked model downloaded nothing there
     for stale in [into, *into.parent.glob(f"{_glob_escape(into.name)}.partial-*")]:
@@ -116,7 +135,9 @@ def convert(source: str, into: Path) -> None:
             export_hf(source, partial, verbose=False)
         except (ModelNotFoundError, UnsupportedModelError) as exc:
             raise ConversionError(f"{source}: cannot convert: {exc}") from None
+        fsync_tree(partial)
         partial.rename(into)
+        fsync_tree(into.parent, recursive=False)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
@@ -124,11 +145,9 @@ def convert(source: str, into: Path) -> None:
 
 def read_marker(directory: Path) -> dict[str, Any] | None:
     """The marker's contents, or None while it is absent or unreadable (not yet complete)."""
-    try:
-        body = json.loads((directory / MARKER).read_text())
-    except (OSError, ValueError):
-        return None
-    return body if isinstance(body, dict) else None
+    from frota.engine.loader.cache_manifest import read
+
+    return read(directory)
 
 
 def wait_for_marker(directory: Path, timeout: float, poll: float = POLL_SECONDS) -> dict[str, Any] | None:
@@ -151,22 +170,88 @@ def _stop(signum: int, frame: object) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.action == "wait":
-        body = wait_for_marker(Path(args.dir), args.timeout)
-        if body is None:
-            print(f"frota cache wait: no {MARKER} in {args.dir} after {args.timeout:g}s: is the "
-                  "model-cache Job running? (kubectl get jobs)", file=sys.stderr)
-            return 1
-        print(f"frota cache wait: {body.get('uri')} is cached ({body.get('bytes')} bytes)", file=sys.stderr)
-        return 0
+        return wait(Path(args.dir), args.timeout, args.sha256)
+    if args.action == "digest":
+        return digest(Path(args.path))
+    return fill(args)
+
+
+def wait(root: Path, timeout: float, sha256: str | None = None) -> int:
+    """Wait for the marker, then check the cache against it: 0 when every file is what the
+    manifest (and the pin) says; EXIT_PERMANENT, with the file and both digests as the
+    container's termination message, when one is not; 1 when no marker came in time."""
+    body = wait_for_marker(root, timeout)
+    if body is None:
+        print(f"frota cache wait: no {MARKER} in {root} after {timeout:g}s: is the "
+              "model-cache Job running? (kubectl get jobs)", file=sys.stderr)
+        return 1
     # Lazily: the command line sits above the data plane (tests/test_layering.py).
-    from frota.server.fetch import FetchError, expected_sha256, fetch
+    from frota.engine.loader.cache_manifest import CacheIntegrityError, verify
+
+    started = time.monotonic()
+    try:
+        manifest = verify(root, body, sha256)
+    except CacheIntegrityError as exc:
+        message = (f"frota cache wait: {exc}. The cache is not what was downloaded: delete the "
+                   "model-cache Job; its next run checks the cache and downloads it again")
+        print(message, file=sys.stderr)
+        _terminate(message)
+        return EXIT_PERMANENT
+    print(f"frota cache wait: {body.get('uri')} is cached; {len(manifest.files)} files "
+          f"({manifest.bytes} bytes) match the manifest{' and the pinned sha256' if sha256 else ''} "
+          f"({time.monotonic() - started:.1f}s)", file=sys.stderr)
+    return 0
+
+
+def digest(path: Path) -> int:
+    """Print the sha256 spec.model.sha256 names for `path`: a file's, or a directory's."""
+    from frota.engine.loader.digests import (
+        RefusedFile,
+        file_sha256,
+        files_sha256,
+        regular_files,
+        tree_sha256,
+    )
+
+    try:
+        if path.is_dir():
+            files = regular_files(path)
+            print(tree_sha256({p.relative_to(path).as_posix(): d
+                               for p, d in zip(files, files_sha256(files), strict=True)}))
+        else:
+            print(file_sha256(path))
+    except (OSError, RefusedFile) as exc:
+        print(f"frota cache digest: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def fill(args: argparse.Namespace) -> int:
+    # Lazily: the command line sits above the data plane (tests/test_layering.py).
+    from frota.engine.loader.cache_manifest import CacheIntegrityError, verify
+    from frota.engine.loader.digests import RefusedFile
+    from frota.server.fetch import FetchError, download
 
     dest = Path(args.dest)
+    root = Path(args.cache_dir) if args.cache_dir else dest.parent
     converted = Path(args.convert) if args.convert else None
-    if (body := read_marker(dest.parent)) is not None and body.get("uri") == args.uri and (
-            converted is None or body.get("converted") == converted.name):
-        print(f"frota cache fill: {args.uri} is already cached in {dest.parent}", file=sys.stderr)
-        return 0  # a recreated Job finds the work done
+    for path in (dest, converted):
+        if path is not None and (path == root or not path.is_relative_to(root)):
+            print(f"frota cache fill: {path} is not under the cache directory {root}", file=sys.stderr)
+            return 2
+    if (body := read_marker(root)) is not None and body.get("uri") == args.uri and (
+            converted is None or body.get("converted") == converted.relative_to(root).as_posix()):
+        try:
+            verify(root, body, args.sha256)
+        except CacheIntegrityError as exc:
+            # A recreated Job is how a user asks for a new copy of a cache that failed its
+            # check: the marker goes first, so no worker takes what follows for a whole cache.
+            print(f"frota cache fill: the cached copy fails its check ({exc}): downloading it again",
+                  file=sys.stderr)
+            (root / MARKER).unlink()
+        else:
+            print(f"frota cache fill: {args.uri} is already cached in {root}", file=sys.stderr)
+            return 0  # a recreated Job finds the work done
     image_baked = args.uri.startswith("alias:")
     if image_baked and converted is None:
         print(f"frota cache fill: {args.uri} is in the image: only --convert has work to do", file=sys.stderr)
@@ -179,17 +264,21 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _stop)
     try:
         checked: list[str] = []
+        files, source = None, None
         if not image_baked:
-            fetch(args.uri, dest, "model")
-            checked = ["content-length"] + (["sha256"] if expected_sha256(args.uri) else [])
+            got = download(args.uri, dest, "model", args.sha256, digests=True)
+            files = got.files
+            source = (got.sha256, got.sha256_of) if got.sha256 and got.sha256_of else None
+            pinned = args.sha256 or expected_sha256_of(args.uri)
+            checked = ["content-length"] + (["sha256"] if pinned else [])
         if converted is not None:
             convert(args.uri.removeprefix("alias:") if image_baked else str(dest), converted)
             checked.append("converted")
-        marker = write_marker(dest, args.uri, checked, converted)
+        marker = write_marker(root, dest, args.uri, checked, files, source, converted)
     except (FetchError, ConversionError) as exc:
         print(f"frota cache fill: {exc}", file=sys.stderr)
         return EXIT_PERMANENT if _permanent(exc) else 1
-    except OSError as exc:
+    except (OSError, RefusedFile) as exc:
         print(f"frota cache fill: {args.uri}: cannot write {converted or dest}: {exc}", file=sys.stderr)
         return 1
     except Stopped:
@@ -205,18 +294,32 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def expected_sha256_of(uri: str) -> str | None:
+    from frota.server.fetch import expected_sha256
+
+    return expected_sha256(uri)
+
+
 def _permanent(exc: Exception) -> bool:
-    # fetch names a checksum problem (a mismatch, a malformed #sha256=) in its message.
-    return isinstance(exc, ConversionError) or "sha256" in str(exc)
+    from frota.server.fetch import ChecksumError
+
+    # A checksum (a mismatch, a malformed pin) or a model the exporter refuses: the same
+    # bytes again. Not a network error, even one whose URI carries #sha256=.
+    return isinstance(exc, ConversionError | ChecksumError)
 
 
 def _report(size: int) -> None:
     """{"bytes": N} as the container's termination message: what status.modelCache shows."""
+    _terminate(json.dumps({"bytes": size}))
+
+
+def _terminate(message: str) -> None:
+    """`message` as the container's termination message (where the operator reads it)."""
     log = Path(TERMINATION_LOG)
     if not log.is_file():
         return  # not in a pod: nothing to tell, and /dev is no place to create a file
     with contextlib.suppress(OSError):
-        log.write_text(json.dumps({"bytes": size}))
+        log.write_text(message)
 
 
 def downloaded_bytes(dest: Path) -> int:

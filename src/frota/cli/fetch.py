@@ -16,6 +16,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kind", choices=["auto", "adapter", "model"], default="auto",
                         help="what the URI holds (default: auto, an adapter when a directory "
                         "has adapter_config.json)")
+    parser.add_argument("--sha256", type=sha256_arg, default=None,
+                        help="the source's pinned sha256 (spec.model.sha256): a file's, an archive's, "
+                        "or a directory's as `frota cache digest` prints it; a mismatch leaves nothing")
+
+
+def sha256_arg(text: str) -> str:
+    """64 lowercase hex digits, as spec.model.sha256 and `sha256sum` write them."""
+    if len(text) != 64 or any(c not in "0123456789abcdef" for c in text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a sha256: 64 lowercase hex digits")
+    return text
 
 
 def run(args: argparse.Namespace) -> int:
@@ -25,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from frota.server.fetch import FetchError, fetch
 
     try:
-        dest = fetch(args.uri, args.dest, args.kind)
+        dest = fetch(args.uri, args.dest, args.kind, args.sha256)
     except FetchError as exc:
         print(f"frota fetch: {exc}", file=sys.stderr)
         return 1

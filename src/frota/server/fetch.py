@@ -25,9 +25,19 @@ DEST.partial-* a killed run left are removed before a new one starts, so they ar
 loaded. The name is one no other writer has: a process in a container is often pid 1 in
 every pod, and a pod deleted by force may still be writing when the Job's next pod starts;
 with a shared name, the old writer's rename could publish the new one's half file. A body
-shorter than its Content-Length is a failure; a `#sha256=HEX` fragment on a single-file
-URL (.gguf or an archive) is checked against the body, and a mismatch is a failure. Every failure is a `FetchError` whose one-line message names
-the URI and what went wrong.
+shorter than its Content-Length is a failure.
+
+Digests: a `#sha256=HEX` fragment on a single-file URL (.gguf or an archive) pins the
+body; a `sha256` argument (spec.model.sha256) pins the source, whatever its layout: a
+single file's body, an archive's bytes, or a directory's files by its digest
+(`frota.engine.loader.digests.tree_sha256`, what `frota cache digest DIR` prints). A
+mismatch is a `ChecksumError` and leaves nothing at DEST.
+
+Durable: every file and directory of the download is fsynced before the rename that
+publishes it, and the parent directory after it, so a node that loses power never shows
+DEST (or the cache's marker written after it) over bytes that did not reach the disk.
+
+Every failure is a `FetchError` whose one-line message names the URI and what went wrong.
 """
 
 from __future__ import annotations
@@ -41,11 +51,15 @@ import ssl
 import tarfile
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
+from frota.engine.loader.digests import RefusedFile, files_sha256, regular_files, tree_sha256
+
 Kind = Literal["auto", "adapter", "model"]
+SourceKind = Literal["file", "directory", "archive"]
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 MODEL_FILES = ("config.json", "tokenizer.json")
@@ -66,6 +80,22 @@ class _NotFound(FetchError):
     """HTTP 404: an optional file may be absent."""
 
 
+class ChecksumError(FetchError):
+    """The download is not what its pinned sha256 names, or the pin is malformed: another
+    try downloads the same bytes, so it cannot help."""
+
+
+@dataclass(frozen=True)
+class Download:
+    """What `download` wrote: DEST, the source's sha256 (None unless pinned or asked for)
+    and what that digest is of, and each file's sha256 when asked for (path -> hex)."""
+
+    path: Path
+    sha256: str | None = None
+    sha256_of: SourceKind | None = None
+    files: dict[Path, str] | None = None
+
+
 def fetch_adapter(uri: str, dest: str | os.PathLike[str]) -> Path:
     """Download the PEFT adapter at `uri` into the directory `dest`; its path."""
     return fetch(uri, dest, "adapter")
@@ -82,35 +112,104 @@ def partial_path(target: Path) -> Path:
     return target.with_name(f"{target.name}.partial-{os.getpid()}-{secrets.token_hex(4)}")
 
 
-def fetch(uri: str, dest: str | os.PathLike[str], kind: Kind = "auto") -> Path:
-    """Download `uri` to `dest` atomically; `auto` tells an adapter from a model by its files."""
+def fetch(uri: str, dest: str | os.PathLike[str], kind: Kind = "auto", sha256: str | None = None) -> Path:
+    """Download `uri` to `dest` atomically; `auto` tells an adapter from a model by its files.
+    `sha256`: the source's pinned digest (see the module docstring)."""
+    return download(uri, dest, kind, sha256).path
+
+
+def download(uri: str, dest: str | os.PathLike[str], kind: Kind = "auto", sha256: str | None = None,
+             digests: bool = False) -> Download:
+    """`fetch`, saying what was written: with `digests`, the source's sha256 and each file's
+    (the model cache records them), hashed from the download before it is published."""
     target = Path(dest)
+    pin = _pin(uri, sha256)
     partial = partial_path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     # Left by an earlier run that was killed (a Job's retry, a container's pid 1): never loaded.
     for stale in target.parent.glob(f"{glob_escape(target.name)}.partial-*"):
         _remove(stale)
-    sha256 = expected_sha256(uri)
-    if sha256 is not None and not _path_of(uri).endswith((*ARCHIVE_SUFFIXES, ".gguf")):
-        raise FetchError(f"{uri}: a #sha256= fragment checks one file: a .gguf or an archive URL")
     try:
-        if uri.startswith("hf://"):
-            _from_hub(uri, partial, kind)
-        elif not uri.startswith("https://"):
-            raise FetchError(f"{uri}: only https:// and hf:// URIs can be downloaded")
-        elif _path_of(uri).endswith(ARCHIVE_SUFFIXES):
-            _from_archive(uri, partial, kind, sha256)
-        elif _path_of(uri).endswith(".gguf"):
-            if kind == "adapter":
-                raise FetchError(f"{uri}: a .gguf file is a model, not a LoRA adapter")
-            _download(uri, uri, partial, sha256)
-        else:
-            _from_directory(uri, partial, kind)
+        source, of = _layout(uri, partial, kind, pin)
+        files = {partial: source} if source is not None and of == "file" else None
+        if files is None and (digests or (pin is not None and of == "directory")):
+            files = _digests(uri, partial)
+            if of == "directory":
+                source = tree_sha256({p.relative_to(partial).as_posix(): d for p, d in files.items()})
+        if pin is not None and source != pin:  # a file's and an archive's were checked as they came
+            raise ChecksumError(f"{uri}: sha256 mismatch: the downloaded {of}'s is {source}, "
+                                f"the expected {pin}")
+        fsync_tree(partial)
         _replace(partial, target)
+        fsync_tree(target.parent, recursive=False)  # the rename itself
     except BaseException:
         _remove(partial)
         raise
-    return target
+    published = None if files is None else {target / p.relative_to(partial): d for p, d in files.items()}
+    return Download(target, source, of if source is not None else None, published)
+
+
+def _layout(uri: str, partial: Path, kind: Kind, pin: str | None) -> tuple[str | None, SourceKind]:
+    """Download `uri` into `partial` by its layout; the body's sha256 where one body was
+    streamed (a file, an archive), and what the source is."""
+    if uri.startswith("hf://"):
+        _from_hub(uri, partial, kind)
+        return None, "directory"
+    if not uri.startswith("https://"):
+        raise FetchError(f"{uri}: only https:// and hf:// URIs can be downloaded")
+    if _path_of(uri).endswith(ARCHIVE_SUFFIXES):
+        return _from_archive(uri, partial, kind, pin), "archive"
+    if _path_of(uri).endswith(".gguf"):
+        if kind == "adapter":
+            raise FetchError(f"{uri}: a .gguf file is a model, not a LoRA adapter")
+        return _download(uri, uri, partial, pin)[1], "file"
+    _from_directory(uri, partial, kind)
+    return None, "directory"
+
+
+def _pin(uri: str, sha256: str | None) -> str | None:
+    """The digest the download must have: `sha256`, the URL's #sha256=, or both when they
+    agree; a malformed one, or a fragment on a URL of many files, is a ChecksumError."""
+    fragment = expected_sha256(uri)
+    if sha256 is not None:
+        sha256 = sha256.lower()
+        if len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256):
+            raise ChecksumError(f"{uri}: the expected sha256 needs 64 hex digits")
+    if fragment is not None and not _path_of(uri).endswith((*ARCHIVE_SUFFIXES, ".gguf")):
+        raise ChecksumError(f"{uri}: a #sha256= fragment checks one file: a .gguf or an archive URL")
+    if fragment is not None and sha256 is not None and fragment != sha256:
+        raise ChecksumError(f"{uri}: the URL's #sha256= ({fragment}) and the expected sha256 "
+                            f"({sha256}) disagree")
+    return sha256 or fragment
+
+
+def _digests(uri: str, top: Path) -> dict[Path, str]:
+    """Each file's sha256 under the download `top`; a link in it is refused."""
+    try:
+        paths = regular_files(top)
+        return dict(zip(paths, files_sha256(paths), strict=True))
+    except RefusedFile as exc:
+        raise FetchError(f"{uri}: {exc}: a model's files must be regular files") from None
+
+
+def fsync_tree(path: Path, recursive: bool = True) -> None:
+    """Flush `path` to the disk: a file; or a directory, with (`recursive`) every file and
+    directory under it. Links are not followed (a download holds none)."""
+    if recursive and path.is_dir() and not path.is_symlink():
+        for directory, _, names in os.walk(path, topdown=False):
+            for name in names:
+                _fsync(Path(directory, name))
+            _fsync(Path(directory))
+    else:
+        _fsync(path)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 # --- layouts ---------------------------------------------------------------------------
@@ -157,10 +256,11 @@ def _weight_files(uri: str, partial: Path) -> list[str]:
     return shards
 
 
-def _from_archive(uri: str, partial: Path, kind: Kind, sha256: str | None = None) -> None:
+def _from_archive(uri: str, partial: Path, kind: Kind, sha256: str | None = None) -> str:
+    """Unpack the archive at `uri` into `partial`; the archive's sha256."""
     archive = partial.with_name(partial.name + ".archive")
     try:
-        _download(uri, uri, archive, sha256)
+        _, digest = _download(uri, uri, archive, sha256)
         partial.mkdir()
         _unpack(uri, archive, partial)
     finally:
@@ -171,6 +271,7 @@ def _from_archive(uri: str, partial: Path, kind: Kind, sha256: str | None = None
         raise FetchError(f"{uri}: the archive holds no adapter_config.json")
     if kind == "model" and "config.json" not in names and not any(n.endswith(".gguf") for n in names):
         raise FetchError(f"{uri}: the archive holds neither config.json nor a .gguf file")
+    return digest
 
 
 def _unpack(uri: str, archive: Path, into: Path) -> None:
@@ -229,8 +330,9 @@ def _optional(uri: str, name: str, partial: Path) -> bool:
     return True
 
 
-def _download(uri: str, url: str, to: Path, sha256: str | None = None) -> int:
-    """GET `url` into the file `to`; the bytes written. Errors name `uri` and the file."""
+def _download(uri: str, url: str, to: Path, sha256: str | None = None) -> tuple[int, str]:
+    """GET `url` into the file `to`; the bytes written and their sha256 (checked against
+    `sha256` when given). Errors name `uri` and the file."""
     what = uri if url == uri else f"{uri}: {url.rsplit('/', 1)[-1].split('?', 1)[0]}"
     url = urlunsplit(urlsplit(url)._replace(fragment=""))  # the fragment is ours, not the server's
     request = urllib.request.Request(url, headers={"User-Agent": "frota-fetch"})
@@ -258,8 +360,8 @@ def _download(uri: str, url: str, to: Path, sha256: str | None = None) -> int:
     if expected is not None and expected.isdigit() and int(expected) != received:
         raise FetchError(f"{what}: truncated: received {received} of {expected} bytes")
     if sha256 is not None and digest != sha256:
-        raise FetchError(f"{what}: sha256 mismatch: the body's is {digest}, the URL's #sha256= {sha256}")
-    return received
+        raise ChecksumError(f"{what}: sha256 mismatch: the body's is {digest}, the expected {sha256}")
+    return received, digest
 
 
 def _copy(response: http.client.HTTPResponse, to: Path) -> tuple[int, str]:
@@ -280,7 +382,7 @@ def expected_sha256(uri: str) -> str | None:
         return None
     value = fragment.removeprefix("sha256=").lower()
     if len(value) != 64 or any(c not in "0123456789abcdef" for c in value):
-        raise FetchError(f"{uri}: #sha256= needs 64 hex digits")
+        raise ChecksumError(f"{uri}: #sha256= needs 64 hex digits")
     return value
 
 
