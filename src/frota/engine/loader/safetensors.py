@@ -10,6 +10,7 @@ import torch
 
 from frota.engine.config import ModelConfig
 from frota.engine.errors import ModelNotFoundError, UnsupportedModelError
+from frota.engine.loader.safetensors_header import read_header
 from frota.engine.model.build import build_model
 from frota.engine.progress import progress
 from frota.engine.tokenizer import Tokenizer
@@ -69,7 +70,7 @@ def read_tokenizer(path: Path, cfg: ModelConfig) -> Tokenizer:
                      add_bos_token=bool(tc.get("add_bos_token", False)), chat_template=template)
 
 
-# safetensors' dtype names -> torch's
+# safetensors' dtype names -> torch's (the names safetensors_header.DTYPE_BYTES knows)
 _DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
            "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32, "I16": torch.int16,
            "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
@@ -78,35 +79,24 @@ _DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
 def mapped_tensors(file: Path) -> Iterator[tuple[str, torch.Tensor]]:
     """The tensors of one .safetensors file as views of the file, memory-mapped.
 
-    The format is an 8-byte little-endian header length, a JSON header (name -> dtype,
-    shape, byte range) and the raw bytes. The mapping is private and read lazily, so a
-    tensor costs no memory until the model copies it into its own parameter (converting
-    the dtype in that one copy, if it differs): the file's bytes are read once, with no
-    intermediate tensor. A tensor whose offset its dtype cannot be viewed at is copied.
+    The header is checked first (`safetensors_header`: every tensor's bytes inside the
+    file, none overlapping another, as many as its dtype and shape need), so each view
+    is of its own bytes. The mapping is private and read lazily, so a tensor costs no
+    memory until the model copies it into its own parameter (converting the dtype in that
+    one copy, if it differs): the file's bytes are read once, with no intermediate tensor.
+    A tensor whose offset its dtype cannot be viewed at is copied.
     """
     size = file.stat().st_size
     with file.open("rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            raise UnsupportedModelError(f"{file}: not a safetensors file (shorter than its header)")
-        header_len = int.from_bytes(head, "little")
-        if header_len > size - 8:
-            raise UnsupportedModelError(f"{file}: not a safetensors file (header past the end)")
-        header = json.loads(f.read(header_len))
+        header = read_header(file, f, size)
     data = torch.UntypedStorage.from_file(str(file), shared=False, nbytes=size)
-    raw = torch.empty(0, dtype=torch.uint8).set_(data)[8 + header_len:]
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        dtype = _DTYPES.get(entry["dtype"])
-        if dtype is None:
-            raise UnsupportedModelError(f"{file}: tensor {name!r} has dtype {entry['dtype']}, "
-                                        f"not one of {', '.join(_DTYPES)}")
-        begin, end = entry["data_offsets"]
-        chunk = raw[begin:end]
-        if (8 + header_len + begin) % dtype.itemsize:
+    raw = torch.empty(0, dtype=torch.uint8).set_(data)[header.data_start:]
+    for t in header.tensors:
+        dtype = _DTYPES[t.dtype]
+        chunk = raw[t.begin:t.end]
+        if (header.data_start + t.begin) % dtype.itemsize:
             chunk = chunk.clone()  # unaligned for its dtype: a copy that is
-        yield name, chunk.view(dtype).view(entry["shape"])
+        yield t.name, chunk.view(dtype).view(t.shape)
 
 
 def iter_weights(path: Path, verbose: bool) -> Iterator[tuple[str, torch.Tensor]]:
