@@ -8,8 +8,22 @@ __all__ = ["ALIASES", "ModelSource", "load_model", "resolve_model"]
 
 
 def load_model(model: str, dtype, device, verbose: bool = True):
-    """Return (LlamaForCausalLM, ModelConfig, tokenizer) on `device` in `dtype`."""
+    """Return (LlamaForCausalLM, ModelConfig, tokenizer) on `device` in `dtype`.
+
+    A model in a model cache (a directory with the marker `.frota-cache.json`, as
+    spec.model.cache mounts it) is checked against the cache's manifest first, every file
+    hashed: a worker container restarted in its pod runs no init container again, so this
+    is the check between the bytes on the volume and the bytes served."""
+    import time
+
+    from frota.engine.loader.cache_manifest import verify_model
+    from frota.engine.progress import progress
+
     source = resolve_model(model)
+    started = time.monotonic()
+    if (manifest := verify_model(model)) is not None:
+        progress(verbose, f"{len(manifest.files)} cached files ({manifest.bytes} bytes) match the "
+                 f"cache's manifest ({time.monotonic() - started:.1f}s)")
     if source.kind == "synthetic":
         from frota.engine.loader.synthetic import load_synthetic
 
