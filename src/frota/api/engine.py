@@ -9,6 +9,7 @@ from pydantic import Field, model_validator
 from frota.api.adapters import LoRA
 from frota.api.types import CelRule, FrotaModel, Quantity, nested_default
 
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
 URI_PATTERN = r"^(alias:[a-z0-9][a-z0-9._-]*|pvc://[a-z0-9][a-z0-9.-]*(/.*)?|hf://[^/\s]+/[^/\s]+|https://\S+|synthetic:\S+)$"
 DEFAULT_IMAGE = "ghcr.io/frota-dev/frota-worker:0.1.0"
 
@@ -61,6 +62,19 @@ class ModelCache(FrotaModel):
 class ModelSource(FrotaModel):
     """The model to serve: the name clients ask for, and where the weights come from."""
 
+    cel_rules = (
+        CelRule(
+            "!has(self.sha256) || self.uri.startsWith('hf://') || self.uri.startsWith('https://')",
+            "sha256 pins a download: it needs an hf:// or https:// uri",
+            ".sha256",
+        ),
+        CelRule(
+            "!has(self.sha256) || !self.uri.contains('#sha256=') || self.uri.endsWith('#sha256=' + self.sha256)",
+            "sha256 and the uri's #sha256= fragment name different digests: keep one (in lowercase)",
+            ".sha256",
+        ),
+    )
+
     name: str = Field(
         min_length=1, max_length=128,
         description="Served model name: the `model` field clients send to /v1/completions.",
@@ -72,6 +86,19 @@ class ModelSource(FrotaModel):
             "(e.g. `alias:smollm2`); `pvc://CLAIM/PATH` mounts a PersistentVolumeClaim read-only; "
             "`hf://ORG/REPO` and `https://URL` are downloaded by an init container into a cache "
             "volume; `synthetic:PRESET` is a seeded random model of a known shape (tests, MoE)."
+        ),
+    )
+    sha256: str | None = Field(
+        default=None, pattern=SHA256_PATTERN,
+        description=(
+            "The downloaded source's sha256 (64 lowercase hex digits), enforced from the first "
+            "download and checked again at every pod start: for a `.gguf` URL the file's (as "
+            "`sha256sum` prints it); for an archive URL the archive's; for an `hf://` repository or "
+            "a directory URL, which are many files, the directory's: the sha256 of `sha256sum`'s "
+            "lines for its files sorted by path, which `frota cache digest DIR` prints for a copy "
+            "`frota fetch` wrote. A mismatch fails the download (or the pod start) naming both "
+            "digests. Unset: the digests of the first download are recorded and checked from then on "
+            "(with spec.model.cache). The uri's `#sha256=` fragment, where both are set, must agree."
         ),
     )
     credentials: SecretKeyRef | None = Field(
@@ -95,6 +122,16 @@ class ModelSource(FrotaModel):
         default=None,
         description="Download the weights once into a shared PersistentVolumeClaim (see ModelCache).",
     )
+
+    @model_validator(mode="after")
+    def _sha256_pins_a_download(self) -> ModelSource:
+        if self.sha256 is None:
+            return self
+        if not self.uri.startswith(("hf://", "https://")):
+            raise ValueError(self.cel_rules[0].message)
+        if "#sha256=" in self.uri and not self.uri.endswith("#sha256=" + self.sha256):
+            raise ValueError(self.cel_rules[1].message)
+        return self
 
 
 class Quantization(FrotaModel):
