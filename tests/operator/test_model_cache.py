@@ -42,8 +42,9 @@ def test_one_claim_and_one_job_for_all_replicas_and_no_download_in_any_pod():
     assert job["metadata"]["name"].startswith("tiny-model-cache-")
     [fill] = job["spec"]["template"]["spec"]["containers"]
     key = job["metadata"]["name"].removeprefix("tiny-model-cache-")
+    # The marker goes in the KEY directory, where `wait` looks, not beside org/repo.
     assert fill["args"] == ["cache", "fill", URI, "--dest", f"/cache/{key}/org/repo",
-                            "--progress-port", str(PROGRESS_PORT)]
+                            "--cache-dir", f"/cache/{key}", "--progress-port", str(PROGRESS_PORT)]
     assert fill["ports"] == [{"name": "progress", "containerPort": PROGRESS_PORT, "protocol": "TCP"}]
     statefulsets = of_kind(objs, "StatefulSet")
     assert len(statefulsets) == 2

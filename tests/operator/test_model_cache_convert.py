@@ -36,7 +36,8 @@ def test_a_downloaded_gguf_is_converted_by_the_job_and_served_converted_by_every
     key = job["metadata"]["name"].rsplit("-", 1)[-1]
     fill = fill_of(job)
     assert fill["args"] == ["cache", "fill", GGUF_URI, "--dest", f"/cache/{key}/m.gguf",
-                            "--progress-port", str(PROGRESS_PORT), "--convert", f"/cache/{key}/converted"]
+                            "--cache-dir", f"/cache/{key}", "--progress-port", str(PROGRESS_PORT),
+                            "--convert", f"/cache/{key}/converted"]
     # Converting holds the dequantized model once: the rank's memory, not a download's.
     assert fill["resources"]["limits"]["memory"] == fill["resources"]["requests"]["memory"] != "1Gi"
     assert len(statefulsets) == 2

@@ -7,9 +7,14 @@ For the vllm runtime a GGUF model (a downloaded .gguf, or one baked into Frota's
 converted by the same Job into KEY/converted, the HF layout vLLM reads, before the marker:
 the converted form is what is cached, and a pod start converts nothing.
 
-The key is a hash of the URI (its #sha256= fragment included, and whether it is converted;
-an image-baked model's also names the image): a new model fills a new directory of the
-same claim by a new Job, and pods of the old revision keep theirs."""
+The key is a hash of the URI (its #sha256= fragment included, spec.model.sha256 too, and
+whether it is converted; an image-baked model's also names the image): a new model fills
+a new directory of the same claim by a new Job, and pods of the old revision keep theirs.
+
+Integrity: `fill` records every file's sha256 in the marker (the cache's manifest) and
+enforces spec.model.sha256 at the download; `wait` checks every file against the manifest
+and the pin at every pod start, and exits EXIT_PERMANENT with the file and both digests as
+its termination message when one differs (`model_cache_status` reports it)."""
 
 from __future__ import annotations
 
@@ -34,8 +39,10 @@ COMPONENT = "model-cache"
 MARKER_WAIT_ARGS = ["cache", "wait"]
 WAIT_MOUNT = "/model-cache"  # the whole claim, in the wait init container only
 # `frota cache fill`'s exit status when retrying cannot help (frota.cli.cache.EXIT_PERMANENT;
-# the operator may not import the command line): the Job fails at once on it.
+# the operator may not import the command line): the Job fails at once on it. `frota cache
+# wait` exits with it when the cache fails its check.
 EXIT_PERMANENT = 3
+WAIT_CONTAINER = "wait-model-cache"
 PROGRESS_PORT = 8081  # `frota cache fill --progress-port`: GET /progress while downloading
 
 
@@ -51,6 +58,8 @@ def claim_name(isvc: InferenceService) -> str:
 
 def cache_key(location: ModelLocation, isvc: InferenceService | None = None) -> str:
     what = location.uri
+    if isvc is not None and isvc.spec.model.sha256:
+        what += "\0sha256=" + isvc.spec.model.sha256  # a new pin is checked by a new download
     if isvc is not None and converts_into_cache(isvc.spec, location):
         what += "\0converted"  # a directory without the conversion is another directory
         if location.delivery == "image":
@@ -78,14 +87,15 @@ def claim(isvc: InferenceService) -> dict[str, Any]:
 
 
 def job(isvc: InferenceService, location: ModelLocation, resources: Resources | None = None) -> dict[str, Any]:
-    """`frota cache fill URI --dest /cache/KEY/NAME [--convert /cache/KEY/converted]`: the
-    marker /cache/KEY/.frota-cache.json last. `resources`: a rank's, which a conversion
-    needs (it holds the dequantized model once)."""
+    """`frota cache fill URI --dest /cache/KEY/PATH --cache-dir /cache/KEY [--sha256 HEX]
+    [--convert /cache/KEY/converted]`: the marker /cache/KEY/.frota-cache.json last (PATH
+    may be ORG/REPO: the marker is where `wait` looks, not beside PATH). `resources`: a
+    rank's, which a conversion needs (it holds the dequantized model once)."""
     key = cache_key(location, isvc)
     relative = location.model_arg.removeprefix(CACHE_DIR + "/")
     convert = converts_into_cache(isvc.spec, location)
     args = ["cache", "fill", location.uri, "--dest", f"{JOB_MOUNT}/{key}/{relative}",
-            "--progress-port", str(PROGRESS_PORT)]
+            "--cache-dir", f"{JOB_MOUNT}/{key}", *_pin(isvc), "--progress-port", str(PROGRESS_PORT)]
     if convert:
         args += ["--convert", f"{JOB_MOUNT}/{key}/{CACHED_CONVERSION}"]
     job_resources: dict[str, Any] = FETCH_RESOURCES
@@ -137,9 +147,14 @@ def cache_children(isvc: InferenceService, location: ModelLocation,
     return [claim(isvc), job(isvc, location, resources)]
 
 
+def _pin(isvc: InferenceService) -> list[str]:
+    return ["--sha256", isvc.spec.model.sha256] if isvc.spec.model.sha256 else []
+
+
 def worker_volumes(isvc: InferenceService, location: ModelLocation) -> tuple[list, list, list]:
     """(volumes, worker mounts, init containers): the claim's KEY directory read-only at
-    CACHE_DIR, and an init container that waits for the marker there.
+    CACHE_DIR, and an init container that waits for the marker there, then checks every
+    file against it (and spec.model.sha256): at every pod start, before the worker loads.
 
     The init container mounts the whole claim, not the subPath: a subPath that does not
     exist yet is created by the kubelet (owned by root), which the Job could then not
@@ -148,14 +163,17 @@ def worker_volumes(isvc: InferenceService, location: ModelLocation) -> tuple[lis
     mount = {"name": VOLUME, "mountPath": CACHE_DIR, "subPath": key, "readOnly": True}
     _, tmp_mount = pods.tmp_volume()
     init = {
-        "name": "wait-model-cache",
+        "name": WAIT_CONTAINER,
         "image": isvc.spec.engine.image,
         "imagePullPolicy": isvc.spec.engine.imagePullPolicy,
         "command": ["frota"],
-        "args": [*MARKER_WAIT_ARGS, f"{WAIT_MOUNT}/{key}", "--timeout", str(WAIT_SECONDS)],
+        "args": [*MARKER_WAIT_ARGS, f"{WAIT_MOUNT}/{key}", "--timeout", str(WAIT_SECONDS), *_pin(isvc)],
         "env": list(pods.WRITABLE_HOME_ENV),
+        # Hashing reads in 8 MiB pieces on at most 4 threads (frota.engine.loader.digests).
         "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
         "securityContext": pods.container_security_context(),
+        # A mismatch is written there; the log's last lines stand in for any other failure.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": [tmp_mount, {"name": VOLUME, "mountPath": WAIT_MOUNT, "readOnly": True}],
     }
     volume = {"name": VOLUME, "persistentVolumeClaim": {"claimName": claim_name(isvc), "readOnly": True}}
