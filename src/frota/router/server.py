@@ -6,12 +6,31 @@ it costs less CPU than aiohttp's low-level server for what the router does: meas
 against 0.86 ms at 256 (docs/benchmarks.md, "Overhead"). A connection parses what it
 receives as it arrives (a head that arrives whole, the usual case, without a Python call
 per header: `_Connection._feed`) and answers its requests one at a time, in order:
-pipelined ones wait (it stops reading while MAX_PIPELINED are waiting). It keeps
-connections alive, closes one idle for `keepalive_timeout`, and closes one whose request
-(head or body) has not fully arrived `keepalive_timeout` after it began (slowloris),
-without serving it. When a client disconnects, its request's handler is cancelled (the
-proxy then closes the upstream connection, and the worker aborts the generation). The
-router's contract on the wire:
+pipelined ones wait. It keeps connections alive, closes one idle for
+`keepalive_timeout`, and closes one whose request (head or body) has not fully arrived
+`keepalive_timeout` after it began (slowloris), without serving it. When a client
+disconnects, its request's handler is cancelled (the proxy then closes the upstream
+connection, and the worker aborts the generation).
+
+What one client can make the server hold is bounded ("Connection limits and buffers" in
+docs/router.md):
+
+- Unsent bytes: each transport pauses writing above WRITE_BUFFER_HIGH. While it is
+  paused the connection reads nothing, a stream's source is paused, and the next
+  pipelined request waits until the client has taken its answers; so a connection holds
+  at most WRITE_BUFFER_HIGH and one answer unsent (besides the kernel's socket buffers).
+  A client that takes nothing for `write_timeout` (writing stays paused, or a closing
+  connection's last bytes stay unsent) has its connection aborted: a stalled reader
+  never holds a connection, its handler or its worker for good.
+- Requests received ahead of their turn: a connection stops reading while MAX_PIPELINED
+  requests, or more than MAX_PIPELINED_BODY_BYTES of their bodies, wait.
+- Connections: at most `max_connections` per server. One past it is answered a 503 in
+  the OpenAI error shape, with `Retry-After`, before anything it sends is read, and
+  closed; what it sends is discarded (so that its close is not a reset, which could
+  destroy the 503 unread) for at most TURN_AWAY_LINGER seconds, at most
+  MAX_TURNED_AWAY connections at once (beyond them: reset at once).
+
+The router's contract on the wire:
 
 - Bad input is answered in the OpenAI error shape and the connection closed: malformed
   requests 400 (llhttp's reason; HTTP/1.1 without Host too), a request line and headers
@@ -39,8 +58,10 @@ router's contract on the wire:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import resource
 import time
 from bisect import bisect_left
 from collections import deque
@@ -60,8 +81,30 @@ MAX_BODY = 64 * 1024 * 1024
 MAX_HEADER_BYTES = 64 * 1024
 MAX_HEADERS = 100
 KEEPALIVE_TIMEOUT = 75.0
-# Requests of one connection parsed and waiting for their turn before it stops reading.
+# Requests of one connection parsed and waiting for their turn before it stops reading,
+# and the most bytes of their bodies it holds before it stops reading (when more than
+# one request is held: the one being answered is always read whole).
 MAX_PIPELINED = 16
+MAX_PIPELINED_BODY_BYTES = 1024 * 1024
+# Unsent bytes a connection's transport holds before it pauses writing, and below which
+# it resumes (asyncio's and uvloop's defaults, set explicitly so that both loops bound
+# a connection alike). A paused connection reads nothing until the client catches up.
+WRITE_BUFFER_HIGH = 64 * 1024
+WRITE_BUFFER_LOW = 16 * 1024
+# How long a client may take nothing of its answers (WRITE_BUFFER_HIGH - _LOW bytes)
+# before its connection is aborted; nginx's send_timeout.
+WRITE_TIMEOUT = 60.0
+# Connections one server holds at once. A connection idle costs the router about 5 KiB
+# of memory and one file descriptor (docs/router.md, "Connection limits and buffers").
+MAX_CONNECTIONS = 4096
+# A connection over `max_connections`: how long its client may take to read the 503 and
+# close, and how many may do so at once.
+TURN_AWAY_LINGER = 2.0
+MAX_TURNED_AWAY = 256
+RETRY_AFTER_S = 1
+# File descriptors a server leaves for everything but its clients' connections (the
+# workers', the listening sockets, logs); see `HttpServer.listen`.
+NUM_OTHER_FDS = 1024
 # While draining: how long a kept-alive connection may sit idle before it is closed.
 DRAIN_IDLE_GRACE = 1.0
 DRAIN_POLL_SECONDS = 0.05
@@ -74,6 +117,8 @@ NO_UPGRADES: Refusal = (400, "protocol upgrades are not supported", "unsupported
 NO_HOST: Refusal = (400, "malformed HTTP request (HTTP/1.1 without a Host header)",
                     "bad_request")
 INTERNAL: Refusal = (500, "internal router error", "internal_error")
+TOO_MANY_CONNECTIONS = (f"the router holds as many connections as it may; retry after "
+                        f"{RETRY_AFTER_S}s")
 
 _STATUS_LINES = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n" for s in HTTPStatus}
 _CHUNKED = ("Transfer-Encoding", "chunked")
@@ -288,6 +333,14 @@ def _refusal(refused: Refusal) -> Response:
                     [("Content-Type", "application/json; charset=utf-8")])
 
 
+_TOO_MANY_BODY = json.dumps({"error": {
+    "message": TOO_MANY_CONNECTIONS, "type": "service_unavailable", "param": None,
+    "code": "too_many_connections"}}).encode()
+_TOO_MANY_HEAD = (f"{_STATUS_LINES[503]}Content-Type: application/json; charset=utf-8\r\n"
+                  f"Retry-After: {RETRY_AFTER_S}\r\nContent-Length: {len(_TOO_MANY_BODY)}\r\n"
+                  "Connection: close\r\n")
+
+
 _NO_HEADERS = Headers(b"")
 
 
@@ -332,6 +385,14 @@ class _Message:
             await self._waiter
 
 
+def _over_held(queue: deque[_Message]) -> bool:
+    """Whether a connection holds too many requests received ahead of their turn to read
+    on: MAX_PIPELINED, or bodies over MAX_PIPELINED_BODY_BYTES (the one being answered
+    counted; a request alone is never too much)."""
+    return len(queue) > 1 and (len(queue) >= MAX_PIPELINED or sum(
+        m.num_body_bytes for m in queue) > MAX_PIPELINED_BODY_BYTES)
+
+
 class _HeaderCallbacks:
     """The callbacks of a connection's `slow` parser: the connection's own, and the
     header callback, which its fast parser goes without."""
@@ -372,6 +433,9 @@ class _Connection(asyncio.Protocol):
         self.closing = False  # the last head written said `Connection: close`
         self.stream: ResponseStream | None = None
         self.writing_paused = False
+        self.write_paused_at = 0.0  # when writing last paused
+        self.closing_since: float | None = None  # when `expire` first saw it closing
+        self.drained: asyncio.Future[None] | None = None  # `_answer_all` waits for resume
         # A stream's (pause, resume) for its source, while one is being written.
         self.flow: tuple[Callable[[], None], Callable[[], None]] | None = None
         # When the connection is closed unless a request is handled by then.
@@ -388,24 +452,75 @@ class _Connection(asyncio.Protocol):
     # -- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        self.server.connections.add(self)
+        server = self.server
+        if len(server.connections) >= server.max_connections:
+            self._turn_away()
+            return
+        server.connections.add(self)
+        transport.set_write_buffer_limits(WRITE_BUFFER_HIGH,  # type: ignore[attr-defined]
+                                          WRITE_BUFFER_LOW)
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        self.server.connections.discard(self)
+        server = self.server
+        server.connections.discard(self)
+        server.turned_away.discard(self)
         self.transport = None
         self.flow = None
         if self.task is not None:
             self.task.cancel()
 
     def pause_writing(self) -> None:
+        """The client is behind by WRITE_BUFFER_HIGH: read nothing more (no request more
+        can be answered until it catches up) and pause a stream's source."""
         self.writing_paused = True
+        self.write_paused_at = self.loop.time()
+        if not self.reading_paused and self.transport is not None:
+            self.reading_paused = True
+            self.transport.pause_reading()
         if self.flow is not None:
             self.flow[0]()
 
     def resume_writing(self) -> None:
         self.writing_paused = False
+        drained = self.drained
+        if drained is not None:
+            self.drained = None
+            if not drained.done():
+                drained.set_result(None)
+        if self.reading_paused:
+            self._resume_reading()
         if self.flow is not None:
             self.flow[1]()
+
+    def _resume_reading(self) -> None:
+        """Read again, once nothing holds reading paused: a refusal or a close, unsent
+        bytes over WRITE_BUFFER_HIGH, or requests held over MAX_PIPELINED (or their
+        bodies over MAX_PIPELINED_BODY_BYTES)."""
+        if self.stopped or self.writing_paused or self.transport is None or _over_held(
+                self.queue):
+            return
+        self.reading_paused = False
+        self.transport.resume_reading()
+
+    def _turn_away(self) -> None:
+        """Over `max_connections`: answer a 503 before reading anything, say that nothing
+        more will be sent (FIN), and discard what the client sends until it closes, for
+        at most TURN_AWAY_LINGER seconds: closing with its request unread would send a
+        reset, which can destroy the 503 before the client has read it. Past
+        MAX_TURNED_AWAY lingering at once (a flood), reset at once."""
+        server = self.server
+        transport = self.transport
+        assert transport is not None
+        self.stopped = True  # `data_received` discards
+        if len(server.turned_away) >= MAX_TURNED_AWAY:
+            transport.abort()
+            return
+        server.turned_away.add(self)
+        transport.write(_TOO_MANY_HEAD.encode("latin-1") + server.head_end.encode("latin-1")
+                        + _TOO_MANY_BODY)
+        if transport.can_write_eof():
+            transport.write_eof()
+        self.deadline = self.loop.time() + TURN_AWAY_LINGER  # then `HttpServer._sweep` aborts
 
     def data_received(self, data: bytes) -> None:
         if self.stopped:
@@ -548,7 +663,8 @@ class _Connection(asyncio.Protocol):
         if not message.keep_alive:  # nothing after it is read
             self.stopped = True
             raise _Refused
-        if len(self.queue) >= MAX_PIPELINED and not self.reading_paused:
+        queue = self.queue
+        if len(queue) > 1 and not self.reading_paused and _over_held(queue):
             self.reading_paused = True
             self.transport.pause_reading()  # type: ignore[union-attr]
 
@@ -617,10 +733,12 @@ class _Connection(asyncio.Protocol):
                     self.stream = None
                     self.flow = None
                 self.queue.popleft()
-                if self.reading_paused and len(self.queue) < MAX_PIPELINED and not self.stopped:
-                    self.reading_paused = False
-                    if self.transport is not None:
-                        self.transport.resume_reading()
+                if self.writing_paused:  # the client is behind: answer nothing more, and
+                    # read nothing (`pause_writing`), until it has caught up
+                    self.drained = self.loop.create_future()
+                    await self.drained
+                if self.reading_paused:
+                    self._resume_reading()
                 if self.partial is None:  # else the request being received keeps its own
                     self.deadline = self.loop.time() + server.keepalive_timeout
         finally:
@@ -684,24 +802,55 @@ class _Connection(asyncio.Protocol):
 
     def expire(self, now: float) -> None:
         """Close the connection when it has been idle, or a request has taken to arrive,
-        for longer than `keepalive_timeout`."""
-        if not self.handling and now >= self.deadline and self.transport is not None:
+        for longer than `keepalive_timeout`; abort it when the client has taken none of
+        its answer for `write_timeout` (writing paused, or closing with bytes unsent)."""
+        transport = self.transport
+        if transport is None:
+            return
+        if self.closing_since is None and transport.is_closing():
+            self.closing_since = now
+        if self.writing_paused or self.closing_since is not None:
+            stalled_since = self.write_paused_at if self.writing_paused else self.closing_since
+            assert stalled_since is not None
+            if now - stalled_since >= self.server.write_timeout:
+                log.debug("aborting a connection whose client took nothing for %.0f s",
+                          now - stalled_since)
+                transport.abort()
+            return
+        if not self.handling and now >= self.deadline:
             if self.queue and self.queue[0].complete:
                 return  # about to be answered
             self._close()
 
 
+def check_limits(max_connections: int, keepalive_timeout: float,
+                 write_timeout: float) -> None:
+    """Refuse limits that would leave no room to serve (ValueError)."""
+    if max_connections < 1:
+        raise ValueError(f"max_connections must be at least 1, not {max_connections}")
+    if not keepalive_timeout > 0 or not write_timeout > 0:
+        raise ValueError(f"keepalive_timeout and write_timeout must be above 0, not "
+                         f"{keepalive_timeout:g} and {write_timeout:g}")
+
+
 class HttpServer:
-    """Listens and serves `handler` (see the module docstring for what it refuses)."""
+    """Listens and serves `handler` (see the module docstring for what it refuses and
+    what it bounds)."""
 
     def __init__(self, handler: Handler, *, max_body: int = MAX_BODY,
                  max_header_bytes: int = MAX_HEADER_BYTES,
-                 keepalive_timeout: float = KEEPALIVE_TIMEOUT) -> None:
+                 keepalive_timeout: float = KEEPALIVE_TIMEOUT,
+                 write_timeout: float = WRITE_TIMEOUT,
+                 max_connections: int = MAX_CONNECTIONS) -> None:
+        check_limits(max_connections, keepalive_timeout, write_timeout)
         self.handler = handler
         self.max_body = max_body
         self.max_header_bytes = max_header_bytes
         self.keepalive_timeout = keepalive_timeout
+        self.write_timeout = write_timeout
+        self.max_connections = max_connections
         self.connections: set[_Connection] = set()
+        self.turned_away: set[_Connection] = set()  # over max_connections, lingering
         self.draining = False
         self.tasks: set[asyncio.Task[Any]] = set()  # connections answering
         self.head_end = ""  # the Date header and the head's blank line
@@ -713,6 +862,7 @@ class HttpServer:
         """Start listening; returns the port (useful with port 0). With `reuse_port`,
         other processes may listen on the same port (SO_REUSEPORT), and the kernel
         spreads new connections among them."""
+        self._reserve_fds()
         loop = asyncio.get_running_loop()
         server = await loop.create_server(
             lambda: _Connection(self), host, port, backlog=backlog, reuse_address=True,
@@ -725,6 +875,22 @@ class HttpServer:
         replaced)."""
         loop = asyncio.get_running_loop()
         self._serve(await loop.create_unix_server(lambda: _Connection(self), path))
+
+    def _reserve_fds(self) -> None:
+        """Raise the process's soft limit on open files, up to its hard limit, to what
+        `max_connections` needs, so that the cap, not a failing accept(), is what turns
+        clients away; warn when the hard limit is lower."""
+        needed = self.max_connections + MAX_TURNED_AWAY + NUM_OTHER_FDS
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and soft < needed:
+            raised = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+            with contextlib.suppress(ValueError, OSError):
+                resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+                soft = raised
+        if soft != resource.RLIM_INFINITY and soft < needed:
+            log.warning("max_connections %d needs about %d open files, and the process may "
+                        "open %d: accept() will fail before the cap is reached",
+                        self.max_connections, needed, soft)
 
     def _serve(self, server: asyncio.AbstractServer) -> None:
         self._tick()
@@ -755,7 +921,7 @@ class HttpServer:
             busy = sum(conn.busy for conn in cut)
             log.warning("drain: %.0f s grace over, cutting %d connection(s), %d with a "
                         "request in flight", grace, len(cut), busy)
-        for conn in cut:
+        for conn in cut + list(self.turned_away):
             conn.transport.abort()  # type: ignore[union-attr]
         if self.tasks:  # cancelled by their connections' loss
             await asyncio.wait(list(self.tasks), timeout=1.0)
@@ -767,12 +933,16 @@ class HttpServer:
         self.head_end = f"Date: {formatdate(usegmt=True)}\r\n\r\n"
 
     async def _sweep(self) -> None:
-        """Keep the Date header current and close connections past their deadline."""
+        """Keep the Date header current, close connections past their deadline, and abort
+        those turned away that linger past theirs."""
         loop = asyncio.get_running_loop()
-        interval = min(1.0, self.keepalive_timeout / 4)
+        interval = min(1.0, self.keepalive_timeout / 4, self.write_timeout / 4)
         while True:
             await asyncio.sleep(interval)
             self._tick()
             now = loop.time()
             for conn in list(self.connections):
                 conn.expire(now)
+            for conn in list(self.turned_away):
+                if now >= conn.deadline and conn.transport is not None:
+                    conn.transport.abort()
