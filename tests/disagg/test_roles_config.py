@@ -6,8 +6,16 @@ import argparse
 
 import pytest
 
+from frota.api.contract import FleetKey
+from frota.api.fleet_key import write_key_file
 from frota.router import cli
 from frota.router.disagg import estimate_prompt_tokens
+
+
+@pytest.fixture(autouse=True)
+def fleet_key(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Disaggregation signs with the fleet key: every router here has one."""
+    monkeypatch.setenv(FleetKey.FILE_ENV, str(write_key_file(tmp_path / "fleet.key")))
 
 
 def _args(monkeypatch: pytest.MonkeyPatch, *argv: str, **env: str) -> argparse.Namespace:
@@ -27,6 +35,14 @@ def test_static_prefill_workers_turn_disaggregation_on(monkeypatch: pytest.Monke
     assert config.disagg.discovery.urls == ["http://p:1"]
     assert cli._discovery(args).urls == ["http://d:1"]
     assert cli.config_from_args(_args(monkeypatch, "--workers", "w:1")).disagg is None
+
+
+def test_disaggregation_without_the_fleet_key_is_refused_naming_the_flag(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(FleetKey.FILE_ENV)
+    args = _args(monkeypatch, "--decode-workers", "d:1", "--prefill-workers", "p:1")
+    with pytest.raises(ValueError, match="--fleet-key-file"):
+        cli.config_from_args(args)
 
 
 @pytest.mark.parametrize("env", ["FROTA_MIN_PREFILL_TOKENS", "FROTA_DISAGG_MIN_PROMPT_TOKENS"])

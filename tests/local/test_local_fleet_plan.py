@@ -152,3 +152,28 @@ def test_tokens_per_second_sees_requests_still_running():
     assert tokens_per_second(before, after, 2.0) == 10.0
     assert tokens_per_second({}, {"vllm:generation_tokens_total": 40}, 2.0) == 20.0
     assert tokens_per_second({}, {}, 1.0) is None
+
+
+def test_every_process_of_a_local_fleet_gets_the_runs_fleet_key(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from pathlib import Path
+
+    from frota.api.contract import FleetKey
+
+    sample = Path(__file__).resolve().parents[2] / "manifests/samples/disaggregated.yaml"
+    key = tmp_path / "fleet-key"
+    local = build(topology.plan(topology.load(str(sample))),
+                  FleetOptions(port=free_port(), fleet_key_file=str(key)))
+    assert {p.env[FleetKey.FILE_ENV] for g in local.groups for p in g.processes} == {str(key)}
+    assert len([p for g in local.groups for p in g.processes]) >= 3  # prefill, decode, router
+
+
+def test_each_run_writes_a_new_private_key(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import stat
+
+    from frota.local import state
+
+    monkeypatch.setenv("FROTA_STATE_DIR", str(tmp_path))
+    first = state.write_fleet_key(8123).read_text()
+    path = state.write_fleet_key(8123)
+    assert path == state.fleet_key_path(8123) and path.read_text() != first
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
