@@ -364,6 +364,61 @@ async def test_malformed_request_gets_400_in_the_openai_shape_and_close(serve, c
     assert handler.requests == []
 
 
+# Framings that one parser may read differently from another, so that a request hides
+# inside another's head or body (request smuggling), each refused with llhttp's 400 before
+# any handler runs. The httptools floor in pyproject.toml is the first release whose
+# llhttp refuses every one: 0.6.2's (llhttp 8.1.1) accepted obs-fold, an empty header
+# name, a head ended by CR LF CR, and chunk data not followed by CRLF.
+_POST = b"POST / HTTP/1.1\r\nHost: t\r\n"
+_CHUNKED_HEAD = _POST + b"Transfer-Encoding: chunked\r\n\r\n"
+SMUGGLING = {
+    "content-length-and-chunked": _POST + b"Content-Length: 2\r\nTransfer-Encoding: chunked"
+                                  b"\r\n\r\n2\r\nab\r\n0\r\n\r\n",
+    "chunked-and-content-length": _POST + b"Transfer-Encoding: chunked\r\nContent-Length: 2"
+                                  b"\r\n\r\n2\r\nab\r\n0\r\n\r\n",
+    "same-content-length-twice": _POST + b"Content-Length: 2\r\nContent-Length: 2\r\n\r\nab",
+    "content-length-list": _POST + b"Content-Length: 2, 2\r\n\r\nab",
+    "space-before-colon": _POST + b"Content-Length : 2\r\n\r\nab",
+    "space-before-first-header": b"POST / HTTP/1.1\r\n Content-Length: 2\r\nHost: t\r\n\r\nab",
+    "obs-fold": _POST + b"X-A: a\r\n Content-Length: 2\r\n\r\nab",
+    "obs-fold-transfer-encoding": _POST + b"Transfer-Encoding: identity\r\n chunked\r\n\r\n"
+                                  b"2\r\nab\r\n0\r\n\r\n",
+    "chunked-not-last": _POST + b"Transfer-Encoding: chunked, identity\r\n\r\n"
+                        b"2\r\nab\r\n0\r\n\r\n",
+    "transfer-encoding-not-chunked": _POST + b"Transfer-Encoding: identity\r\n\r\nab",
+    "two-transfer-encodings": _POST + b"Transfer-Encoding: chunked\r\n"
+                              b"Transfer-Encoding: chunked\r\n\r\n2\r\nab\r\n0\r\n\r\n",
+    "bare-lf-in-header": _POST + b"X-A: a\nContent-Length: 2\r\n\r\nab",
+    "bare-lf-line-ends": b"POST / HTTP/1.1\nHost: t\nContent-Length: 2\n\nab",
+    "bare-cr-in-header": _POST + b"X-A: a\rContent-Length: 2\r\n\r\nab",
+    "head-ended-by-cr-lf-cr": _POST + b"X-A: a\r\n\rGET /smuggled HTTP/1.1\r\n\r\n",
+    "empty-header-name": _POST + b": x\r\nContent-Length: 0\r\n\r\n",
+    "nul-in-header-value": _POST + b"X-A: a\x00b\r\nContent-Length: 0\r\n\r\n",
+    "chunk-size-overflow": _CHUNKED_HEAD + b"10000000000000002\r\nab\r\n0\r\n\r\n",
+    "chunk-size-0x": _CHUNKED_HEAD + b"0x2\r\nab\r\n0\r\n\r\n",
+    "chunk-size-negative": _CHUNKED_HEAD + b"-2\r\nab\r\n0\r\n\r\n",
+    "chunk-size-space": _CHUNKED_HEAD + b"2 \r\nab\r\n0\r\n\r\n",
+    "chunk-size-bare-lf": _CHUNKED_HEAD + b"2\nab\r\n0\r\n\r\n",
+    "chunk-data-without-crlf": _CHUNKED_HEAD + b"2\r\nabXX0\r\n\r\n",
+    "chunk-extension-bare-lf": _CHUNKED_HEAD + b"2;a\nb\r\nab\r\n0\r\n\r\n",
+    "chunk-extension-control-char": _CHUNKED_HEAD + b"2;a=\x01\r\nab\r\n0\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("request_bytes", SMUGGLING.values(), ids=SMUGGLING.keys())
+async def test_ambiguous_framing_gets_400_and_close_before_any_handler(serve, connect,
+                                                                       request_bytes):
+    handler = Recorder()
+    _, port = await serve(handler)
+    reader, writer = await connect(port)
+    writer.write(request_bytes)
+    response = await read_response(reader)
+    assert_openai_error(response, 400, "bad_request")
+    assert response.headers["connection"] == "close"
+    await assert_closed(reader)
+    assert handler.requests == []
+
+
 async def test_a_broken_chunked_body_gets_400(serve, connect):
     _, port = await serve(echo)
     reader, writer = await connect(port)
