@@ -244,3 +244,30 @@ async def test_a_slow_client_that_keeps_reading_gets_every_answer(serve, connect
         assert response.body.startswith(b'{"path": "/%d"}' % i)
         await asyncio.sleep(0.01)
     assert len(server.connections) == 1
+
+
+
+def test_front_door_flags_default_to_the_servers_limits_and_refuse_disabling_values():
+    import argparse
+
+    from frota.router import cli
+    from frota.router.app import RouterConfig
+    from frota.router.server import KEEPALIVE_TIMEOUT, MAX_CONNECTIONS, WRITE_TIMEOUT
+
+    def parse(*argv: str) -> argparse.Namespace:
+        parser = argparse.ArgumentParser()
+        cli.add_arguments(parser)
+        return parser.parse_args(["--workers", "http://w:1", *argv])
+
+    config = cli.config_from_args(parse())
+    assert (config.max_connections, config.keepalive_timeout, config.write_timeout) == (
+        MAX_CONNECTIONS, KEEPALIVE_TIMEOUT, WRITE_TIMEOUT)
+    assert config.max_connections == RouterConfig().max_connections
+    config = cli.config_from_args(parse("--max-connections", "10", "--keepalive-timeout",
+                                        "5", "--write-timeout", "7.5"))
+    assert (config.max_connections, config.keepalive_timeout, config.write_timeout) == (
+        10, 5.0, 7.5)
+    for flag, value in (("--max-connections", "0"), ("--write-timeout", "0"),
+                        ("--keepalive-timeout", "-1")):
+        with pytest.raises(ValueError, match=flag.strip("-").replace("-", "_")):
+            cli.config_from_args(parse(flag, value))

@@ -37,7 +37,16 @@ from frota.router.policies import (
 )
 from frota.router.processes import Siblings, read_sibling_metrics
 from frota.router.proxy import Proxy, ProxyConfig, RequestContext
-from frota.router.server import Answer, Handler, HttpServer, Request, Response
+from frota.router.server import (
+    KEEPALIVE_TIMEOUT,
+    MAX_CONNECTIONS,
+    WRITE_TIMEOUT,
+    Answer,
+    Handler,
+    HttpServer,
+    Request,
+    Response,
+)
 from frota.router.upstream import UpstreamClient
 from frota.router.validation import refused
 
@@ -67,6 +76,11 @@ class RouterConfig:
     eject_after: int = 3
     # On SIGTERM: how long requests in flight may run on before they are cut off.
     drain_timeout: float = 30.0
+    # The front door (frota.router.server): client connections held at once, and how long
+    # one may sit idle, or take none of its answer, before it is closed.
+    max_connections: int = MAX_CONNECTIONS
+    keepalive_timeout: float = KEEPALIVE_TIMEOUT
+    write_timeout: float = WRITE_TIMEOUT
     api_keys: frozenset[str] = frozenset()
     disagg: Any = None  # frota.router.disagg.Disaggregation: prefill pool + thresholds
     adapters: AdapterConfig = field(default_factory=AdapterConfig)
@@ -172,7 +186,10 @@ class RouterApp:
         """Start discovery and health checks, then listen; returns the port. With
         `reuse_port`, several router processes can listen on the same port."""
         await self.router.start()
-        self.server = HttpServer(self.handle)
+        config = self.router.config
+        self.server = HttpServer(self.handle, max_connections=config.max_connections,
+                                 keepalive_timeout=config.keepalive_timeout,
+                                 write_timeout=config.write_timeout)
         self.port = await self.server.listen(host, port, backlog=backlog,
                                              reuse_port=reuse_port)
         siblings = self.router.config.siblings

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from frota.api.contract import AdmissionDefault, Label
 from frota.router.policies import LoadSignal, PolicyName, PrefixAwareConfig
+from frota.router.server import KEEPALIVE_TIMEOUT, MAX_CONNECTIONS, WRITE_TIMEOUT, check_limits
 
 if TYPE_CHECKING:
     from frota.router.app import RouterApp
@@ -70,6 +71,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--processes", 1, "router processes sharing --port (SO_REUSEPORT), each with its "
         "share of --max-inflight and --max-queue; a supervisor forwards SIGTERM to each and "
         "restarts one that dies after serving a while")
+    add("--max-connections", MAX_CONNECTIONS, "client connections one router process holds "
+        "at once; one more is answered 503 with Retry-After and closed")
+    add("--keepalive-timeout", KEEPALIVE_TIMEOUT, "seconds an idle kept-alive connection "
+        "stays open, and the most a request's head and body may take to arrive")
+    add("--write-timeout", WRITE_TIMEOUT, "seconds a client may take none of its answer "
+        "before its connection is cut (a stalled reader; its request is cancelled)")
 
     add = _flag_adder(parser.add_argument_group("discovery"))
     add("--discovery", "static", "where the workers come from", choices=["static", "kubernetes"])
@@ -251,6 +258,7 @@ def config_from_args(args: argparse.Namespace,  # type: ignore[no-untyped-def]
     from frota.router.proxy import ProxyConfig
 
     num_processes = args.processes if process is not None else 1
+    check_limits(args.max_connections, args.keepalive_timeout, args.write_timeout)
     keyring = _keyring(args)
 
     return RouterConfig(
@@ -269,6 +277,8 @@ def config_from_args(args: argparse.Namespace,  # type: ignore[no-untyped-def]
                           debug_headers=is_true(args.debug_headers)),
         probe_interval=args.probe_interval, probe_timeout=args.probe_timeout,
         eject_after=args.eject_after, drain_timeout=args.drain_timeout,
+        max_connections=args.max_connections, keepalive_timeout=args.keepalive_timeout,
+        write_timeout=args.write_timeout,
         api_keys=read_api_keys(args.api_key_file) if args.api_key_file else frozenset(),
         disagg=_disaggregation(args, keyring),
         keyring=keyring,
