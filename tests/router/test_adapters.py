@@ -205,7 +205,8 @@ async def test_a_load_fans_out_to_every_worker_and_an_unload_too(start_worker, s
     assert status == 404 and body["error"]["code"] == "adapter_not_found"
 
 
-async def test_a_load_one_worker_refuses_answers_its_error_naming_it(start_worker, start_router):
+async def test_a_load_one_worker_refuses_answers_its_error_without_naming_it(start_worker,
+                                                                             start_router):
     a = await start_worker(name="a", lora=True)
     b = await start_worker(name="b", lora=True, load_status=400)
     router = await start_router([a, b], runtime())
@@ -213,8 +214,8 @@ async def test_a_load_one_worker_refuses_answers_its_error_naming_it(start_worke
                                  {"lora_name": "sql", "lora_path": "/adapters/sql"})
     assert status == 400
     error = body["error"]
-    assert error["code"] == "invalid_adapter" and b.url in error["message"]
-    assert [f["worker"] for f in error["failed_workers"]] == [b.url]
+    assert error["code"] == "invalid_adapter" and "cannot load sql" in error["message"]
+    assert "1 of 2 workers" in error["message"] and b.url not in str(body)
     assert a.adapters == {"sql": "/adapters/sql"}  # the worker that took it keeps it
     assert (await complete(router, "sql"))[1] == a.url
     status, _, body = await post(router, "/v1/load_lora_adapter", {"lora_name": "x"})

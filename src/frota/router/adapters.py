@@ -343,12 +343,13 @@ def _answer(outcomes: Sequence[Outcome], fresh: Sequence[Outcome],
         first = fresh[0] if fresh else outcomes[0]
         return Response(first.status, first.body, [("Content-Type", first.content_type)])
     chosen = next((o for o in failed if 400 <= o.status < 500), None)
-    status = chosen.status if chosen is not None else 502
-    message, type_, code = (chosen or failed[0]).error()
-    urls = ", ".join(o.worker.url for o in failed)
-    body = error_body(f"{message} (failed on {len(failed)} of {len(outcomes)} workers: {urls})",
-                      type_ if chosen is not None else "upstream_error",
-                      code if chosen is not None else "upstream_error")
-    body["error"]["failed_workers"] = [  # type: ignore[index]
-        {"worker": o.worker.url, "status": o.status, "message": o.error()[0]} for o in failed]
-    return json_response(body, status=status)
+    for o in failed:  # the workers' addresses and words are for the log, not the client
+        log.warning("adapter call failed on %s: %d %s", o.worker.url, o.status, o.error()[0])
+    if chosen is None:
+        return json_response(error_body(
+            f"no worker could complete the call (failed on {len(failed)} of {len(outcomes)} "
+            "workers); retry", "upstream_error", "upstream_error"), status=502)
+    message, type_, code = chosen.error()
+    body = error_body(f"{message} (failed on {len(failed)} of {len(outcomes)} workers)",
+                      type_, code)
+    return json_response(body, status=chosen.status)
