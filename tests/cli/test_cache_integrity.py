@@ -138,7 +138,8 @@ def test_wait_refuses_a_file_changed_in_place_naming_it_and_both_digests(
     assert str(weights) in log.read_text() and sha256(bytes(changed)) in log.read_text()
 
 
-@pytest.mark.parametrize("change", ["truncated", "removed", "added", "link", "replaced by a link"])
+@pytest.mark.parametrize("change", ["truncated", "removed", "added", "link", "replaced by a link",
+                                    "a linked directory"])
 def test_wait_refuses_a_cache_whose_files_are_not_the_manifests(
         base: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], change: str) -> None:
     assert fill(base, tmp_path, "/repo/", "org/repo") == 0
@@ -153,12 +154,17 @@ def test_wait_refuses_a_cache_whose_files_are_not_the_manifests(
         (model / "extra.safetensors").write_bytes(b"x")
     elif change == "link":
         (model / "other.safetensors").symlink_to(outside)
-    else:
+    elif change == "replaced by a link":
         (model / "model.safetensors").unlink()
         (model / "model.safetensors").symlink_to(outside)
+    else:  # the same files, but reached through a link to a directory outside the cache
+        elsewhere = tmp_path.parent / f"{tmp_path.name}-elsewhere"
+        (tmp_path / "org").rename(elsewhere)
+        (tmp_path / "org").symlink_to(elsewhere)
     capsys.readouterr()
     assert wait(tmp_path) == cache.EXIT_PERMANENT
-    assert str(model) in capsys.readouterr().err
+    named = tmp_path / "org" if change == "a linked directory" else model
+    assert f"wait: {named}" in capsys.readouterr().err
 
 
 def test_wait_with_a_pin_refuses_a_cache_of_another_source(base: str, tmp_path: Path,
@@ -210,6 +216,16 @@ def test_a_manifest_an_earlier_frota_wrote_is_still_checked(base: str, tmp_path:
     assert wait(tmp_path) == 0
     (tmp_path / "m" / "config.json").write_bytes(b"{}")
     assert wait(tmp_path) == cache.EXIT_PERMANENT
+
+
+def test_fill_removes_the_marker_an_earlier_frota_left_beside_org_repo(base: str, tmp_path: Path) -> None:
+    """It sat nearer the model than the KEY directory's, where the loader would take it."""
+    (tmp_path / "org").mkdir()
+    (tmp_path / "org" / cache.MARKER).write_text(json.dumps({"uri": "old", "path": "repo", "files": {}}))
+    assert fill(base, tmp_path, "/repo/", "org/repo") == 0
+    assert not (tmp_path / "org" / cache.MARKER).exists()
+    manifest = cache_manifest.verify_model(str(tmp_path / "org" / "repo"))
+    assert manifest is not None and manifest.path == "org/repo"
 
 
 # --- a refill replaces a cache that fails its check ----------------------------------------
@@ -295,3 +311,20 @@ def test_a_download_holding_a_link_is_refused(local_ca: LocalCA, tmp_path: Path,
     with serving(local_ca, {"/l.tar.gz": out.getvalue()}) as url:
         assert main(["cache", "fill", f"{url}/l.tar.gz", "--dest", str(tmp_path / "k" / "m")]) == 1
     assert cache_manifest.read(tmp_path / "k") is None
+
+
+def test_a_directorys_digest_is_what_sha256sum_gives_without_frota(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/operations.md gives the shell line; a user pins with it."""
+    import shutil
+    import subprocess
+
+    if not all(shutil.which(tool) for tool in ("find", "sort", "xargs", "sha256sum")):
+        pytest.skip("needs find, sort, xargs and sha256sum")
+    for name, body in {"config.json": b"{}", "sub/w.safetensors": b"w" * 9, "Z.json": b"z", "é.txt": b"e"}.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(body)
+    line = "find . -type f -printf '%P\\n' | LC_ALL=C sort | xargs -d '\\n' sha256sum | sha256sum"
+    shell = subprocess.run(["sh", "-c", line], cwd=tmp_path, capture_output=True, text=True, check=True, timeout=60)
+    assert main(["cache", "digest", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.split() == shell.stdout.split()[:1]

@@ -230,7 +230,7 @@ def fill(args: argparse.Namespace) -> int:
     # Lazily: the command line sits above the data plane (tests/test_layering.py).
     from frota.engine.loader.cache_manifest import CacheIntegrityError, verify
     from frota.engine.loader.digests import RefusedFile
-    from frota.server.fetch import FetchError, download
+    from frota.server.fetch import FetchError, download, expected_sha256
 
     dest = Path(args.dest)
     root = Path(args.cache_dir) if args.cache_dir else dest.parent
@@ -269,11 +269,15 @@ def fill(args: argparse.Namespace) -> int:
             got = download(args.uri, dest, "model", args.sha256, digests=True)
             files = got.files
             source = (got.sha256, got.sha256_of) if got.sha256 and got.sha256_of else None
-            pinned = args.sha256 or expected_sha256_of(args.uri)
+            pinned = args.sha256 or expected_sha256(args.uri)
             checked = ["content-length"] + (["sha256"] if pinned else [])
         if converted is not None:
             convert(args.uri.removeprefix("alias:") if image_baked else str(dest), converted)
             checked.append("converted")
+        # An earlier Frota wrote an hf:// model's marker beside ORG/REPO, where the loader,
+        # which takes the nearest marker above the model, would find it first.
+        for between in dest.relative_to(root).parents[:-1]:
+            (root / between / MARKER).unlink(missing_ok=True)
         marker = write_marker(root, dest, args.uri, checked, files, source, converted)
     except (FetchError, ConversionError) as exc:
         print(f"frota cache fill: {exc}", file=sys.stderr)
@@ -292,12 +296,6 @@ def fill(args: argparse.Namespace) -> int:
     print(f"frota cache fill: {args.uri} -> {converted or dest}", file=sys.stderr)
     _report(json.loads(marker.read_text())["bytes"])
     return 0
-
-
-def expected_sha256_of(uri: str) -> str | None:
-    from frota.server.fetch import expected_sha256
-
-    return expected_sha256(uri)
 
 
 def _permanent(exc: Exception) -> bool:

@@ -31,7 +31,7 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, NoReturn
 
 from frota.engine.loader.digests import RefusedFile, files_sha256, regular_files, tree_sha256
 
@@ -129,6 +129,7 @@ def verify(root: Path, body: Mapping[str, Any], expected_sha256: str | None = No
     pin. Raises CacheIntegrityError naming the first file that differs."""
     manifest = parse(body, root)
     recorded = manifest.files
+    _check_directories(root, [*recorded, manifest.path, manifest.converted or ""])
     on_disk = _files_under(root, [t for t in (manifest.path, manifest.converted) if t])
     if extra := sorted(set(on_disk) - set(recorded)):
         raise CacheIntegrityError(f"{root / extra[0]}: not in the cache's manifest ({root / MARKER}): "
@@ -160,7 +161,7 @@ def _hash(paths: list[Path]) -> list[str]:
         raise CacheIntegrityError(f"cannot read a cached file: {exc}") from None
 
 
-def _mismatch(root: Path, name: str, want: FileRecord, digest: str, size: int) -> None:
+def _mismatch(root: Path, name: str, want: FileRecord, digest: str, size: int) -> NoReturn:
     raise CacheIntegrityError(
         f"{root / name}: sha256 {digest} ({size} bytes) on disk, but the cache's manifest "
         f"recorded {want.sha256} ({want.size} bytes) at the download: the file changed since")
@@ -223,6 +224,21 @@ def verify_model(model: str) -> Manifest | None:
         raise CacheIntegrityError(f"{path}: in the cache directory {root}, but not what its "
                                   f"manifest records ({', '.join(tops) or 'nothing'})")
     return manifest
+
+
+def _check_directories(root: Path, names: list[str]) -> None:
+    """Every directory on the way from `root` to each name is a directory, not a link: a
+    linked directory would have the check (and the loader) read files outside the cache."""
+    directories = {PurePosixPath(n).parents[i] for n in names if n
+                   for i in range(len(PurePosixPath(n).parents) - 1)}
+    for directory in sorted(directories, key=lambda d: len(d.parts)):
+        try:
+            mode = os.lstat(root / directory).st_mode
+        except FileNotFoundError:
+            continue  # its files are missing: named by the check that follows
+        if not stat.S_ISDIR(mode):
+            raise CacheIntegrityError(f"{root / directory}: a link or a file where the cache's "
+                                      "manifest has a directory: the cache holds regular files only")
 
 
 def _files_under(root: Path, tops: list[str]) -> list[str]:
