@@ -1,6 +1,8 @@
 """Scale to zero on the cluster: an idle fleet goes to zero worker pods and keeps its router;
 requests sent at zero are held and all answered once the router's demand brought a replica
-back; a request held past `holdSeconds` gets a 503 with Retry-After.
+back (the router stamps the fleet's demand ConfigMap, the one object its Role lets it write,
+and the operator answers the stamp); a request held past `holdSeconds` gets a 503 with
+Retry-After.
 
 The cold start (first held request to its first token) is printed as a breakdown from the
 pod's own timestamps and the worker's log: scheduling, container start, process start,
@@ -23,6 +25,7 @@ import pytest
 from e2e import fleet
 from e2e.fleet import INSTANCE, ROLE, chat, router_client, wait_ready
 from e2e.kube import Cluster, wait_until
+from frota.api.contract import Demand
 
 NAME = "idle"
 PROMPT = "What is the capital of France? Answer in one word."
@@ -156,6 +159,9 @@ def test_requests_sent_at_zero_are_held_and_all_answered(
     events = [e for e in cluster.get("events", namespace=ns)
               if e["involvedObject"].get("name") == NAME and e["reason"] == "ScaledUp"]
     assert any("holds a request" in e["message"] for e in events), [e["message"] for e in events]
+    # The demand came through the ConfigMap the router may patch, not its InferenceService.
+    demand = cluster.get("configmap", NAME + Demand.CONFIGMAP_SUFFIX, ns)
+    assert _ts(demand["data"][Demand.DATA_KEY]) >= sent - 5
 
 
 def test_a_request_held_past_hold_seconds_gets_503_with_retry_after(

@@ -160,19 +160,24 @@ def test_router_discovers_rank_zero_endpoints_through_its_own_role():
     assert binding["subjects"][0]["name"] == deploy["spec"]["template"]["spec"]["serviceAccountName"]
 
 
-def test_with_scale_to_zero_the_router_may_patch_its_own_inferenceservice_and_no_other():
-    plain = one(children(Spec().set("spec.autoscaling", {"maxReplicas": 2, "target": 1})), "Role")
-    assert len(plain["rules"]) == 1  # autoscaling alone: EndpointSlices, read-only
+def test_with_scale_to_zero_the_router_may_patch_its_demand_configmap_and_nothing_else():
+    plain_objs = children(Spec().set("spec.autoscaling", {"maxReplicas": 2, "target": 1}))
+    assert len(one(plain_objs, "Role")["rules"]) == 1  # autoscaling alone: EndpointSlices, read-only
+    assert not [o for o in plain_objs if o["metadata"]["name"] == "tiny-demand"]
     objs = children(Spec().set("spec.autoscaling", {"minReplicas": 0, "maxReplicas": 2, "target": 1}))
     role = one(objs, "Role")
     discovery, demand = role["rules"]
     assert discovery["resources"] == ["endpointslices"]
-    # The demand annotation: one verb, on one object, named.
-    assert demand == {"apiGroups": ["frota.dev"], "resources": ["inferenceservices"],
-                      "resourceNames": ["tiny"], "verbs": ["patch"]}
+    # The demand ConfigMap: one verb, on one object, named; never the InferenceService.
+    assert demand == {"apiGroups": [""], "resources": ["configmaps"],
+                      "resourceNames": ["tiny-demand"], "verbs": ["patch"]}
     kubernetes_validate.validate(role, "1.34.0", strict=True)
+    configmap = one(objs, "ConfigMap", "tiny-demand")
+    assert "data" not in configmap  # the router writes its key; the operator's apply never does
+    assert configmap["metadata"]["labels"]["app.kubernetes.io/component"] == "demand"
+    assert configmap["metadata"]["ownerReferences"][0]["kind"] == "InferenceService"
     args = one(objs, "Deployment", "tiny-router")["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert args[args.index("--announce-demand") + 1] == "tiny"
+    assert args[args.index("--announce-demand") + 1] == "tiny-demand"
     assert args[args.index("--hold-seconds") + 1] == "120"  # scaleToZero's defaults
     assert args[args.index("--max-held-requests") + 1] == "1024"
 

@@ -74,10 +74,13 @@ def test_operator_can_manage_every_child_kind_the_builders_emit():
             assert allows(rules, group, resource, verb), f"{verb} {group}/{resource}"
 
 
-def test_operator_holds_every_permission_it_grants_the_router():
+@pytest.mark.parametrize("spec", [
+    Spec(), Spec().set("spec.autoscaling", {"minReplicas": 0, "maxReplicas": 2, "target": 1}),
+], ids=["plain", "scale-to-zero"])
+def test_operator_holds_every_permission_it_grants_the_router(spec: Spec):
     # RBAC escalation prevention: a Role can only grant what its creator holds.
     rules = cluster_role()["rules"]
-    isvc = Spec().build()
+    isvc = spec.build()
     router_role = next(o for o in build_children(isvc, plan(isvc)) if o["kind"] == "Role")
     for rule in router_role["rules"]:
         for group in rule["apiGroups"]:

@@ -149,7 +149,7 @@ async def test_the_last_request_time_is_exported_for_idleness(start_worker, star
     assert router.metric("frota_router_last_request_timestamp_seconds") > started
 
 
-async def test_on_a_cluster_the_demand_is_a_merge_patch_of_one_annotation_on_the_isvc():
+async def test_on_a_cluster_the_demand_is_a_merge_patch_of_one_key_of_the_demand_configmap():
     from frota.router.discovery import KubeApi
     from frota.router.hold import kubernetes_announcer
 
@@ -161,13 +161,14 @@ async def test_on_a_cluster_the_demand_is_a_merge_patch_of_one_annotation_on_the
         return web.json_response({})
 
     app = web.Application()
-    app.router.add_patch("/apis/frota.dev/v1alpha1/namespaces/{ns}/inferenceservices/{name}", patch)
+    app.router.add_patch("/api/v1/namespaces/{ns}/configmaps/{name}", patch)
     async with serving(app) as base, aiohttp.ClientSession() as session:
-        announce = kubernetes_announcer(KubeApi(base, token="sa-token"), "team-a", "smollm2")
+        announce = kubernetes_announcer(KubeApi(base, token="sa-token"), "team-a", "smollm2-demand")
         await announce(session)
     ((path, content_type, body, auth),) = patches
-    assert path == "/apis/frota.dev/v1alpha1/namespaces/team-a/inferenceservices/smollm2"
+    # The one object the router's Role lets it write: never its InferenceService.
+    assert path == "/api/v1/namespaces/team-a/configmaps/smollm2-demand"
     assert content_type == "application/merge-patch+json" and auth == "Bearer sa-token"
-    (stamp,) = body["metadata"]["annotations"].values()
-    assert list(body["metadata"]["annotations"]) == ["router.frota.dev/demanded-at"]
+    assert list(body) == ["data"] and list(body["data"]) == ["demandedAt"]
+    stamp = body["data"]["demandedAt"]
     assert stamp.endswith("Z") and stamp.startswith("20")

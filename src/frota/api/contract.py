@@ -44,14 +44,21 @@ class Label:
     POD_INDEX = "apps.kubernetes.io/pod-index"
 
 
-class Annotation:
-    """Annotation keys Frota reads or writes on an InferenceService."""
+class Demand:
+    """Scale to zero: how the router of a fleet at zero asks for a replica at once.
 
-    # Scale to zero: the router writes when it holds a request that no ready replica can
-    # serve (RFC 3339, UTC); the operator then brings a replica back at once. Not under
-    # ANNOTATION_PREFIX: kopf leaves its storage prefix's annotations out of the changes
-    # its update handlers see.
-    DEMANDED_AT = "router.frota.dev/demanded-at"
+    The operator owns a ConfigMap named `<fleet>` + CONFIGMAP_SUFFIX (labelled COMPONENT)
+    for each fleet that may scale to zero. The router, holding a request no ready worker can
+    take, writes the time (RFC 3339, UTC) under DATA_KEY; the operator watches the ConfigMap
+    and brings one replica back when the time moves. The router's Role may patch that one
+    object and write nothing else: not its InferenceService, whose writer could change the
+    workers' image. A ConfigMap, not a Lease: the operator may grant only what it holds, and
+    it already holds ConfigMaps, where every Lease of the cluster (node heartbeats, leader
+    elections) would be more."""
+
+    CONFIGMAP_SUFFIX = "-demand"
+    DATA_KEY = "demandedAt"
+    COMPONENT = "demand"  # the ConfigMap's Label.COMPONENT
 
 
 class FleetKey:

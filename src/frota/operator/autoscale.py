@@ -17,9 +17,9 @@ keeps its own stabilization history, so prefill and decode scale independently.
 With `minReplicas: 0` (scale to zero) spec.replicas also goes to 0 after
 `scaleToZero.idleSeconds` with no request: the router's last-request time is that old and
 nothing is in flight, queued or held (`zero_decision`). At zero the load-based scaler has
-nothing to read; the router holds the requests that arrive and announces the demand on the
-InferenceService (`Annotation.DEMANDED_AT`, answered at once by the operator's demand
-handler), and this tick brings one replica back too if requests are held (the push failed).
+nothing to read; the router holds the requests that arrive and announces the demand in the
+fleet's demand ConfigMap (`contract.Demand`, answered at once by `frota.operator.demand`),
+and this tick brings one replica back too if requests are held (the push failed).
 Above zero the load-based scaler keeps at least one replica.
 
 Either way the decision is the same pure function: recommend

@@ -7,7 +7,9 @@ daemon, `frota.operator.converge`); its spec's handlers, the watches on
 its children and the capacity timer (what the engines report) only wake
 that loop. The watches also feed kopf's indexes, the
 cache a reconcile reads the children from, which is how deleted or edited
-children come back and how status follows pod readiness.
+children come back and how status follows pod readiness. One path acts on
+its own: a new stamp in a fleet's demand ConfigMap brings a fleet at zero
+back at once (`frota.operator.demand`).
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from frota.api.contract import (
     APP_NAME,
     CHILD_KINDS,
     ENDPOINT_SLICE,
+    KIND,
     POD,
-    Annotation,
     ChildKind,
+    Demand,
     Label,
 )
 from frota.operator import (
@@ -32,6 +35,7 @@ from frota.operator import (
     autoscale,
     autoscaler,
     converge,
+    demand,
     kv_report,
     model_cache_progress,
     peering,
@@ -44,6 +48,7 @@ from frota.operator.state import OperatorState, key_of, plain
 
 ISVC = (contract.GROUP, contract.VERSION, contract.PLURAL)
 OWNED = {Label.NAME: APP_NAME, Label.INSTANCE: kopf.PRESENT}
+DEMAND = {**OWNED, Label.COMPONENT: Demand.COMPONENT}
 INDEXED = (*CHILD_KINDS, POD, ENDPOINT_SLICE)
 # How long a stopping reconcile loop may finish its reconcile before kopf cancels it.
 STOP_GRACE_SECONDS = 5.0
@@ -72,13 +77,14 @@ def registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
     for kind in INDEXED:
         kopf.on.event(kind.group, kind.version, kind.plural, labels=OWNED,
                       id=f"poke_{kind.plural}", registry=reg)(poke_owner)
+    # Watch-only (an event handler): nothing is written back to the ConfigMap.
+    kopf.on.event("", "v1", "configmaps", labels=DEMAND, id="demand", registry=reg)(
+        demand_signalled)
 
     kopf.daemon(*ISVC, id="converge", registry=reg, cancellation_backoff=STOP_GRACE_SECONDS,
                 cancellation_timeout=STOP_GRACE_SECONDS)(converge_inferenceservice)
     for on_change in (kopf.on.resume, kopf.on.create, kopf.on.update):
         on_change(*ISVC, id="wake", registry=reg)(wake_inferenceservice)
-    kopf.on.update(*ISVC, id="demand", when=_demand_changed, registry=reg)(
-        demand_inferenceservice)
     kopf.on.delete(*ISVC, optional=True, registry=reg)(forget_inferenceservice)
     kopf.timer(*ISVC, interval=settings.autoscale_interval_seconds, idle=0, when=_autoscaled,
                registry=reg)(autoscale_inferenceservice)
@@ -237,21 +243,20 @@ async def forget_inferenceservice(body: kopf.Body, memo: kopf.Memo, logger: kopf
     logger.info("deleted; the garbage collector removes the children it owned")
 
 
-def _demand_changed(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None, **_: Any) -> bool:
-    """The router announced a held request (`Annotation.DEMANDED_AT` changed)."""
-    def demanded(body: Mapping[str, Any] | None) -> str | None:
-        return ((body or {}).get("metadata", {}).get("annotations") or {}).get(Annotation.DEMANDED_AT)
-
-    return demanded(new) is not None and demanded(new) != demanded(old)
-
-
-async def demand_inferenceservice(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger,
-                                  **_: Any) -> None:
-    """A request waits at the router of a fleet scaled to zero: one replica, now (the
-    autoscaling timer would see the held request too, an interval later)."""
+async def demand_signalled(body: kopf.Body, type: str | None, memo: kopf.Memo,
+                           logger: kopf.Logger, **_: Any) -> None:
+    """A request waits at the router of a fleet scaled to zero (its demand ConfigMap shows a
+    new stamp): one replica, now (the autoscaling timer would see the held request too, an
+    interval later). `type` is kopf's name for the event's type: None in a listing."""
     state: OperatorState = memo["state"]
+    fleet = demand.news(plain(body), state.demands, listing=type is None)
+    if fleet is None:
+        return
+    owner = await state.kube.get(KIND, *fleet)  # the spec as it is now, not as a cache had it
+    if owner is None:
+        return
     try:
-        isvc = desired_state(plain(body)).isvc
+        isvc = desired_state(plain(owner)).isvc
     except InvalidSpec:
         return
     await autoscaler.wake_from_zero(isvc, state, logger=logger)

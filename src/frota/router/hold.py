@@ -10,9 +10,10 @@ here, up to `--hold-seconds`, instead of getting the 503 it would otherwise get 
 - a client that disconnects leaves the queue (its handler is cancelled mid-wait).
 
 The first held request announces the demand, so that the fleet comes back without waiting
-for the operator's next look at the router's metrics: on a cluster the router marks its
-InferenceService (`Annotation.DEMANDED_AT`, a merge patch its Role allows on that one
-object), with `frota up` it calls the supervisor's URL. While requests stay held it
+for the operator's next look at the router's metrics: on a cluster the router stamps the
+fleet's demand ConfigMap (`contract.Demand`, a merge patch its Role allows on that one
+object and no other write; never its InferenceService), with `frota up` it calls the
+supervisor's URL. While requests stay held it
 announces again at most every `ANNOUNCE_INTERVAL` seconds (a missed patch is retried);
 `frota_router_held_requests` says how many wait, for the operator's own tick as well.
 """
@@ -31,7 +32,7 @@ from urllib.parse import quote
 
 import aiohttp
 
-from frota.api.contract import GROUP, PLURAL, VERSION, Annotation
+from frota.api.contract import Demand
 from frota.router.discovery import KubeApi
 from frota.router.errors import error_response
 from frota.router.health import WorkerPool
@@ -57,13 +58,13 @@ class HoldConfig:
 
 
 def kubernetes_announcer(api: KubeApi, namespace: str, name: str) -> Announce:
-    """Mark the InferenceService `namespace/name` as demanded now (a merge patch)."""
-    url = (f"{api.server}/apis/{GROUP}/{VERSION}/namespaces/{quote(namespace)}/"
-           f"{PLURAL}/{quote(name)}")
+    """Stamp the demand ConfigMap `namespace/name` with the time now (a merge patch of its
+    one key; the operator made the ConfigMap, and answers a new stamp)."""
+    url = f"{api.server}/api/v1/namespaces/{quote(namespace)}/configmaps/{quote(name)}"
 
     async def announce(session: aiohttp.ClientSession) -> None:
         now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        body = json.dumps({"metadata": {"annotations": {Annotation.DEMANDED_AT: now}}})
+        body = json.dumps({"data": {Demand.DATA_KEY: now}})
         headers = {**api.headers(), "Content-Type": "application/merge-patch+json"}
         async with session.patch(url, data=body, headers=headers, ssl=api.ssl_context,
                                  timeout=ANNOUNCE_TIMEOUT) as resp:

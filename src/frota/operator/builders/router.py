@@ -1,11 +1,12 @@
-"""Router children: Deployment, Service, and the ServiceAccount/Role that let it watch EndpointSlices."""
+"""Router children: Deployment, Service, the ServiceAccount/Role that let it watch EndpointSlices,
+and with scale to zero the demand ConfigMap, the one object the router may write."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from frota.api import InferenceService
-from frota.api.contract import GROUP, PLURAL, Label, Role
+from frota.api.contract import Demand, Label, Role
 from frota.operator.builders import pods
 from frota.operator.builders.common import labels, metadata, selector_labels
 from frota.plan.topology import Topology
@@ -30,6 +31,10 @@ def router_service_name(isvc: InferenceService) -> str:
     return isvc.metadata.name
 
 
+def demand_configmap_name(isvc: InferenceService) -> str:
+    return isvc.metadata.name + Demand.CONFIGMAP_SUFFIX
+
+
 def discovery_selector(isvc: InferenceService) -> str:
     """Label selector of the EndpointSlices of the rank-0 Services (one per role)."""
     return f"{Label.INSTANCE}={isvc.metadata.name},{Label.SERVING}=true"
@@ -51,7 +56,7 @@ def router_args(isvc: InferenceService, topology: Topology) -> list[str]:
         "--policy", topology.router.policy,
         "--drain-timeout", str(ROUTER_DRAIN_SECONDS),
         *topology.router.args,
-        *(["--announce-demand", isvc.metadata.name] if _scales_to_zero(isvc) else []),
+        *(["--announce-demand", demand_configmap_name(isvc)] if _scales_to_zero(isvc) else []),
     ]
 
 
@@ -74,12 +79,13 @@ def service_account(isvc: InferenceService) -> dict[str, Any]:
 
 def role(isvc: InferenceService) -> dict[str, Any]:
     """Read-only access to EndpointSlices in the namespace; with scale to zero, also patching
-    its own InferenceService (the demand annotation, `Annotation.DEMANDED_AT`), nothing else."""
+    the fleet's demand ConfigMap, named, and nothing else. The router faces clients: it can
+    write nothing that changes what runs (its InferenceService, workloads, Secrets, RBAC)."""
     rules = [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
               "verbs": ["get", "list", "watch"]}]
     if _scales_to_zero(isvc):
-        rules.append({"apiGroups": [GROUP], "resources": [PLURAL],
-                      "resourceNames": [isvc.metadata.name], "verbs": ["patch"]})
+        rules.append({"apiGroups": [""], "resources": ["configmaps"],
+                      "resourceNames": [demand_configmap_name(isvc)], "verbs": ["patch"]})
     return _router_object(isvc, RBAC, "Role", router_name(isvc), rules=rules)
 
 
@@ -163,6 +169,17 @@ def service(isvc: InferenceService) -> dict[str, Any]:
     })
 
 
+def demand_configmap(isvc: InferenceService) -> dict[str, Any]:
+    """Where the router of a fleet at zero stamps a held request (`contract.Demand`). No data:
+    the router writes its one key, and the operator's apply never touches it."""
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": metadata(isvc, demand_configmap_name(isvc),
+                                 labels(isvc, **{Label.COMPONENT: Demand.COMPONENT}))}
+
+
 def router_children(isvc: InferenceService, topology: Topology) -> list[dict[str, Any]]:
-    """ServiceAccount, Role, RoleBinding, Service, Deployment."""
-    return [service_account(isvc), role(isvc), role_binding(isvc), service(isvc), deployment(isvc, topology)]
+    """ServiceAccount, Role, RoleBinding, Service, Deployment; the demand ConfigMap before
+    them with scale to zero."""
+    demand = [demand_configmap(isvc)] if _scales_to_zero(isvc) else []
+    return [*demand, service_account(isvc), role(isvc), role_binding(isvc), service(isvc),
+            deployment(isvc, topology)]
