@@ -94,7 +94,7 @@ WRITE_BUFFER_LOW = 16 * 1024
 # How long a client may take nothing of its answers (WRITE_BUFFER_HIGH - _LOW bytes)
 # before its connection is aborted; nginx's send_timeout.
 WRITE_TIMEOUT = 60.0
-# Connections one server holds at once. A connection idle costs the router about 5 KiB
+# Connections one server holds at once. A connection idle costs the router about 3.4 KiB
 # of memory and one file descriptor (docs/router.md, "Connection limits and buffers").
 MAX_CONNECTIONS = 4096
 # A connection over `max_connections`: how long its client may take to read the 503 and
