@@ -89,6 +89,13 @@ def test_operator_holds_every_permission_it_grants_the_router(spec: Spec):
                     assert allows(rules, group, resource, verb), f"{verb} {group}/{resource}"
 
 
+def test_operator_may_create_fleet_keys_but_never_read_or_change_a_secret():
+    rules = cluster_role()["rules"]
+    assert allows(rules, "", "secrets", "create")
+    for verb in ("get", "list", "watch", "update", "patch", "delete", "deletecollection"):
+        assert not allows(rules, "", "secrets", verb), verb
+
+
 @pytest.mark.parametrize(("group", "resource", "verbs"), [
     ("frota.dev", "inferenceservices", ["get", "list", "watch", "patch"]),
     ("frota.dev", "inferenceservices/status", ["patch"]),

@@ -102,6 +102,7 @@ def test_operator_service_account_can_create_every_rendered_child(kubectl, path)
 @pytest.mark.slow
 @pytest.mark.parametrize(("verb", "resource", "allowed"), [
     ("get", "secrets", "no"), ("create", "pods", "no"), ("escalate", "roles", "no"),
+    ("create", "secrets", "yes"), ("update", "secrets", "no"), ("list", "secrets", "no"),
     ("delete", "pods", "yes"), ("watch", "endpointslices.discovery.k8s.io", "yes"),
 ])
 def test_operator_service_account_is_least_privileged(kubectl, verb, resource, allowed):

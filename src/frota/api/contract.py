@@ -74,6 +74,7 @@ class FleetKey:
     MOUNT_DIR = "/var/run/secrets/frota/fleet-key"
     FILE = f"{MOUNT_DIR}/{DATA_KEY}"
     FILE_ENV = "FROTA_FLEET_KEY_FILE"  # `--fleet-key-file` of `frota worker` and `frota router`
+    COMPONENT = "fleet-key"  # the Secret's Label.COMPONENT
 
 
 class InternalHeader:
@@ -132,6 +133,8 @@ CHILD_KINDS = (
     ChildKind("PersistentVolumeClaim", "v1", "persistentvolumeclaims"),
     ChildKind("Job", "batch/v1", "jobs"),
 )
+# What it only creates, never reads or watches: the fleet key (see FleetKey).
+SECRET = ChildKind("Secret", "v1", "secrets")
 # What it only reads: the pods of its StatefulSets, the EndpointSlices of its Services.
 POD = ChildKind("Pod", "v1", "pods")
 ENDPOINT_SLICE = ChildKind("EndpointSlice", "discovery.k8s.io/v1", "endpointslices")

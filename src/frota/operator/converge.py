@@ -29,6 +29,7 @@ import kopf
 
 from frota.api import InferenceServiceStatus
 from frota.api.contract import ConditionType, EventReason
+from frota.operator import fleet_key
 from frota.operator.reconcile import Outcome, reconcile
 from frota.operator.state import Key, OperatorState, key_of, plain
 from frota.operator.status import parse_status
@@ -85,6 +86,8 @@ async def reconcile_once(body: kopf.Body, state: OperatorState) -> Outcome:
     old = old if old is not None else parse_status(snapshot.get("status"))
     started = time.perf_counter()
     try:
+        # Before the first reconcile applies the pods that mount it (once per object).
+        await fleet_key.ensure_once(state.kube, snapshot, state.fleet_keys)
         outcome = await reconcile(snapshot, state.children(key), api=state.kube,
                                   old_status=old, applied=state.applied,
                                   reported_kv=_reported_kv(state, key, old),

@@ -3,7 +3,8 @@
 Everything the reconciler knows about what an InferenceService *should* look
 like comes through `desired_state(body)`: the validated spec, the revision
 hash, the child objects of each replica group (rendered for any group index,
-so rollouts can surge) and the shared children (router, config, policies).
+so rollouts can surge), the shared children (router, config, policies) and
+the fleet key's Secret, which is created once and never applied.
 When the builders' shapes change, this module is the only one to adjust.
 """
 
@@ -17,6 +18,7 @@ from typing import Any
 
 from frota.api import InferenceService
 from frota.api.contract import WORKER_ROLES, Label
+from frota.operator.builders.fleet_key import fleet_key_secret
 from frota.operator.builders.workers import role_service_name
 from frota.operator.render import planned_status, render
 from frota.operator.rollout import resolve_bound
@@ -45,6 +47,7 @@ class Desired:
     max_unavailable: Mapping[str, int]
     max_surge: Mapping[str, int]
     shared: tuple[dict[str, Any], ...]
+    fleet_key: dict[str, Any]  # the Secret without its key: created when missing, never applied
     render_group: Callable[[str, int], list[dict[str, Any]]] = field(repr=False)
 
     @property
@@ -182,5 +185,6 @@ def _desired_state(body: Mapping[str, Any]) -> Desired:
         max_unavailable=max_unavailable,
         max_surge=max_surge,
         shared=shared,
+        fleet_key=fleet_key_secret(isvc),
         render_group=render_group,
     )

@@ -7,9 +7,10 @@ daemon, `frota.operator.converge`); its spec's handlers, the watches on
 its children and the capacity timer (what the engines report) only wake
 that loop. The watches also feed kopf's indexes, the
 cache a reconcile reads the children from, which is how deleted or edited
-children come back and how status follows pod readiness. One path acts on
-its own: a new stamp in a fleet's demand ConfigMap brings a fleet at zero
-back at once (`frota.operator.demand`).
+children come back and how status follows pod readiness. Two paths act on
+their own: a new stamp in a fleet's demand ConfigMap brings a fleet at zero
+back at once (`frota.operator.demand`), and a timer brings back a fleet key
+Secret that was deleted (`frota.operator.fleet_key`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from frota.operator import (
     autoscaler,
     converge,
     demand,
+    fleet_key,
     kv_report,
     model_cache_progress,
     peering,
@@ -90,6 +92,10 @@ def registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
                registry=reg)(autoscale_inferenceservice)
     kopf.timer(*ISVC, interval=settings.capacity_report_interval_seconds, idle=0,
                id="capacity", registry=reg)(report_capacity)
+    # The reconcile loop makes the key first; this brings back one deleted since.
+    kopf.timer(*ISVC, interval=settings.fleet_key_check_seconds,
+               initial_delay=settings.fleet_key_check_seconds, idle=0, id="fleet_key",
+               registry=reg)(ensure_fleet_key)
     return reg
 
 
@@ -260,6 +266,14 @@ async def demand_signalled(body: kopf.Body, type: str | None, memo: kopf.Memo,
     except InvalidSpec:
         return
     await autoscaler.wake_from_zero(isvc, state, logger=logger)
+
+
+async def ensure_fleet_key(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger,
+                           **_: Any) -> None:
+    """Create the fleet key Secret again if someone deleted it (with a new key)."""
+    state: OperatorState = memo["state"]
+    if await fleet_key.ensure(state.kube, plain(body)) == "created":
+        logger.info("the fleet key Secret was missing: created it with a new key")
 
 
 def _autoscaled(body: kopf.Body, **_: Any) -> bool:

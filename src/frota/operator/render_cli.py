@@ -16,10 +16,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-n", "--namespace", help="namespace for objects whose manifest names none")
     parser.add_argument("--include-source", action="store_true",
                         help="also print each InferenceService (defaults filled in) before its children")
+    parser.epilog = ("Every child but the fleet key's Secret: the operator creates that one on the "
+                     "cluster, with a random key that nothing prints.")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Render every InferenceService in FILE into its child objects, like `helm template`."""
+    """Render every InferenceService in FILE into its child objects, like `helm template`
+    (all but the fleet key's Secret, whose key the operator makes on the cluster)."""
     from frota.operator.render import render
 
     def children(services: list[InferenceService]) -> str:

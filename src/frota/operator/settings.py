@@ -22,6 +22,9 @@ class OperatorSettings:
     # How often every InferenceService reads the KV cache its serving engines report
     # (`--capacity-report-interval`; status.capacity.reportedKvCacheTokensPerReplica).
     capacity_report_interval_seconds: float = 30.0
+    # How often each InferenceService's fleet key Secret is created again if it is missing
+    # (a user deleted it); it is made before the first pods either way.
+    fleet_key_check_seconds: float = 60.0
     # How long kopf waits before retrying a reconcile that hit a transient API error.
     retry_delay_seconds: float = 5.0
     # How soon to look again at writes the watch cache has not shown yet.

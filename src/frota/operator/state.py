@@ -3,8 +3,8 @@
 The children cache is kopf's own indexes (filled from the watches); the rest
 is what a reconcile or a timer needs from the ones before it: the status last
 written, the writes the cache has not shown yet, each scaler's history, the
-KV cache the engines last reported, the demand last seen, and the wake-up
-flag of each InferenceService's reconcile loop.
+KV cache the engines last reported, the fleet keys made sure of, the demand
+last seen, and the wake-up flag of each InferenceService's reconcile loop.
 """
 
 from __future__ import annotations
@@ -73,6 +73,8 @@ class OperatorState:
     reported_adapters: dict[Key, tuple[Mapping[str, str | None], ...]] = field(default_factory=dict)
     # The running model-cache fill pod's {"bytes", "totalBytes"} (model_cache_progress).
     cache_progress: dict[Key, dict[str, int | None]] = field(default_factory=dict)
+    # The uid whose fleet key this process has made sure of (`frota.operator.fleet_key`).
+    fleet_keys: dict[Key, str] = field(default_factory=dict)
     # The demand each fleet's ConfigMap last showed (`frota.operator.demand`).
     demands: dict[Key, str | None] = field(default_factory=dict)
     # Where the autoscaler reads metrics (tests point these at their own servers).
@@ -164,6 +166,7 @@ class OperatorState:
         self.reported_kv.pop(key, None)
         self.reported_adapters.pop(key, None)
         self.cache_progress.pop(key, None)
+        self.fleet_keys.pop(key, None)
         self.demands.pop(key, None)
         with contextlib.suppress(KeyError):  # never reconciled to a status
             self.metrics.ready.remove(*key)

@@ -9,6 +9,7 @@ from frota.api import InferenceService
 from frota.api.contract import Demand, Label, Role
 from frota.operator.builders import pods
 from frota.operator.builders.common import labels, metadata, selector_labels
+from frota.operator.builders.fleet_key import fleet_key_mount
 from frota.plan.topology import Topology
 
 ROUTER_PORT = 8000
@@ -108,7 +109,9 @@ def deployment(isvc: InferenceService, topology: Topology) -> dict[str, Any]:
     env += [{"name": k, "value": v} for k, v in topology.router.env.items()]
     env += pods.WRITABLE_HOME_ENV
     tmp, tmp_mount = pods.tmp_volume()
-    volumes, mounts = [tmp], [tmp_mount]
+    key, key_mount, key_env = fleet_key_mount(isvc)
+    volumes, mounts = [tmp, key], [tmp_mount, key_mount]
+    env.append(key_env)
     if router.apiKeySecret is not None:
         # A file, not an env var: the key stays out of `kubectl describe` and process listings.
         secret = router.apiKeySecret

@@ -9,6 +9,7 @@ from frota.api import EnvVar, InferenceService, Resources
 from frota.api.contract import Label
 from frota.operator.builders import pods
 from frota.operator.builders.common import labels, metadata, selector_labels
+from frota.operator.builders.fleet_key import fleet_key_mount
 from frota.plan.model_shapes import (
     ADAPTER_CACHE_DIR,
     ADAPTERS_DIR,
@@ -179,9 +180,17 @@ def _rank_env(isvc: InferenceService, group: ReplicaGroup) -> list[dict[str, Any
     env += [{"name": k, "value": v} for k, v in group.leader.env.items() if k != "FROTA_RANK"]
     if isvc.spec.runtime.engine == "frota":
         env.append({"name": "FROTA_SHUTDOWN_GRACE_PERIOD", "value": str(pods.DRAIN_SECONDS)})
+    if _reads_fleet_key(isvc):
+        env.append(fleet_key_mount(isvc)[2])
     env += pods.WRITABLE_HOME_ENV
     env += ca_bundle(isvc)[2]  # before the user's env, which may override it
     return env + _user_env(isvc.spec.engine.env)
+
+
+def _reads_fleet_key(isvc: InferenceService) -> bool:
+    """Frota's own engine signs and checks KV handles and internal calls with the fleet key;
+    vLLM's server does not read it, so its pods do not get it."""
+    return isvc.spec.runtime.engine == "frota"
 
 
 def _pod_spec(isvc: InferenceService, topology: Topology, group: ReplicaGroup,
@@ -194,6 +203,10 @@ def _pod_spec(isvc: InferenceService, topology: Topology, group: ReplicaGroup,
     ca_volumes, ca_mounts, _ = ca_bundle(isvc)
     volumes = [tmp, *volumes, *more_volumes, *lora_volumes, *ca_volumes]
     mounts = [tmp_mount, *mounts, *more_mounts, *lora_mounts, *ca_mounts]
+    if _reads_fleet_key(isvc):
+        key, key_mount, _ = fleet_key_mount(isvc)
+        volumes.append(key)
+        mounts.append(key_mount)
     init = [*init, *more_init, *lora_init]
     if resources.accelerator is not None or spec.runtime.engine == "vllm":
         # NCCL, and vLLM's processes, move data through shared memory; the default /dev/shm
