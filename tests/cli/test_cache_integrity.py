@@ -206,6 +206,11 @@ def test_wait_refuses_a_manifest_that_is_not_one(tmp_path: Path, files: dict | N
     assert wait(tmp_path) == cache.EXIT_PERMANENT
 
 
+def test_wait_refuses_a_marker_that_stays_unreadable_past_its_timeout(tmp_path: Path) -> None:
+    (tmp_path / cache.MARKER).write_bytes(b'{"uri": "x", "fi\xff')
+    assert wait(tmp_path) == cache.EXIT_PERMANENT
+
+
 def test_a_manifest_an_earlier_frota_wrote_is_still_checked(base: str, tmp_path: Path) -> None:
     """Version 1 named a directory's files relative to the directory itself."""
     assert fill(base, tmp_path, "/a/m.tar.gz", "m") == 0

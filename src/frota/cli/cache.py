@@ -181,6 +181,12 @@ def wait(root: Path, timeout: float, sha256: str | None = None) -> int:
     manifest (and the pin) says; EXIT_PERMANENT, with the file and both digests as the
     container's termination message, when one is not; 1 when no marker came in time."""
     body = wait_for_marker(root, timeout)
+    if body is None and (root / MARKER).exists():
+        # The Job renames a whole marker into place: one that stays unreadable was damaged.
+        message = f"frota cache wait: {root / MARKER} is not a JSON object: delete the model-cache Job to fill it again"
+        print(message, file=sys.stderr)
+        _terminate(message)
+        return EXIT_PERMANENT
     if body is None:
         print(f"frota cache wait: no {MARKER} in {root} after {timeout:g}s: is the "
               "model-cache Job running? (kubectl get jobs)", file=sys.stderr)
