@@ -13,16 +13,15 @@ rotated Secret reaches pods that are running.
 from __future__ import annotations
 
 import copy
-import secrets
 from typing import Any
 
 from frota.api import InferenceService
 from frota.api.contract import FleetKey, Label
+from frota.api.fleet_key import generate_key
 from frota.operator.builders.common import labels, metadata
 
 VOLUME = "fleet-key"
 FILE_MODE = 0o440  # the run-as group (the pod's fsGroup) reads it; nobody writes it
-KEY_BYTES = 32  # 64 hex characters
 
 
 def fleet_key_secret_name(isvc: InferenceService) -> str:
@@ -40,15 +39,10 @@ def fleet_key_secret(isvc: InferenceService) -> dict[str, Any]:
     }
 
 
-def new_key() -> str:
-    """A fresh key: KEY_BYTES random bytes from the OS's CSPRNG, as hex."""
-    return secrets.token_hex(KEY_BYTES)
-
-
 def with_new_key(secret: dict[str, Any]) -> dict[str, Any]:
     """A copy of `secret` holding a fresh key (the template is shared: never mutated)."""
     out = copy.deepcopy(secret)
-    out["stringData"] = {FleetKey.DATA_KEY: new_key()}
+    out["stringData"] = {FleetKey.DATA_KEY: generate_key()}  # the one rule, the readers' own
     return out
 
 
