@@ -38,6 +38,7 @@ RESOURCES: dict[str, tuple[str, tuple[str, ...]]] = {
     "apps/v1/deployments": ("Deployment", ("status",)),
     "v1/services": ("Service", ()),
     "v1/configmaps": ("ConfigMap", ()),
+    "v1/secrets": ("Secret", ()),
     "v1/serviceaccounts": ("ServiceAccount", ()),
     "v1/pods": ("Pod", ("status",)),
     "v1/events": ("Event", ()),
@@ -343,7 +344,8 @@ spec:
 # Quick enough for tests: the autoscaler and the capacity timer tick twice a second,
 # retries wait a fifth of one.
 SETTINGS = OperatorSettings(namespaces=(NAMESPACE,), autoscale_interval_seconds=0.5,
-                            capacity_report_interval_seconds=0.5, retry_delay_seconds=0.2)
+                            capacity_report_interval_seconds=0.5, retry_delay_seconds=0.2,
+                            fleet_key_check_seconds=0.5)
 
 
 class Operator:

@@ -13,6 +13,7 @@ from tests.operator_reconcile.conftest import (
 CHILD_KINDS = ("StatefulSet", "Service", "Deployment", "ConfigMap", "ServiceAccount", "Role",
                "RoleBinding", "PodDisruptionBudget", "NetworkPolicy")
 REVISION = "frota.dev/revision"
+SECRETS = "/api/v1/namespaces/default/secrets"
 
 
 def owned(cluster: Cluster, name: str) -> dict[str, dict[str, dict]]:
@@ -41,6 +42,14 @@ def group_revisions(cluster: Cluster, name: str) -> dict[str, str]:
 
 def pods_of(cluster: Cluster, group: str) -> list[dict]:
     return [p for p in cluster.objects("Pod") if p["metadata"]["name"].startswith(group + "-")]
+
+
+async def stamp_demand(cluster: Cluster, name: str, when: str) -> None:
+    """What the router of a fleet at zero does when it holds a request: stamp the fleet's
+    demand ConfigMap, the one object its Role lets it write."""
+    demand = f"{name}-demand"
+    await wait_for(lambda: cluster.get("ConfigMap", demand), what="the demand ConfigMap")
+    await cluster.call("PATCH", cluster.path("ConfigMap", demand), {"data": {"demandedAt": when}})
 
 
 async def groups_created(cluster: Cluster, name: str, groups: int) -> None:
@@ -226,9 +235,8 @@ async def test_at_zero_a_demand_announced_by_the_router_brings_a_replica_back_at
     await wait_for(status_is(cluster, "tiny", "Ready", "True", "ScaledToZero"), what="zero")
     assert not owned(cluster, "tiny")["StatefulSet"]
     # No router metrics here, so the autoscaling timer has nothing to go on: only the
-    # demand handler can answer the annotation.
-    await cluster.patch_isvc("tiny", {"metadata": {"annotations": {
-        "router.frota.dev/demanded-at": "2026-12-03T12:00:00Z"}}})
+    # demand handler can answer the router's stamp.
+    await stamp_demand(cluster, "tiny", "2026-12-03T12:00:00Z")
     await wait_for(lambda: cluster.isvc("tiny")["spec"]["replicas"] == 1, what="one replica")
     await groups_created(cluster, "tiny", 1)
     events = [e for e in cluster.objects("Event") if e.get("reason") == "ScaledUp"]
@@ -250,8 +258,7 @@ async def test_a_disaggregated_fleet_takes_both_roles_to_zero_and_brings_both_ba
     assert "pd-router" in owned(cluster, "pd")["Deployment"]
     await wait_for(status_is(cluster, "pd", "Ready", "True", "ScaledToZero"), what="zero")
 
-    await cluster.patch_isvc("pd", {"metadata": {"annotations": {
-        "router.frota.dev/demanded-at": "2026-12-04T12:00:00Z"}}})
+    await stamp_demand(cluster, "pd", "2026-12-04T12:00:00Z")
     await groups_created(cluster, "pd", 3)  # a whole unit: its prefill and both decode groups
     assert set(owned(cluster, "pd")["StatefulSet"]) == {"pd-prefill-0", "pd-decode-0", "pd-decode-1"}
     assert cluster.isvc("pd")["spec"]["replicas"] == 1
@@ -272,12 +279,39 @@ async def test_a_vllm_fleet_goes_to_zero_and_comes_back_on_demand_as_a_frota_one
     await cluster.patch_isvc("vl", {"spec": {"replicas": 0}}, subresource="scale")
     await wait_for(lambda: not owned(cluster, "vl")["StatefulSet"], what="no groups")
     await wait_for(status_is(cluster, "vl", "Ready", "True", "ScaledToZero"), what="zero")
-    await cluster.patch_isvc("vl", {"metadata": {"annotations": {
-        "router.frota.dev/demanded-at": "2026-12-04T12:00:00Z"}}})
+    await stamp_demand(cluster, "vl", "2026-12-04T12:00:00Z")
     await groups_created(cluster, "vl", 1)
     (group,) = owned(cluster, "vl")["StatefulSet"].values()
     container = group["spec"]["template"]["spec"]["containers"][0]
     assert "vllm" in " ".join(container.get("command", []) + container.get("args", []))
+
+
+async def test_the_fleet_key_is_made_once_kept_through_a_rotation_and_made_again_if_deleted(
+    cluster: Cluster, operator: Operator
+) -> None:
+    created = await cluster.create_isvc(sample("tiny", replicas=1))
+    await wait_for(lambda: cluster.get("Secret", "tiny-fleet-key"), what="the fleet key")
+    secret = cluster.get("Secret", "tiny-fleet-key")
+    assert [r["uid"] for r in secret["metadata"]["ownerReferences"]] == [created["metadata"]["uid"]]
+    key = secret["stringData"]["key"]
+    assert len(key) == 64 and int(key, 16) >= 0
+    # Mounted by name into the router and the workers.
+    for kind, name in (("Deployment", "tiny-router"), ("StatefulSet", "tiny-worker-0")):
+        await wait_for(lambda k=kind, n=name: cluster.get(k, n), what=name)
+        volumes = cluster.get(kind, name)["spec"]["template"]["spec"]["volumes"]
+        assert {"secretName": "tiny-fleet-key"}.items() <= next(
+            v["secret"] for v in volumes if v["name"] == "fleet-key").items()
+    # A rotation is the user's write: the timer (every 0.5 s here) leaves it alone.
+    await cluster.call("PATCH", cluster.path("Secret", "tiny-fleet-key"),
+                       {"stringData": {"key": "b" * 64}})
+    posts = len([w for w in cluster.server.writes if w == ("POST", SECRETS)])
+    await wait_for(lambda: len([w for w in cluster.server.writes if w == ("POST", SECRETS)])
+                   >= posts + 2, what="two more checks")
+    assert cluster.get("Secret", "tiny-fleet-key")["stringData"] == {"key": "b" * 64}
+    # Deleted: made again, with a new key.
+    await cluster.delete("Secret", "tiny-fleet-key")
+    await wait_for(lambda: cluster.get("Secret", "tiny-fleet-key"), what="a new fleet key")
+    assert cluster.get("Secret", "tiny-fleet-key")["stringData"]["key"] not in (key, "b" * 64)
 
 
 async def test_delete_lets_the_garbage_collector_take_every_child(
@@ -319,6 +353,7 @@ async def test_restart_converges_without_duplicates_or_writes(
         await converge(cluster, "tiny", 2)
     snapshot = {kind: {n: o["metadata"]["uid"] for n, o in objs.items()}
                 for kind, objs in owned(cluster, "tiny").items()}
+    key_uid = cluster.get("Secret", "tiny-fleet-key")["metadata"]["uid"]
     writes_before = len(apiserver.writes)
 
     async with Operator(apiserver) as second:
@@ -330,8 +365,13 @@ async def test_restart_converges_without_duplicates_or_writes(
     after = {kind: {n: o["metadata"]["uid"] for n, o in objs.items()}
              for kind, objs in owned(cluster, "tiny").items()}
     assert after == snapshot
+    # The fleet key is made sure of once per operator process: a POST answered 409.
+    probes = [w for w in apiserver.writes[writes_before:] if w == ("POST", SECRETS)]
+    assert len(probes) == 1
+    assert cluster.get("Secret", "tiny-fleet-key")["metadata"]["uid"] == key_uid  # not replaced
     child_writes = [w for w in apiserver.writes[writes_before:]
-                    if "/inferenceservices/" not in w[1] and "/events" not in w[1]]
+                    if "/inferenceservices/" not in w[1] and "/events" not in w[1]
+                    and w != ("POST", SECRETS)]
     assert child_writes == []
 
 
