@@ -141,6 +141,15 @@ def test_downloaded_models_are_fetched_by_an_init_container_into_the_cache():
     assert pod["containers"][0]["args"][2] == "/models/cache/org/repo"
 
 
+def test_a_pinned_sha256_is_enforced_by_the_fetch_without_a_cache_too():
+    pin = "ab" * 32
+    pod = one(children(Spec(uri="hf://org/repo").set("spec.model.sha256", pin)),
+              "StatefulSet")["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    assert init["args"] == ["fetch", "hf://org/repo", "--dest", "/models/cache/org/repo",
+                            "--sha256", pin]
+
+
 def test_router_discovers_rank_zero_endpoints_through_its_own_role():
     objs = children(Spec().disaggregated())
     deploy = one(objs, "Deployment", "tiny-router")

@@ -118,3 +118,25 @@ async def test_without_the_cache_there_is_no_model_cache_status(fake_api: FakeAp
     outcome = await reconcile(body, Children(objects=(), pods=(), endpoint_slices=None), api=fake_api)
     assert outcome.status.modelCache is None
     assert not [a for a in fake_api.applied if a.startswith(("Job/", "PersistentVolumeClaim/"))]
+
+
+def test_a_check_waiting_to_restart_keeps_its_failure_in_the_pod_index() -> None:
+    """In CrashLoopBackOff the kubelet shows why the cache check ended only in lastState:
+    the operator's slim pod cache keeps it, so status.modelCache can name the file."""
+    import kopf
+
+    from frota.api.contract import Label
+    from frota.operator.handlers import index_pod
+    from frota.operator.builders.model_cache import WAIT_CONTAINER
+
+    labels = {Label.INSTANCE: "tiny", Label.ROLE: "worker"}
+    message = "model.gguf: sha256 is 00ff, the manifest says abcd"
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "tiny-0-0", "namespace": "default", "labels": labels},
+           "status": {"phase": "Pending", "initContainerStatuses": [{
+               "name": WAIT_CONTAINER, "restartCount": 2,
+               "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off"}},
+               "lastState": {"terminated": {"exitCode": 3, "message": message}}}]}}
+    [(_, slim)] = index_pod(kopf.Body(pod), namespace="default", labels=labels).items()
+    (status,) = slim["status"]["initContainerStatuses"]
+    assert status["lastState"] == {"terminated": {"exitCode": 3, "message": message}}

@@ -87,7 +87,7 @@ class ModelCacheStatus(FrotaModel):
     """spec.model.cache's Job: whether the weights are in the claim."""
 
     state: Literal["Pending", "Downloading", "Ready", "Failed"] = Field(
-        description="Pending: the Job has not started; Downloading: it runs; Ready: the marker is written; Failed: the Job gave up."
+        description="Pending: the Job has not started; Downloading: it runs; Ready: the marker is written; Failed: the Job gave up, or a worker pod's check found the cache's files changed since they were recorded."
     )
     bytes: int | None = Field(
         default=None, ge=0,
@@ -103,7 +103,7 @@ class ModelCacheStatus(FrotaModel):
         default=None, max_length=64,
         description="The state with its progress, as `kubectl get -o wide` shows it: Downloading 41% (12.0 MiB), Ready (1.2 GiB).",
     )
-    reason: str | None = Field(default=None, max_length=1024, description="Why the Job failed.")
+    reason: str | None = Field(default=None, max_length=1024, description="Why the Job failed, or which file a worker pod's check found changed (with both digests).")
     job: str | None = Field(default=None, max_length=253, description="The Job that fills the cache.")
 
     @model_validator(mode="after")

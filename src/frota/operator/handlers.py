@@ -197,9 +197,18 @@ def _slim_container(c: Mapping[str, Any]) -> dict:
         out["state"] = {"waiting": {"reason": waiting["reason"],
                                     "message": waiting.get("message", "")}}
     elif terminated is not None:  # a fill's {"bytes": N}, or its error
-        out["state"] = {"terminated": {"exitCode": terminated.get("exitCode"),
-                                       "message": (terminated.get("message") or "")[:REASON_CHARS]}}
+        out["state"] = {"terminated": _slim_terminated(terminated)}
+    # A container waiting to restart (CrashLoopBackOff) keeps why it ended only here: a
+    # cache check that failed, naming the file and both digests.
+    last = (c.get("lastState") or {}).get("terminated")
+    if last is not None:
+        out["lastState"] = {"terminated": _slim_terminated(last)}
     return out
+
+
+def _slim_terminated(terminated: Mapping[str, Any]) -> dict[str, Any]:
+    return {"exitCode": terminated.get("exitCode"),
+            "message": (terminated.get("message") or "")[:REASON_CHARS]}
 
 
 def index_endpointslice(

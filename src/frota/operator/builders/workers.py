@@ -108,10 +108,12 @@ def fetch_env(isvc: InferenceService) -> list[dict[str, Any]]:
 
 
 def _fetch(isvc: InferenceService, name: str, volume: str, path: str, uri: str, dest: str,
-           size: str | None = None) -> tuple[list, list, list]:
-    """An init container running `frota fetch URI --dest DEST` into the emptyDir `volume`."""
-    return _filled_by_frota(isvc, name, volume, path, ["fetch", uri, "--dest", dest],
-                            fetch_env(isvc), FETCH_RESOURCES, size, ca_bundle(isvc)[1])
+           size: str | None = None, sha256: str | None = None) -> tuple[list, list, list]:
+    """An init container running `frota fetch URI --dest DEST` into the emptyDir `volume`
+    (`--sha256`: the pinned digest, enforced on what it downloads)."""
+    args = ["fetch", uri, "--dest", dest, *(["--sha256", sha256] if sha256 else [])]
+    return _filled_by_frota(isvc, name, volume, path, args, fetch_env(isvc), FETCH_RESOURCES,
+                            size, ca_bundle(isvc)[1])
 
 
 def model_volumes(isvc: InferenceService, location: ModelLocation) -> tuple[list, list, list]:
@@ -125,7 +127,8 @@ def model_volumes(isvc: InferenceService, location: ModelLocation) -> tuple[list
         return model_cache.worker_volumes(isvc, location)  # the Job downloads (converts), once
     if location.delivery != "download":
         return [], [], []  # baked into the image, or generated (synthetic)
-    return _fetch(isvc, "fetch-model", "model-cache", CACHE_DIR, location.uri, location.model_arg)
+    return _fetch(isvc, "fetch-model", "model-cache", CACHE_DIR, location.uri, location.model_arg,
+                  sha256=isvc.spec.model.sha256)
 
 
 def adapter_volumes(isvc: InferenceService, adapters: tuple[AdapterLocation, ...]) -> tuple[list, list, list]:
