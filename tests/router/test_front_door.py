@@ -134,6 +134,8 @@ async def test_a_client_that_takes_nothing_for_write_timeout_is_cut_off(
     (conn,) = server.connections
     await wait_for(lambda: not server.connections)  # well before keepalive_timeout
     assert conn.transport is None
+    if answer == "close":  # closed with bytes unsent, not after sending them all
+        assert conn.closing_since is not None and not conn.writing_paused
     if answer == "stream":
         assert cancelled.is_set()
 
