@@ -123,3 +123,23 @@ async def test_the_routers_view_of_its_workers_is_for_the_fleet_only(
                                   headers=dict([keyring.authorization()])) as r:
         assert r.status == 200
         assert (await r.json())["workers"][0]["url"] == worker.url
+
+
+async def test_the_routers_metrics_count_open_connections_and_those_turned_away(
+        start_worker, start_router) -> None:
+    worker = await start_worker()
+    router = await start_router([worker], RouterConfig(probe_interval=0.05, max_connections=2))
+    held = [await asyncio.open_connection("127.0.0.1", router.app.port) for _ in range(2)]
+    reader, writer = await asyncio.open_connection("127.0.0.1", router.app.port)
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    assert head.startswith(b"HTTP/1.1 503 ") and b"Retry-After" in head
+    writer.close()
+    for _, w in held[1:]:
+        w.close()
+    await asyncio.sleep(0.1)  # the server sees the closes
+    r, w = held[0]
+    w.write(b"GET /metrics HTTP/1.1\r\nHost: r\r\nConnection: close\r\n\r\n")
+    text = (await asyncio.wait_for(r.read(), 5)).decode()
+    w.close()
+    assert 'frota_router_connections_cut_total{reason="max_connections"} 1.0' in text
+    assert "frota_router_connections 1.0" in text  # the one asking

@@ -242,6 +242,8 @@ class RouterMetric:
     REQUESTS = "frota_router_requests"  # by endpoint and HTTP status
     ROUTING_DECISIONS = "frota_router_routing_decisions"
     REJECTIONS = "frota_router_rejections"
+    CONNECTIONS = "frota_router_connections"  # open client connections
+    CONNECTIONS_CUT = "frota_router_connections_cut"  # by reason: max_connections, write_timeout
     RETRIES = "frota_router_retries"
     STREAM_ERRORS = "frota_router_stream_errors"
     EJECTIONS = "frota_router_ejections"

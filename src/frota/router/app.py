@@ -187,9 +187,12 @@ class RouterApp:
         `reuse_port`, several router processes can listen on the same port."""
         await self.router.start()
         config = self.router.config
-        self.server = HttpServer(self.handle, max_connections=config.max_connections,
-                                 keepalive_timeout=config.keepalive_timeout,
-                                 write_timeout=config.write_timeout)
+        metrics = self.router.metrics
+        self.server = server = HttpServer(
+            self.handle, max_connections=config.max_connections,
+            keepalive_timeout=config.keepalive_timeout, write_timeout=config.write_timeout,
+            on_cut=lambda reason: metrics.connections_cut.labels(reason).inc())
+        metrics.connections.add_reader(lambda: [((), len(server.connections))])
         self.port = await self.server.listen(host, port, backlog=backlog,
                                              reuse_port=reuse_port)
         siblings = self.router.config.siblings

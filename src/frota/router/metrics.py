@@ -82,6 +82,14 @@ class RouterMetrics:
             RouterMetric.INTER_TOKEN_LATENCY_SECONDS,
             "Time between consecutive chunks of a stream, as forwarded by the router.",
             buckets=ITL_BUCKETS, registry=self.registry)
+        # The front door (`frota.router.server`): open client connections, read when
+        # scraped, and the ones turned away or cut off for a limit.
+        self.connections = ReadGauge(RouterMetric.CONNECTIONS, "Open client connections.",
+                                     registry=self.registry)
+        self.connections_cut = counter(
+            RouterMetric.CONNECTIONS_CUT, "Client connections turned away or cut off, by "
+            "reason: max_connections (a 503 before reading), write_timeout (the client took "
+            "none of its answer for --write-timeout).", ["reason"])
         self.held = gauge(RouterMetric.HELD_REQUESTS,
                           "Requests held while no worker is ready (scale to zero: a replica starts).")
         # When the last request arrived (the app sets it), read when scraped.

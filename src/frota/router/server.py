@@ -512,6 +512,7 @@ class _Connection(asyncio.Protocol):
         transport = self.transport
         assert transport is not None
         self.stopped = True  # `data_received` discards
+        server.count_cut("max_connections")
         if len(server.turned_away) >= MAX_TURNED_AWAY:
             transport.abort()
             return
@@ -815,6 +816,7 @@ class _Connection(asyncio.Protocol):
             if now - stalled_since >= self.server.write_timeout:
                 log.debug("aborting a connection whose client took nothing for %.0f s",
                           now - stalled_since)
+                self.server.count_cut("write_timeout")
                 transport.abort()
             return
         if not self.handling and now >= self.deadline:
@@ -841,9 +843,13 @@ class HttpServer:
                  max_header_bytes: int = MAX_HEADER_BYTES,
                  keepalive_timeout: float = KEEPALIVE_TIMEOUT,
                  write_timeout: float = WRITE_TIMEOUT,
-                 max_connections: int = MAX_CONNECTIONS) -> None:
+                 max_connections: int = MAX_CONNECTIONS,
+                 on_cut: Callable[[str], None] | None = None) -> None:
+        """`on_cut(reason)` hears of each connection the server turns away or cuts off for
+        one of its limits: `max_connections`, `write_timeout` (for a metric)."""
         check_limits(max_connections, keepalive_timeout, write_timeout)
         self.handler = handler
+        self.on_cut = on_cut
         self.max_body = max_body
         self.max_header_bytes = max_header_bytes
         self.keepalive_timeout = keepalive_timeout
@@ -856,6 +862,10 @@ class HttpServer:
         self.head_end = ""  # the Date header and the head's blank line
         self._server: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.Task[None] | None = None
+
+    def count_cut(self, reason: str) -> None:
+        if self.on_cut is not None:
+            self.on_cut(reason)
 
     async def listen(self, host: str, port: int, *, backlog: int = 2048,
                      reuse_port: bool = False) -> int:
