@@ -4,27 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 import yaml
 
 from e2e.kube import Cluster, wait_until
 
 MANIFESTS = Path(__file__).resolve().parents[1] / "manifests"
-# The overlay the e2e suite installs (the dev overlay runs the frota-operator:dev image that
-# e2e/kind/up.sh loads).
-OVERLAYS = ("overlays/e2e", "overlays/dev", "base")
-
-
-def _overlay() -> Path | None:
-    return next(
-        (MANIFESTS / o for o in OVERLAYS if (MANIFESTS / o / "kustomization.yaml").exists()), None
-    )
+# The overlay the e2e suite installs: it runs the frota-operator:dev image e2e/kind/up.sh loads.
+OVERLAY = MANIFESTS / "overlays" / "dev"
 
 
 def test_operator_manifests_install_and_the_operator_becomes_available(cluster: Cluster) -> None:
-    overlay = _overlay()
-    if overlay is None:
-        pytest.skip("manifests/ has no kustomization yet")
+    overlay = OVERLAY
     rendered = [d for d in yaml.safe_load_all(cluster.kubectl("kustomize", str(overlay))) if d]
     # One step on a fresh cluster: the manifests hold no custom resource that
     # would need its CRD established first (the operator makes its peering object).

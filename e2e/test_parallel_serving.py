@@ -1,18 +1,12 @@
 """Tensor-parallel and disaggregated fleets serve correct output through the router; the
 disaggregated fleet keeps its internal protocol to itself (docs/security.md).
-
-Each test skips with its reason while `frota worker --help` does not show the
-flag the fleet needs (`--role prefill|decode`, `--tensor-parallel-size`).
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
-import functools
 import json
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 
@@ -31,18 +25,6 @@ PROMPT = "What is the capital of France? Answer in one word."
 SYNTHETIC = "synthetic:dense-small"
 SYNTHETIC_NAME = "dense-small"
 SERVICE_PORT = 80  # the router Service's
-
-
-@functools.cache
-def _worker_help() -> str:
-    return subprocess.run([sys.executable, "-m", "frota.cli.main", "worker", "--help"],
-                          capture_output=True, text=True, timeout=60).stdout
-
-
-def _needs(flag: str, *values: str) -> None:
-    text = _worker_help()
-    if flag not in text or not all(v in text.split(flag, 1)[1][:200] for v in values):
-        pytest.skip(f"`frota worker --help` does not show {flag} {'|'.join(values)} yet")
 
 
 @contextlib.contextmanager
@@ -67,7 +49,6 @@ def _completion(cluster: Cluster, ns: str, name: str, prompt: str) -> str:
 
 
 def test_tensor_parallel_two_pods_serve_what_one_rank_serves(cluster: Cluster, ns: str) -> None:
-    _needs("--tensor-parallel-size")
     engine = {"dtype": "float32", "maxModelLen": 256, "kvCache": {"memoryFraction": 0.6},
               "scheduler": {"maxNumSeqs": 2}}
     small = {"cpu": "250m", "memory": "1536Mi"}  # the runtime reserve is 768 MiB
@@ -89,7 +70,6 @@ def test_tensor_parallel_two_pods_serve_what_one_rank_serves(cluster: Cluster, n
 def pd(cluster: Cluster, ns: str) -> Iterator[str]:
     """A disaggregated fleet (every prompt goes prefill -> KV handle -> decode), shared by
     the tests below and deleted after them."""
-    _needs("--role", "prefill", "decode")
     manifest = fleet.small_isvc(
         "pd", disaggregation={"minPromptTokens": 0, "prefill": {"replicas": 1},
                               "decode": {"replicas": 1}})

@@ -1,5 +1,6 @@
-"""tests/conftest.py: under CI or scripts/test.sh, a skip for something scripts/test.sh provides
-fails, saying what; skips for what a machine may lack stay skips."""
+"""tests/strict_skips.py (the hooks of tests/conftest.py and e2e/conftest.py): under CI or
+scripts/test.sh, a skip for something scripts/test.sh provides fails, saying what; skips for
+what a machine may lack stay skips."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 
 pytest_plugins = ["pytester"]
 
-CONFTEST = (Path(__file__).with_name("conftest.py")).read_text()
+CONFTEST = (Path(__file__).with_name("strict_skips.py")).read_text()
 TESTS = '''
 import pytest
 
@@ -73,3 +74,33 @@ def test_a_module_level_importorskip_of_a_provided_module_fails_collection_under
     result = run(pytester)
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*could not import 'not_installed_here'*the setup*"])
+
+
+E2E_TESTS = '''
+import pytest
+
+def test_needs_helm():
+    pytest.skip("no helm binary: e2e/cluster/helm.sh failed: go: no network")
+
+def test_needs_promtool():
+    pytest.skip("no cached prometheus binary (build it with e2e/cluster/prometheus.sh)")
+
+def test_needs_a_cluster():
+    pytest.skip("no cluster given: run e2e/kind/test.sh")
+
+def test_needs_a_gpu_node():
+    pytest.skip("no node advertises nvidia.com/gpu")
+'''
+
+
+@pytest.mark.parametrize(("e2e", "outcomes"), [("1", {"failed": 3, "skipped": 1}),
+                                               ("0", {"skipped": 4})])
+def test_the_e2e_suite_fails_for_a_missing_helm_promtool_or_cluster_under_ci(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, e2e: str,
+        outcomes: dict[str, int]) -> None:
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.setenv("FROTA_STRICT_SKIPS", "1")
+    monkeypatch.setenv("FROTA_E2E", e2e)  # 0: the e2e stage was switched off on purpose
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_e2e=E2E_TESTS)
+    run(pytester).assert_outcomes(**outcomes)

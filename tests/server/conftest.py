@@ -12,7 +12,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from frota.server.app import ServerOptions, create_app
 from frota.server.engine_api import EngineBindings
 from tests.server.fake_engine import FakeEngine
-from tests.server.harness import WorkerProcess, engine_available, load_tokenizer
+from tests.server.harness import WorkerProcess, load_tokenizer
 
 MODEL = "fake-model"
 
@@ -55,8 +55,6 @@ SYNTHETIC = "synthetic:dense-tiny"
 
 
 def _worker(tmp_path_factory: pytest.TempPathFactory, model: str, *args: str):  # type: ignore[no-untyped-def]
-    if not engine_available():
-        pytest.skip("frota.engine.AsyncEngine is not importable yet")
     log_path = tmp_path_factory.mktemp("worker") / "worker.log"
     worker = WorkerProcess(model, *args, log_path=log_path).wait_ready()
     worker.model = model  # type: ignore[attr-defined]

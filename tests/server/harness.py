@@ -108,14 +108,6 @@ class WorkerProcess:
         return f"WorkerProcess({self.url}, pid={self.proc.pid})"
 
 
-def engine_available() -> bool:
-    try:
-        from frota.engine import AsyncEngine  # noqa: F401
-    except Exception:
-        return False
-    return True
-
-
 def load_tokenizer(model: str):  # type: ignore[no-untyped-def]
     """The engine's tokenizer for `model` without loading its weights (GGUF or synthetic)."""
     from frota.engine.loader import resolve_model

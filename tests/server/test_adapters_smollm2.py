@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from tests.server.conftest import SMOLLM2_ARGS
-from tests.server.harness import WorkerProcess, engine_available
+from tests.server.harness import WorkerProcess
 
 pytestmark = pytest.mark.slow
 PROMPT = "The capital of France is"
@@ -30,8 +30,6 @@ def _adapter(directory: Path, seed: int) -> Path:
 
 @pytest.fixture(scope="module")
 def adapter_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    if not engine_available():
-        pytest.skip("frota.engine.AsyncEngine is not importable")
     pytest.importorskip("safetensors")
     root = tmp_path_factory.mktemp("adapters")
     return {"sql": _adapter(root / "sql", 1), "late": _adapter(root / "late", 2)}

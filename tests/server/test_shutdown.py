@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from tests.server.conftest import SYNTHETIC
-from tests.server.harness import WorkerProcess, engine_available
+from tests.server.harness import WorkerProcess
 
 pytestmark = pytest.mark.slow
 
@@ -32,8 +32,6 @@ def stream_to_end(url: str, results: list, started: threading.Event) -> None:
 
 
 def test_sigterm_drains_in_flight_requests_and_exits_zero(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    if not engine_available():
-        pytest.skip("frota.engine.AsyncEngine is not importable yet")
     worker = WorkerProcess(SYNTHETIC, "--max-model-len", "512", "--num-kv-blocks", "256",
                            "--shutdown-grace-period", "60",
                            log_path=tmp_path / "worker.log").wait_ready()
