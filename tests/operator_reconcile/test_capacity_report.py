@@ -20,9 +20,10 @@ import pytest
 from frota.api import Capacity
 from frota.operator import kv_report
 from frota.operator import reconcile as reconcile_module
+from frota.operator.children import Children
 from frota.operator.desired import desired_state
 from frota.operator.observe import Observed
-from frota.operator.reconcile import Children, reconcile, replacing
+from frota.operator.reconcile import reconcile, replacing
 from frota.operator.state import OperatorState
 from frota.operator.status import compute_status
 from tests.loopback import serving

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from frota.operator import reconcile as reconcile_module
-from frota.operator.reconcile import Children, reconcile
+from frota.operator.children import Children
+from frota.operator.reconcile import reconcile
 from tests.operator_reconcile.conftest import sample
 from tests.operator_reconcile.test_reconcile_owner_check import FakeApi
 
@@ -126,8 +127,8 @@ def test_a_check_waiting_to_restart_keeps_its_failure_in_the_pod_index() -> None
     import kopf
 
     from frota.api.contract import Label
-    from frota.operator.handlers import index_pod
     from frota.operator.builders.model_cache import WAIT_CONTAINER
+    from frota.operator.handlers import index_pod
 
     labels = {Label.INSTANCE: "tiny", Label.ROLE: "worker"}
     message = "model.gguf: sha256 is 00ff, the manifest says abcd"

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from frota.operator.reconcile import Applied, contains
+from frota.operator.children import Applied
+from frota.operator.reconcile import contains
 
 SVC = {"kind": "Service", "metadata": {"name": "s"}, "spec": {"ports": [{"port": 80}]}}
 

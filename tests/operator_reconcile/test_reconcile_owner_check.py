@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from frota.operator import reconcile as reconcile_module
-from frota.operator.reconcile import Children, reconcile
+from frota.operator.children import Children
+from frota.operator.reconcile import reconcile
 from tests.operator_reconcile.conftest import sample
 
 

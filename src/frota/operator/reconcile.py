@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import datetime
-import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +26,7 @@ from frota.api.contract import (
     Label,
     condition_event_reason,
 )
+from frota.operator.children import Applied, Children
 from frota.operator.desired import Desired, InvalidSpec, desired_state
 from frota.operator.model_cache_status import model_cache_status
 from frota.operator.observe import (
@@ -45,6 +44,7 @@ from frota.operator.status import (
     compute_status,
     invalid_status,
     is_settled,
+    now,
     parse_status,
     transitions,
 )
@@ -60,24 +60,6 @@ class Api(Protocol):
                            status: Mapping[str, Any]) -> None: ...
 
 
-@dataclass(frozen=True)
-class Children:
-    """The children of one InferenceService, as last seen by the watches."""
-
-    objects: tuple[Mapping[str, Any], ...] = ()  # StatefulSets, Services, Deployments, ...
-    pods: tuple[Mapping[str, Any], ...] = ()
-    endpoint_slices: tuple[Mapping[str, Any], ...] | None = None  # None: not watched
-
-    def of_kind(self, kind: str) -> list[Mapping[str, Any]]:
-        return [o for o in self.objects if o.get("kind") == kind]
-
-    def find(self, kind: str, name: str) -> Mapping[str, Any] | None:
-        for obj in self.objects:
-            if obj.get("kind") == kind and obj["metadata"]["name"] == name:
-                return obj
-        return None
-
-
 @dataclass
 class Outcome:
     """What one reconcile did (for metrics, logs and tests)."""
@@ -89,10 +71,6 @@ class Outcome:
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
     recheck: bool = False  # some writes are not in the cache yet: reconcile again soon
     status: InferenceServiceStatus | None = None  # what it wrote (or found unchanged)
-
-
-def now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def contains(actual: Any, wanted: Any) -> bool:
@@ -108,53 +86,6 @@ def contains(actual: Any, wanted: Any) -> bool:
             and all(contains(a, w) for a, w in zip(actual, wanted, strict=True))
         )
     return bool(actual == wanted)
-
-
-@dataclass
-class Applied:
-    """What this process applied and its cache has not caught up with yet.
-
-    Watch events trail the writes that cause them, so a reconcile poked by the
-    first child's event would otherwise re-apply its siblings. An object that
-    the cache lacks, or holds at an older resourceVersion, is taken as
-    converged when this process applied that same content moments ago. Once
-    the cache shows the applied version the record goes, so a later deletion
-    or edit of the child is repaired as usual.
-    """
-
-    window_seconds: float = 30.0
-    _records: dict[tuple[str, str, str], tuple[str, int, float]] = field(default_factory=dict)
-
-    @staticmethod
-    def _key(obj: Mapping[str, Any], namespace: str) -> tuple[str, str, str]:
-        return obj["kind"], obj["metadata"].get("namespace") or namespace, obj["metadata"]["name"]
-
-    @staticmethod
-    def _rv(obj: Mapping[str, Any] | None) -> int | None:
-        value = ((obj or {}).get("metadata") or {}).get("resourceVersion")
-        return int(value) if isinstance(value, str) and value.isdigit() else None
-
-    def covers(self, obj: Mapping[str, Any], seen: Mapping[str, Any] | None, namespace: str,
-               now: float) -> bool:
-        record = self._records.get(self._key(obj, namespace))
-        if record is None:
-            return False
-        content, applied_rv, when = record
-        seen_rv = self._rv(seen)
-        if (seen_rv is not None and seen_rv >= applied_rv) or now - when > self.window_seconds:
-            del self._records[self._key(obj, namespace)]  # the cache caught up, or too old
-            return False
-        return content == json.dumps(obj, sort_keys=True)
-
-    def record(self, obj: Mapping[str, Any], result: Mapping[str, Any], namespace: str,
-               now: float) -> None:
-        rv = self._rv(result)
-        if rv is not None:
-            self._records[self._key(obj, namespace)] = (json.dumps(obj, sort_keys=True), rv, now)
-
-    def confirm(self, obj: Mapping[str, Any], namespace: str) -> None:
-        """The cache shows the object as applied: stop covering for it."""
-        self._records.pop(self._key(obj, namespace), None)
 
 
 def _ref(obj: Mapping[str, Any]) -> str:

@@ -22,8 +22,8 @@ from frota.api import InferenceService, InferenceServiceStatus
 from frota.api.contract import CHILD_KINDS, ENDPOINT_SLICE, POD, ChildKind
 from frota.operator import autoscale
 from frota.operator.apply import KubeApi
+from frota.operator.children import Applied, Children
 from frota.operator.metrics import OperatorMetrics
-from frota.operator.reconcile import Applied, Children
 from frota.operator.settings import OperatorSettings
 
 Key = tuple[str, str]  # (namespace, name) of an InferenceService

@@ -11,6 +11,7 @@ where it is written to the API server.
 
 from __future__ import annotations
 
+import datetime
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -105,6 +106,11 @@ def condition(type_: ConditionType, status: bool, reason: Reason, message: str,
     """One status condition (lastTransitionTime is filled by `merge_conditions`)."""
     return Condition(type=type_, status=TRUE if status else FALSE, reason=reason,
                      message=message, observedGeneration=generation)
+
+
+def now() -> str:
+    """The time a condition changes, as lastTransitionTime is written (RFC 3339, UTC)."""
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def merge_conditions(
