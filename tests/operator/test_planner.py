@@ -228,3 +228,11 @@ def test_a_cpu_worker_decides_dtype_auto_on_its_node_and_is_planned_at_float32()
     assert pinned.leader.env["FROTA_DTYPE"] == "float32"
     # Budgeted as float32, so a worker that picks bfloat16 has room to spare, never too little.
     assert auto.budget.weight_bytes_per_rank == pinned.budget.weight_bytes_per_rank
+
+
+def test_the_topology_says_whether_the_model_cache_job_converts_the_model():
+    vllm = (Spec().set("spec.runtime.engine", "vllm").set("spec.engine.kvCache.blockSize", 32)
+            .set("spec.engine.maxModelLen", 2048).set("spec.resources.memory", "5Gi"))
+    assert plan(vllm.set("spec.model.cache", {"enabled": True}).build()).converts_into_cache
+    assert not plan(vllm.set("spec.model.cache", {"enabled": False}).build()).converts_into_cache
+    assert not plan(Spec().set("spec.model.cache", {"enabled": True}).build()).converts_into_cache

@@ -346,4 +346,5 @@ def plan(isvc: InferenceService, addressing: Addressing | None = None,
         role_shapes=shapes,
         warnings=warnings,
         adapters=adapters,
+        converts_into_cache=converts_into_cache(spec, location),
     )

@@ -156,6 +156,9 @@ class Topology:
     role_shapes: tuple[RoleShape, ...]  # one per role: prefill, decode; or worker
     warnings: tuple[str, ...] = field(default=())
     adapters: tuple[AdapterLocation, ...] = ()  # spec.adapters, where each worker reads them
+    # The model-cache Job converts the model (GGUF, for vLLM) into the claim, so no pod
+    # converts: the builders read the planner's answer rather than asking it again.
+    converts_into_cache: bool = False
 
     def groups_of(self, role: WorkerRole) -> tuple[ReplicaGroup, ...]:
         return tuple(g for g in self.groups if g.role == role)
