@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from frota.api import Capacity, Condition, InferenceServiceStatus, RoleStatus
 from frota.api.contract import ConditionType, Reason, Role, WorkerRole
-from frota.operator.adapter_report import Listing, adapter_statuses
+from frota.operator.adapter_status import Listing, adapter_statuses
 from frota.operator.observe import GroupView, ImageProblem, Observed
 
 TRUE, FALSE = "True", "False"
