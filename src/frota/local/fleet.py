@@ -138,7 +138,7 @@ def _router_spec(topology: LocalTopology, groups: list[GroupSpec], opts: FleetOp
     for g in groups:
         by_role.setdefault(g.processes[0].role, []).append(leader_url(g, opts.host))
     pools = [(flag, ",".join(by_role[role])) for flag, role in (
-        ("--workers", "worker"), ("--prefill-workers", "prefill"), ("--decode-workers", "decode"))
+        ("--workers", Role.WORKER), ("--prefill-workers", Role.PREFILL), ("--decode-workers", Role.DECODE))
         if by_role.get(role)]
     hold: tuple[str, ...] = ()
     if opts.demand_url is not None:

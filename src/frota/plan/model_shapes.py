@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from frota.api import synthetic
+from frota.api.contract import ModelAlias
 from frota.api.memory import ModelShape
 
 Delivery = Literal["image", "pvc", "download", "synthetic"]
@@ -34,7 +35,7 @@ SMOLLM2_135M = ModelShape(
 )
 
 # alias -> shape of the model baked into the worker image.
-ALIASES: dict[str, ModelShape] = {"smollm2": SMOLLM2_135M}
+ALIASES: dict[str, ModelShape] = {ModelAlias.SMOLLM2: SMOLLM2_135M}
 
 
 def synthetic_shape(spec: str) -> ModelShape:

@@ -10,7 +10,7 @@ import hashlib
 import json
 
 from frota.api import InferenceService, InferenceServiceSpec, Parallelism, Resources
-from frota.api.contract import Role, WorkerRole
+from frota.api.contract import EngineRole, Role, WorkerRole
 from frota.api.memory import ModelShape
 from frota.api.runtime import Runtime
 from frota.plan.memory import MemoryBudget, role_budget
@@ -37,7 +37,8 @@ from frota.plan.topology import (
 from frota.plan.validation import FieldError, SpecError
 
 # What Frota's engine is told it does in each role (`frota worker --role`).
-ENGINE_ROLE = {Role.WORKER: "both", Role.PREFILL: "prefill", Role.DECODE: "decode"}
+ENGINE_ROLE: dict[WorkerRole, EngineRole] = {
+    Role.WORKER: EngineRole.BOTH, Role.PREFILL: EngineRole.PREFILL, Role.DECODE: EngineRole.DECODE}
 
 
 def revision(spec: InferenceServiceSpec, role: WorkerRole, parallelism: Parallelism,
