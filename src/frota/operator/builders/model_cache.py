@@ -24,7 +24,7 @@ from typing import Any
 from frota.api import InferenceService, Resources
 from frota.operator.builders import pods
 from frota.operator.builders.common import labels, metadata
-from frota.operator.builders.workers import FETCH_RESOURCES, ca_bundle, fetch_env
+from frota.operator.builders.fetch import FETCH_RESOURCES, ca_bundle, fetch_env
 from frota.plan.model_shapes import CACHE_DIR, ModelLocation
 from frota.plan.planner import CACHED_CONVERSION, converts_into_cache
 

@@ -7,8 +7,9 @@ from typing import Any
 
 from frota.api import EnvVar, InferenceService, Resources
 from frota.api.contract import Label
-from frota.operator.builders import pods
+from frota.operator.builders import model_cache, pods
 from frota.operator.builders.common import labels, metadata, selector_labels
+from frota.operator.builders.fetch import FETCH_RESOURCES, ca_bundle, fetch_env
 from frota.operator.builders.fleet_key import fleet_key_mount
 from frota.plan.model_shapes import (
     ADAPTER_CACHE_DIR,
@@ -24,9 +25,6 @@ from frota.plan.topology import MASTER_PORT, WORKER_PORT, ReplicaGroup, Topology
 # Model load can take many minutes for large weights; the startup probe allows 30.
 STARTUP_PERIOD_SECONDS = 10
 STARTUP_FAILURES = 180
-# spec.model.caBundle's key, where every downloading container finds it (SSL_CERT_FILE).
-CA_DIR = "/etc/frota/ca"
-CA_FILE = f"{CA_DIR}/ca.crt"
 # Room for each downloaded adapter (a rank-64 adapter of an 8B model is ~170 MiB in bfloat16).
 ADAPTER_CACHE_SIZE_MIB = 2048
 
@@ -84,29 +82,6 @@ def _filled_by_frota(isvc: InferenceService, name: str, volume: str, path: str,
     return [empty_dir], [{"name": volume, "mountPath": path, "readOnly": True}], [init]
 
 
-FETCH_RESOURCES = {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}}
-
-
-def ca_bundle(isvc: InferenceService) -> tuple[list, list, list]:
-    """spec.model.caBundle as (volumes, mounts, env): the ConfigMap's one key at CA_FILE,
-    read-only, and SSL_CERT_FILE naming it (Python's default TLS context reads it), for
-    every container that downloads: the fetch init containers and the worker (runtime loads)."""
-    ref = isvc.spec.model.caBundle
-    if ref is None:
-        return [], [], []
-    volume = {"name": "ca-bundle", "configMap": {"name": ref.name, "items": [{"key": ref.key, "path": "ca.crt"}]}}
-    mount = {"name": "ca-bundle", "mountPath": CA_DIR, "readOnly": True}
-    return [volume], [mount], [{"name": "SSL_CERT_FILE", "value": CA_FILE}]
-
-
-def fetch_env(isvc: InferenceService) -> list[dict[str, Any]]:
-    env = list(pods.WRITABLE_HOME_ENV)
-    if isvc.spec.model.credentials is not None:
-        env.append({"name": "HF_TOKEN",
-                    "valueFrom": {"secretKeyRef": isvc.spec.model.credentials.to_wire()}})
-    return env + ca_bundle(isvc)[2]
-
-
 def _fetch(isvc: InferenceService, name: str, volume: str, path: str, uri: str, dest: str,
            size: str | None = None, sha256: str | None = None) -> tuple[list, list, list]:
     """An init container running `frota fetch URI --dest DEST` into the emptyDir `volume`
@@ -121,8 +96,6 @@ def model_volumes(isvc: InferenceService, location: ModelLocation) -> tuple[list
     if location.delivery == "pvc":
         volume = {"name": "model", "persistentVolumeClaim": {"claimName": location.pvc_claim, "readOnly": True}}
         return [volume], [{"name": "model", "mountPath": MODELS_DIR, "readOnly": True}], []
-    from frota.operator.builders import model_cache  # it builds on this module's helpers
-
     if model_cache.enabled(isvc, location):
         return model_cache.worker_volumes(isvc, location)  # the Job downloads (converts), once
     if location.delivery != "download":
@@ -161,8 +134,6 @@ def converted_model(isvc: InferenceService, location: ModelLocation,
     model as an HF-layout directory: Frota's image runs `frota convert` into an emptyDir."""
     if isvc.spec.runtime.engine != "vllm" or location.delivery != "image":
         return [], [], []
-    from frota.operator.builders import model_cache
-
     if model_cache.enabled(isvc, location):
         return [], [], []  # the model-cache Job converted it once (model_volumes mounts it)
     # Converting holds the dequantized model once: the rank's memory is enough.
@@ -323,11 +294,9 @@ def role_service(isvc: InferenceService, role: str) -> dict[str, Any]:
 
 def worker_children(isvc: InferenceService, topology: Topology) -> list[dict[str, Any]]:
     """ConfigMap, role Services, and per group a headless Service plus a StatefulSet."""
-    from frota.operator.builders.model_cache import cache_children
-
     # The claim and the Job that fills it, before the pods that wait for it.
     rank = topology.shape_of(topology.roles[0]).resources if topology.roles else None
-    out = [engine_configmap(isvc, topology), *cache_children(isvc, topology.model, rank)]
+    out = [engine_configmap(isvc, topology), *model_cache.cache_children(isvc, topology.model, rank)]
     out += [role_service(isvc, role) for role in topology.roles]
     for group in topology.groups:
         out.append(group_service(isvc, group))
