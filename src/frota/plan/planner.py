@@ -10,7 +10,7 @@ import hashlib
 import json
 
 from frota.api import InferenceService, InferenceServiceSpec, Parallelism, Resources
-from frota.api.contract import EngineRole, Role, WorkerRole
+from frota.api.contract import Role, WorkerRole
 from frota.api.memory import ModelShape
 from frota.api.runtime import Runtime
 from frota.plan.memory import MemoryBudget, role_budget
@@ -24,7 +24,7 @@ from frota.plan.model_shapes import (
     locate_adapter,
 )
 from frota.plan.quantity import format_bytes
-from frota.plan.runtimes import Launch, lora_args, vllm, worker_dtype
+from frota.plan.runtimes import Launch, frota, vllm
 from frota.plan.topology import (
     Addressing,
     KubernetesAddressing,
@@ -35,10 +35,6 @@ from frota.plan.topology import (
     Topology,
 )
 from frota.plan.validation import FieldError, SpecError
-
-# What Frota's engine is told it does in each role (`frota worker --role`).
-ENGINE_ROLE: dict[WorkerRole, EngineRole] = {
-    Role.WORKER: EngineRole.BOTH, Role.PREFILL: EngineRole.PREFILL, Role.DECODE: EngineRole.DECODE}
 
 
 def revision(spec: InferenceServiceSpec, role: WorkerRole, parallelism: Parallelism,
@@ -129,25 +125,6 @@ def _memory_error(rs: RoleShape, budget: MemoryBudget, memory_fraction: float) -
         f"or lower spec.engine.maxModelLen"))
 
 
-def _engine_env(spec: InferenceServiceSpec) -> dict[str, str]:
-    engine = spec.engine
-    env = {
-        "FROTA_SERVED_MODEL_NAME": spec.model.name,
-        "FROTA_MAX_NUM_SEQS": str(engine.scheduler.maxNumSeqs),
-        "FROTA_MAX_NUM_BATCHED_TOKENS": str(engine.scheduler.maxNumBatchedTokens),
-        "FROTA_MAX_QUEUE": str(engine.scheduler.maxQueue),
-        "FROTA_BLOCK_SIZE": str(engine.kvCache.blockSize),
-        "FROTA_ENABLE_PREFIX_CACHING": "true" if engine.kvCache.prefixCaching else "false",
-        "FROTA_QUANTIZATION": engine.quantization.weights,
-        "FROTA_KV_CACHE_DTYPE": engine.quantization.kvCache,
-    }
-    if engine.maxModelLen is not None:
-        env["FROTA_MAX_MODEL_LEN"] = str(engine.maxModelLen)
-    if spec.disaggregation is not None:
-        env["FROTA_MIN_PREFILL_TOKENS"] = str(spec.disaggregation.minPromptTokens)
-    return env
-
-
 # In a model cache (spec.model.cache), the HF-layout copy the fill Job converted.
 CACHED_CONVERSION = "converted"
 
@@ -205,14 +182,6 @@ def _vllm_group(
                         budget, template)
 
 
-def frota_lora_args(spec: InferenceServiceSpec, adapters: tuple[AdapterLocation, ...]) -> list[str]:
-    """`frota worker`'s LoRA flags: vLLM's names, and `--allow-runtime-lora` for runtime loading."""
-    args = lora_args(spec.lora, [(a.name, a.path) for a in adapters])
-    if spec.lora is not None and spec.lora.allowRuntimeLoading:
-        args.append("--allow-runtime-lora")
-    return args
-
-
 def router_args(spec: InferenceServiceSpec, adapters: tuple[AdapterLocation, ...]) -> tuple[str, ...]:
     """The router's flags beyond its policy.
 
@@ -253,32 +222,13 @@ def _group(
     location: ModelLocation, budget: MemoryBudget | None, addressing: Addressing,
     converted_dir: str = CONVERTED_DIR, adapters: tuple[AdapterLocation, ...] = (),
 ) -> ReplicaGroup:
-    p = rs.parallelism
+    """One replica of a role, as its runtime runs it."""
     group_name = f"{name}-{rs.role}-{replica}"
     if spec.runtime.engine == "vllm":
         path = model_path(location, spec, converted_dir)
         return _vllm_group(spec, group_name, rs, replica, ordinal, path, budget, addressing, adapters)
-    world = p.world_size
-    group_env = {
-        "FROTA_WORLD_SIZE": str(world),
-        "FROTA_MASTER_ADDR": addressing.master_addr(group_name),
-        "FROTA_MASTER_PORT": str(addressing.master_port(ordinal)),
-        "FROTA_TENSOR_PARALLEL_SIZE": str(p.tensor),
-        "FROTA_PIPELINE_PARALLEL_SIZE": str(p.pipeline),
-        "FROTA_EXPERT_PARALLEL_SIZE": str(p.expert),
-        "FROTA_DTYPE": worker_dtype(spec, rs.resources),
-        "FROTA_DEVICE": "cuda" if rs.resources.accelerator else "cpu",
-    }
-    if budget is not None and budget.kv_cache_bytes_per_rank:
-        group_env["FROTA_KV_CACHE_MEMORY"] = str(budget.kv_cache_bytes_per_rank)
-    ranks = []
-    for index in range(world):
-        port = addressing.http_port(ordinal, index)
-        args = ("worker", "--model", location.model_arg, "--port", str(port),
-                "--role", ENGINE_ROLE[rs.role], *frota_lora_args(spec, adapters), *spec.engine.extraArgs)
-        ranks.append(Rank(index, args, {**group_env, "FROTA_RANK": str(index)}, port))
-    return ReplicaGroup(group_name, rs.role, replica, ordinal, p, tuple(ranks), rs.revision,
-                        budget)
+    return frota.group(spec, group_name, rs, replica, ordinal, location.model_arg, budget, addressing,
+                       adapters)
 
 
 def _budgets(spec: InferenceServiceSpec, shapes: tuple[RoleShape, ...], location: ModelLocation,
@@ -340,7 +290,7 @@ def plan(isvc: InferenceService, addressing: Addressing | None = None,
         mode="Disaggregated" if spec.disaggregation else "Colocated",
         served_model_name=spec.model.name,
         model=location,
-        engine_env=_engine_env(spec) if spec.runtime.engine == "frota" else {},
+        engine_env=frota.engine_env(spec) if spec.runtime.engine == "frota" else {},
         groups=tuple(groups),
         router=RouterPlan(spec.router.replicas, spec.router.policy, router_env,
                           router_args(spec, adapters)),
