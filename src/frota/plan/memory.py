@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from frota.api import InferenceServiceSpec, Parallelism, Resources, memory
 from frota.api.memory import ModelShape
 from frota.plan.quantity import parse_quantity
-from frota.plan.runtimes import resolve_dtype, vllm
+from frota.plan.runtimes import resolve_dtype
 
 # What a CPU worker process needs besides weights and KV cache (interpreter, torch, buffers).
 CPU_RUNTIME_OVERHEAD_BYTES = 768 * 2**20
@@ -104,8 +104,10 @@ def rank_memory_bytes(resources: Resources) -> int | None:
 
 
 def role_budget(spec: InferenceServiceSpec, shape: ModelShape, parallelism: Parallelism,
-                resources: Resources, max_model_len: int) -> MemoryBudget:
-    """The memory plan of one replica of a role sharded as `parallelism` on `resources`."""
+                resources: Resources, max_model_len: int,
+                cpu_runtime_overhead_bytes: int | None = None) -> MemoryBudget:
+    """The memory plan of one replica of a role sharded as `parallelism` on `resources`;
+    `cpu_runtime_overhead_bytes`: the runtime's own on CPU, where it is not Frota's."""
     engine, lora = spec.engine, spec.lora
     return plan_memory(
         shape, parallelism,
@@ -117,7 +119,7 @@ def role_budget(spec: InferenceServiceSpec, shape: ModelShape, parallelism: Para
         memory_fraction=engine.kvCache.memoryFraction,
         rank_memory_bytes=rank_memory_bytes(resources),
         on_accelerator=resources.accelerator is not None,
-        cpu_runtime_overhead_bytes=vllm.CPU_RUNTIME_OVERHEAD_BYTES if spec.runtime.engine == "vllm" else None,
+        cpu_runtime_overhead_bytes=cpu_runtime_overhead_bytes,
         adapter_slots=lora.maxAdapters if lora else 0,
         adapter_rank=lora.maxRank if lora else 16,
     )

@@ -24,11 +24,10 @@ from frota.plan.model_shapes import (
     locate_adapter,
 )
 from frota.plan.quantity import format_bytes
-from frota.plan.runtimes import Launch, frota, vllm
+from frota.plan.runtimes import frota, vllm
 from frota.plan.topology import (
     Addressing,
     KubernetesAddressing,
-    Rank,
     ReplicaGroup,
     RoleShape,
     RouterPlan,
@@ -156,32 +155,6 @@ def model_path(location: ModelLocation, spec: InferenceServiceSpec, converted_di
     return location.model_arg
 
 
-def _vllm_group(
-    spec: InferenceServiceSpec, group_name: str, rs: RoleShape, replica: int, ordinal: int,
-    path: str, budget: MemoryBudget | None, addressing: Addressing,
-    adapters: tuple[AdapterLocation, ...] = (),
-) -> ReplicaGroup:
-    p = rs.parallelism
-    world = p.world_size
-    kv = budget.kv_cache_bytes_per_rank if budget is not None else None
-    modules = tuple((a.name, a.path) for a in adapters)
-
-    def launch(rank: int | None, port: int) -> Launch:
-        return vllm.launch(spec, p, rs.resources, model_path=path, port=port,
-                           master_addr=addressing.master_addr(group_name),
-                           master_port=addressing.master_port(ordinal), rank=rank, kv_cache_bytes=kv,
-                           adapters=modules)
-
-    ranks = []
-    for index in range(world):
-        port = addressing.http_port(ordinal, index)
-        one = launch(index, port)
-        ranks.append(Rank(index, one.args, {**one.env, "FROTA_RANK": str(index)}, port, one.command))
-    template = launch(None, addressing.http_port(ordinal, 0))
-    return ReplicaGroup(group_name, rs.role, replica, ordinal, p, tuple(ranks), rs.revision,
-                        budget, template)
-
-
 def router_args(spec: InferenceServiceSpec, adapters: tuple[AdapterLocation, ...]) -> tuple[str, ...]:
     """The router's flags beyond its policy.
 
@@ -226,7 +199,7 @@ def _group(
     group_name = f"{name}-{rs.role}-{replica}"
     if spec.runtime.engine == "vllm":
         path = model_path(location, spec, converted_dir)
-        return _vllm_group(spec, group_name, rs, replica, ordinal, path, budget, addressing, adapters)
+        return vllm.group(spec, group_name, rs, replica, ordinal, path, budget, addressing, adapters)
     return frota.group(spec, group_name, rs, replica, ordinal, location.model_arg, budget, addressing,
                        adapters)
 
@@ -248,7 +221,9 @@ def _budgets(spec: InferenceServiceSpec, shapes: tuple[RoleShape, ...], location
         errors += [e for e in _check_shape(shape, rs, model) if e not in errors]
     if errors:
         raise SpecError(errors)
-    budgets = {rs.role: role_budget(spec, shape, rs.parallelism, rs.resources, max_len) for rs in shapes}
+    overhead = vllm.CPU_RUNTIME_OVERHEAD_BYTES if spec.runtime.engine == "vllm" else None
+    budgets = {rs.role: role_budget(spec, shape, rs.parallelism, rs.resources, max_len, overhead)
+               for rs in shapes}
     memory_errors = [_memory_error(rs, budgets[rs.role], spec.engine.kvCache.memoryFraction) for rs in shapes]
     if any(memory_errors):
         raise SpecError(e for e in memory_errors if e is not None)

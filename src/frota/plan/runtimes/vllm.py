@@ -34,7 +34,10 @@ import shlex
 from collections.abc import Sequence
 
 from frota.api import InferenceServiceSpec, Parallelism, Resources
+from frota.plan.memory import MemoryBudget
+from frota.plan.model_shapes import AdapterLocation
 from frota.plan.runtimes import Launch, lora_args, resolve_dtype
+from frota.plan.topology import Addressing, Rank, ReplicaGroup, RoleShape
 
 #: vLLM's OpenAI server, as its images name it.
 SERVER = ("vllm", "serve")
@@ -135,6 +138,34 @@ def launch(spec: InferenceServiceSpec, parallelism: Parallelism, resources: Reso
         command = ("/bin/sh", "-c", HEADLESS_UNLESS_RANK_0, *server)
     return Launch(command=command, args=args, env={**cpu_env(resources, kv_cache_bytes), **lora_env(spec)},
                   live_path="/health", ready_path="/health")
+
+
+def group(
+    spec: InferenceServiceSpec, group_name: str, rs: RoleShape, replica: int, ordinal: int,
+    path: str, budget: MemoryBudget | None, addressing: Addressing,
+    adapters: tuple[AdapterLocation, ...] = (),
+) -> ReplicaGroup:
+    """One replica of a role: a vLLM server per rank (`path`: the model as vLLM reads it),
+    and the pod template every rank of the group shares."""
+    p = rs.parallelism
+    world = p.world_size
+    kv = budget.kv_cache_bytes_per_rank if budget is not None else None
+    modules = tuple((a.name, a.path) for a in adapters)
+
+    def launch_rank(rank: int | None, port: int) -> Launch:
+        return launch(spec, p, rs.resources, model_path=path, port=port,
+                      master_addr=addressing.master_addr(group_name),
+                      master_port=addressing.master_port(ordinal), rank=rank, kv_cache_bytes=kv,
+                      adapters=modules)
+
+    ranks = []
+    for index in range(world):
+        port = addressing.http_port(ordinal, index)
+        one = launch_rank(index, port)
+        ranks.append(Rank(index, one.args, {**one.env, "FROTA_RANK": str(index)}, port, one.command))
+    template = launch_rank(None, addressing.http_port(ordinal, 0))
+    return ReplicaGroup(group_name, rs.role, replica, ordinal, p, tuple(ranks), rs.revision,
+                        budget, template)
 
 
 def describe(launch: Launch) -> str:
