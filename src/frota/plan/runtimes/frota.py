@@ -5,7 +5,7 @@ Mapped:
 | spec field                                   | `frota worker`                                      |
 |----------------------------------------------|-----------------------------------------------------|
 | model (where the worker reads it)            | `--model`                                           |
-| the pod's role (worker, prefill, decode)     | `--role both|prefill|decode`                        |
+| the pod's role (worker, prefill, decode)     | `--role` both, prefill or decode                    |
 | model.name                                   | `FROTA_SERVED_MODEL_NAME`                           |
 | engine.scheduler.maxNumSeqs / BatchedTokens  | `FROTA_MAX_NUM_SEQS`, `FROTA_MAX_NUM_BATCHED_TOKENS`|
 | engine.scheduler.maxQueue                    | `FROTA_MAX_QUEUE`                                   |
