@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from frota.api import AdapterStatus
-from frota.operator.adapter_report import models_url
-from frota.operator.adapter_status import adapter_statuses, listed_adapters
+from frota.operator.reports.adapter_report import models_url
+from frota.operator.reports.adapter_status import adapter_statuses, listed_adapters
 from frota.operator.state import OperatorState
 
 KEY = ("default", "tiny")

@@ -10,7 +10,7 @@ import aiohttp.web
 import pytest
 
 from frota.engine.outputs import EngineStats
-from frota.operator.kv_report import kv_cache_tokens, read
+from frota.operator.reports.kv_report import kv_cache_tokens, read
 from frota.server.metrics import ServerMetrics
 from tests.loopback import serving
 

@@ -8,10 +8,10 @@ import json
 import kubernetes_validate
 import pytest
 
-from frota.cli import cache as cache_cli
+from frota.api.contract import CacheJob
 from frota.operator.builders import build_children
 from frota.operator.builders.model_cache import CACHE_DIR, MARKER_WAIT_ARGS, PROGRESS_PORT
-from frota.operator.model_cache_status import model_cache_status
+from frota.operator.reports.model_cache_status import model_cache_status
 from frota.plan.planner import plan
 from tests.operator.isvc_fixtures import Spec
 
@@ -93,7 +93,7 @@ def test_the_job_gets_the_credentials_and_ca_bundle_and_runs_restricted():
     # A wrong checksum fails the Job at once rather than downloading it backoffLimit times more.
     [fail, ignore] = job["spec"]["podFailurePolicy"]["rules"]
     assert fail == {"action": "FailJob", "onExitCodes": {"containerName": "fill", "operator": "In",
-                                                          "values": [cache_cli.EXIT_PERMANENT]}}
+                                                          "values": [CacheJob.EXIT_PERMANENT]}}
     assert ignore["action"] == "Ignore"
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert not any("hostPath" in v for v in pod["volumes"])

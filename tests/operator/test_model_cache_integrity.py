@@ -12,7 +12,7 @@ import pytest
 from frota.api.crd import openapi_schema
 from frota.operator.builders import build_children
 from frota.operator.builders.model_cache import EXIT_PERMANENT, WAIT_CONTAINER
-from frota.operator.model_cache_status import model_cache_status
+from frota.operator.reports.model_cache_status import model_cache_status
 from frota.plan.planner import plan
 from frota.plan.validation import SpecError, load
 from tests.api.apiserver_sim import admit

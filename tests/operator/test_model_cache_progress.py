@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from frota.cli import cache
-from frota.operator import model_cache_progress as progress
 from frota.operator.builders.model_cache import COMPONENT
-from frota.operator.model_cache_status import model_cache_status
+from frota.operator.reports import model_cache_progress as progress
+from frota.operator.reports.model_cache_status import model_cache_status
 from frota.operator.state import OperatorState
 
 KEY = ("default", "tiny")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from frota.api import InferenceServiceStatus
 from frota.api.crd import PRINTER_COLUMNS
-from frota.operator.observe import Observed
-from frota.operator.status import compute_status, parse_status
+from frota.operator.reports.observe import Observed
+from frota.operator.reports.status import compute_status, parse_status
 from tests.operator_reconcile.test_status import UP, group, intent
 
 

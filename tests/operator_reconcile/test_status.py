@@ -6,7 +6,7 @@ import pytest
 
 from frota.api import Condition, InferenceServiceStatus
 from frota.api.contract import ConditionType, Reason
-from frota.operator.observe import (
+from frota.operator.reports.observe import (
     GroupView,
     ImageProblem,
     Observed,
@@ -17,7 +17,7 @@ from frota.operator.observe import (
     observe_image_problems,
     pod_view,
 )
-from frota.operator.status import (
+from frota.operator.reports.status import (
     Intent,
     compute_conditions,
     compute_status,

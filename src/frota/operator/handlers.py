@@ -31,20 +31,11 @@ from frota.api.contract import (
     Demand,
     Label,
 )
-from frota.operator import (
-    adapter_report,
-    autoscale,
-    autoscaler,
-    converge,
-    demand,
-    fleet_key,
-    kv_report,
-    model_cache_progress,
-    peering,
-)
+from frota.operator import autoscale, autoscaler, converge, demand, fleet_key, peering
 from frota.operator.desired import InvalidSpec, desired_state
-from frota.operator.model_cache_status import REASON_CHARS
-from frota.operator.observe import IMAGE_PULL_REASONS
+from frota.operator.reports import adapter_report, kv_report, model_cache_progress
+from frota.operator.reports.model_cache_status import REASON_CHARS
+from frota.operator.reports.observe import IMAGE_PULL_REASONS
 from frota.operator.settings import OperatorSettings
 from frota.operator.state import OperatorState, key_of, plain
 
@@ -158,7 +149,7 @@ def index_pod(
 ) -> dict[tuple[str, str], dict]:
     """Cache only what group health (and a role's autoscaler: the pod IP) needs from a rank
     pod, and what status.modelCache needs from a model-cache Job's pod: its owner's uid and
-    its containers' termination messages (`frota.operator.model_cache_status`)."""
+    its containers' termination messages (`frota.operator.reports.model_cache_status`)."""
     status = body.get("status") or {}
     slim = {
         "kind": "Pod",

@@ -28,8 +28,8 @@ from frota.api.contract import (
 )
 from frota.operator.children import Applied, Children
 from frota.operator.desired import Desired, InvalidSpec, desired_state
-from frota.operator.model_cache_status import model_cache_status
-from frota.operator.observe import (
+from frota.operator.reports.model_cache_status import model_cache_status
+from frota.operator.reports.observe import (
     GroupView,
     Observed,
     observe_endpoints,
@@ -37,8 +37,7 @@ from frota.operator.observe import (
     observe_image_problems,
     observe_router,
 )
-from frota.operator.rollout import GroupState, RolloutPlan, plan_rollout
-from frota.operator.status import (
+from frota.operator.reports.status import (
     FALSE,
     TRUE,
     compute_status,
@@ -48,6 +47,7 @@ from frota.operator.status import (
     parse_status,
     transitions,
 )
+from frota.operator.rollout import GroupState, RolloutPlan, plan_rollout
 
 
 class Api(Protocol):

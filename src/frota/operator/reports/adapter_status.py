@@ -2,7 +2,7 @@
 
 Each worker lists its adapters in GET /v1/models (after the base model, one entry per
 adapter with a `parent`; `root` is where it was read from), both runtimes alike: a
-listed adapter is loaded there. `frota.operator.adapter_report` reads the lists on the
+listed adapter is loaded there. `frota.operator.reports.adapter_report` reads the lists on the
 capacity timer; the reconcile turns them into status here (`adapter_statuses`).
 
 Adapters loaded at run time (through the router's /v1/load_lora_adapter) are listed too:

@@ -2,7 +2,7 @@
 
 The capacity timer (`refresh`) reads GET /v1/models from every ready rank-0 worker of the
 serving role, as it reads the KV cache, and keeps the lists in the operator state; the
-reconcile loop turns them into status (`frota.operator.adapter_status`, pure).
+reconcile loop turns them into status (`frota.operator.reports.adapter_status`, pure).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import aiohttp
 
-from frota.operator.adapter_status import Listing, listed_adapters
+from frota.operator.reports.adapter_status import Listing, listed_adapters
 from frota.operator.state import Key, OperatorState
 
 

@@ -1,6 +1,6 @@
 """The observed children, turned into the InferenceService's status (pure).
 
-`compute_status` turns the views of `frota.operator.observe` and what the
+`compute_status` turns the views of `frota.operator.reports.observe` and what the
 spec asks for (`Intent`) into an `InferenceServiceStatus`; conditions carry
 `ConditionType` and `Reason` from the contract; capacity is the plan's, with
 the KV cache the engines report beside it. Ready is true only when every
@@ -21,8 +21,8 @@ from pydantic import ValidationError
 
 from frota.api import Capacity, Condition, InferenceServiceStatus, RoleStatus
 from frota.api.contract import ConditionType, Reason, Role, WorkerRole
-from frota.operator.adapter_status import Listing, adapter_statuses
-from frota.operator.observe import GroupView, ImageProblem, Observed
+from frota.operator.reports.adapter_status import Listing, adapter_statuses
+from frota.operator.reports.observe import GroupView, ImageProblem, Observed
 
 TRUE, FALSE = "True", "False"
 

@@ -6,7 +6,7 @@ its termination message when it succeeds, and the Job's container uses
 FallbackToLogsOnError, so a failed download's last log line (the FetchError) is the
 terminated state's message: no pods/log permission is needed. Progress while it runs
 (`progress`: bytes so far and the source's total) is what the running fill pod last
-answered on /progress (frota.operator.model_cache_progress says why that way).
+answered on /progress (frota.operator.reports.model_cache_progress says why that way).
 
 A completed Job is not the last word: every worker pod's `wait-model-cache` init container
 checks the cache against its manifest (and spec.model.sha256) before the worker loads, and

@@ -2,7 +2,7 @@
 
 Nothing here talks to the API: `observe_*` read the plain dicts the watches
 cache (StatefulSets, pods, EndpointSlices, the router Deployment) into frozen
-views, which `frota.operator.status` turns into the InferenceService's status.
+views, which `frota.operator.reports.status` turns into the InferenceService's status.
 """
 
 from __future__ import annotations
