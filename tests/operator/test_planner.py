@@ -6,10 +6,10 @@ import pytest
 
 from frota.api.contract import Role
 from frota.plan import planner
+from frota.plan.addressing import LocalAddressing
 from frota.plan.memory import role_budget
 from frota.plan.model_shapes import SMOLLM2_135M, locate
 from frota.plan.planner import plan
-from frota.plan.topology import LocalAddressing
 from frota.plan.validation import SpecError
 from tests.operator.isvc_fixtures import Spec
 

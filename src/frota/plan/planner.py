@@ -13,6 +13,7 @@ from frota.api import InferenceService, InferenceServiceSpec, Parallelism, Resou
 from frota.api.contract import Role, WorkerRole
 from frota.api.memory import ModelShape
 from frota.api.runtime import Runtime
+from frota.plan.addressing import Addressing, KubernetesAddressing
 from frota.plan.memory import MemoryBudget, role_budget
 from frota.plan.model_shapes import (
     CACHE_DIR,
@@ -26,8 +27,6 @@ from frota.plan.model_shapes import (
 from frota.plan.quantity import format_bytes
 from frota.plan.runtimes import frota, vllm
 from frota.plan.topology import (
-    Addressing,
-    KubernetesAddressing,
     ReplicaGroup,
     RoleShape,
     RouterPlan,

@@ -30,10 +30,11 @@ from __future__ import annotations
 
 from frota.api import InferenceServiceSpec
 from frota.api.contract import EngineRole, Role, WorkerRole
+from frota.plan.addressing import Addressing
 from frota.plan.memory import MemoryBudget
 from frota.plan.model_shapes import AdapterLocation
 from frota.plan.runtimes import lora_args, worker_dtype
-from frota.plan.topology import Addressing, Rank, ReplicaGroup, RoleShape
+from frota.plan.topology import Rank, ReplicaGroup, RoleShape
 
 # What Frota's engine is told it does in each role (`frota worker --role`).
 ENGINE_ROLE: dict[WorkerRole, EngineRole] = {

@@ -34,10 +34,11 @@ import shlex
 from collections.abc import Sequence
 
 from frota.api import InferenceServiceSpec, Parallelism, Resources
+from frota.plan.addressing import Addressing
 from frota.plan.memory import MemoryBudget
 from frota.plan.model_shapes import AdapterLocation
 from frota.plan.runtimes import Launch, lora_args, resolve_dtype
-from frota.plan.topology import Addressing, Rank, ReplicaGroup, RoleShape
+from frota.plan.topology import Rank, ReplicaGroup, RoleShape
 
 #: vLLM's OpenAI server, as its images name it.
 SERVER = ("vllm", "serve")
