@@ -10,7 +10,8 @@ import kopf
 import pytest
 
 from frota.api.contract import Demand
-from frota.operator import autoscaler, demand, handlers
+from frota.operator import handlers
+from frota.operator.scaling import autoscaler, demand
 from frota.operator.state import OperatorState
 from tests.operator.isvc_fixtures import Spec
 

@@ -4,7 +4,7 @@ stabilize before scaling down."""
 from __future__ import annotations
 
 from frota.api import Autoscaling, InferenceServiceSpec, RoleAutoscaling
-from frota.operator.autoscale import (
+from frota.operator.scaling.decisions import (
     Bounds,
     History,
     bounds_of,
@@ -174,7 +174,7 @@ def test_a_vllm_workers_metrics_read_as_a_frota_workers():
     one request running, two finished), the same names a Frota worker exports."""
     from pathlib import Path
 
-    from frota.operator.autoscale import History, per_group_value
+    from frota.operator.scaling.decisions import History, per_group_value
 
     text = (Path(__file__).parents[1] / "fixtures" / "vllm-0.32.0-cpu.metrics").read_text()
     busy, _ = per_group_value([text, text], "queueDepth", History())

@@ -9,7 +9,7 @@ import aiohttp
 import aiohttp.web
 import pytest
 
-from frota.operator.autoscaler import read_all
+from frota.operator.scaling.autoscaler import read_all
 from tests.loopback import serving
 
 

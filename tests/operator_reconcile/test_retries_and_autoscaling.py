@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from frota.operator import autoscale
+from frota.operator.scaling import decisions
 from tests.operator_reconcile.conftest import Cluster, FakeApiserver, Operator, sample, wait_for
 from tests.operator_reconcile.test_handlers import converge, groups_created, owned, status_is
 
@@ -139,7 +139,7 @@ async def test_a_roles_metrics_are_found_on_its_ready_rank0_pods(
 
     def urls(role: str) -> list[str]:
         pods = operator.state.children(("default", "pd")).pods
-        return autoscale.role_metrics_urls(pods, role)
+        return decisions.role_metrics_urls(pods, role)
 
     await wait_for(lambda: urls("prefill") == ["http://10.0.0.1:8000/metrics"], what="prefill")
     assert urls("decode") == ["http://10.0.0.2:8000/metrics"]

@@ -9,7 +9,7 @@ that loop. The watches also feed kopf's indexes, the
 cache a reconcile reads the children from, which is how deleted or edited
 children come back and how status follows pod readiness. Two paths act on
 their own: a new stamp in a fleet's demand ConfigMap brings a fleet at zero
-back at once (`frota.operator.demand`), and a timer brings back a fleet key
+back at once (`frota.operator.scaling.demand`), and a timer brings back a fleet key
 Secret that was deleted (`frota.operator.fleet_key`).
 """
 
@@ -31,11 +31,12 @@ from frota.api.contract import (
     Demand,
     Label,
 )
-from frota.operator import autoscale, autoscaler, converge, demand, fleet_key, peering
+from frota.operator import converge, fleet_key, peering
 from frota.operator.desired import InvalidSpec, desired_state
 from frota.operator.reports import adapter_report, kv_report, model_cache_progress
 from frota.operator.reports.model_cache_status import REASON_CHARS
 from frota.operator.reports.observe import IMAGE_PULL_REASONS
+from frota.operator.scaling import autoscaler, decisions, demand
 from frota.operator.settings import OperatorSettings
 from frota.operator.state import OperatorState, key_of, plain
 
@@ -279,7 +280,7 @@ async def ensure_fleet_key(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger
 def _autoscaled(body: kopf.Body, **_: Any) -> bool:
     """A valid spec with spec.autoscaling or a disaggregated role's autoscaling set."""
     try:
-        return autoscale.is_autoscaled(desired_state(plain(body)).isvc.spec)
+        return decisions.is_autoscaled(desired_state(plain(body)).isvc.spec)
     except InvalidSpec:
         return False
 

@@ -20,10 +20,10 @@ import kopf
 
 from frota.api import InferenceService, InferenceServiceStatus
 from frota.api.contract import CHILD_KINDS, ENDPOINT_SLICE, POD, ChildKind
-from frota.operator import autoscale
 from frota.operator.apply import KubeApi
 from frota.operator.children import Applied, Children
 from frota.operator.metrics import OperatorMetrics
+from frota.operator.scaling import decisions
 from frota.operator.settings import OperatorSettings
 
 Key = tuple[str, str]  # (namespace, name) of an InferenceService
@@ -64,7 +64,7 @@ class OperatorState:
     applied: Applied = field(default_factory=Applied)
     # The status this process last wrote beats the cached body's, which may lag.
     last_status: dict[Key, InferenceServiceStatus] = field(default_factory=dict)
-    scalers: dict[ScalerKey, autoscale.History] = field(default_factory=dict)  # autoscaler memory
+    scalers: dict[ScalerKey, decisions.History] = field(default_factory=dict)  # autoscaler memory
     # KV-cache tokens per replica the serving engines last reported (the capacity timer's);
     # None: no replica serves. Absent until the timer has looked.
     reported_kv: dict[Key, int | None] = field(default_factory=dict)
@@ -75,12 +75,12 @@ class OperatorState:
     cache_progress: dict[Key, dict[str, int | None]] = field(default_factory=dict)
     # The uid whose fleet key this process has made sure of (`frota.operator.fleet_key`).
     fleet_keys: dict[Key, str] = field(default_factory=dict)
-    # The demand each fleet's ConfigMap last showed (`frota.operator.demand`).
+    # The demand each fleet's ConfigMap last showed (`frota.operator.scaling.demand`).
     demands: dict[Key, str | None] = field(default_factory=dict)
     # Where the autoscaler reads metrics (tests point these at their own servers).
-    metrics_url: Callable[[InferenceService], str | None] = autoscale.metrics_url
+    metrics_url: Callable[[InferenceService], str | None] = decisions.metrics_url
     role_metrics_urls: Callable[[Iterable[Mapping[str, Any]], str], list[str]] = (
-        autoscale.role_metrics_urls)
+        decisions.role_metrics_urls)
     kube: KubeApi = field(init=False)
     http: aiohttp.ClientSession | None = field(default=None, init=False)  # metrics scrapes
     _wake: dict[Key, asyncio.Event] = field(default_factory=dict, init=False)

@@ -20,7 +20,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from frota.api.contract import WorkerMetric
-from frota.operator.autoscaler import read_all
+from frota.operator.scaling.autoscaler import read_all
 from frota.operator.state import Key, OperatorState
 
 

@@ -18,7 +18,7 @@ With `minReplicas: 0` (scale to zero) spec.replicas also goes to 0 after
 `scaleToZero.idleSeconds` with no request: the router's last-request time is that old and
 nothing is in flight, queued or held (`zero_decision`). At zero the load-based scaler has
 nothing to read; the router holds the requests that arrive and announces the demand in the
-fleet's demand ConfigMap (`contract.Demand`, answered at once by `frota.operator.demand`),
+fleet's demand ConfigMap (`contract.Demand`, answered at once by `frota.operator.scaling.demand`),
 and this tick brings one replica back too if requests are held (the push failed).
 Above zero the load-based scaler keeps at least one replica.
 
@@ -29,7 +29,7 @@ the stabilization window (which starts with the replicas found on the first
 tick, so a restarted operator does not scale down at once). Each change is an
 event and a metric (label `role`: prefill, decode, or empty for spec.replicas).
 
-`frota.operator.autoscaler` runs these on the autoscaling timer: it reads
+`frota.operator.scaling.autoscaler` runs these on the autoscaling timer: it reads
 the metrics, keeps each scaler's `History` between ticks and writes the
 decisions.
 """

@@ -1,6 +1,6 @@
 """One autoscaling tick of one InferenceService: read metrics, decide, write, announce.
 
-The decisions are `frota.operator.autoscale`'s pure functions; this module
+The decisions are `frota.operator.scaling.decisions`'s pure functions; this module
 does the I/O around them: it scrapes the router (spec.replicas) or every
 ready rank-0 worker of a role at once, over the operator's one metrics
 session, keeps each scaler's `History` in the operator state between ticks,
@@ -20,7 +20,7 @@ import kopf
 
 from frota.api import Autoscaling, InferenceService, ScalingPolicy
 from frota.api.contract import EventReason
-from frota.operator.autoscale import (
+from frota.operator.scaling.decisions import (
     ROLES,
     History,
     bounds_of,
