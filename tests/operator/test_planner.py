@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from frota.api.contract import Role
+from frota.api.contract import FleetKey, Role
 from frota.plan import planner
 from frota.plan.addressing import LocalAddressing
 from frota.plan.memory import role_budget
 from frota.plan.model_shapes import SMOLLM2_135M, locate
 from frota.plan.planner import plan
+from frota.plan.topology import Topology
 from frota.plan.validation import SpecError
 from tests.operator.isvc_fixtures import Spec
 
@@ -43,13 +44,69 @@ def test_worker_args_follow_the_model_uri_mapping():
     assert locate("synthetic:dense-tiny").model_arg == "synthetic:dense-tiny"
 
 
-def test_local_addressing_gives_every_rank_its_own_port_and_a_local_master():
-    topo = plan(Spec().replicas(2).tensor(3).build(), LocalAddressing(base_http_port=9000))
-    ports = [r.http_port for g in topo.groups for r in g.ranks]
-    assert len(set(ports)) == 6
-    assert topo.groups[1].leader.args[topo.groups[1].leader.args.index("--port") + 1] == str(ports[3])
-    assert {g.leader.env["FROTA_MASTER_ADDR"] for g in topo.groups} == {"127.0.0.1"}
-    assert len({g.leader.env["FROTA_MASTER_PORT"] for g in topo.groups}) == 2
+def on_this_machine(spec: Spec, **settings) -> Topology:
+    """The plan of `spec` on one machine, at ports taken from 9000 (rendezvous from 29600)."""
+    isvc = spec.build()
+    shapes = planner.role_shapes(isvc.spec)
+    world = 1 if isvc.spec.runtime.engine == "vllm" else shapes[0].parallelism.world_size
+    groups = sum(s.groups for s in shapes)
+    ports = tuple(tuple(9000 + g * world + r for r in range(world)) for g in range(groups))
+    return plan(isvc, LocalAddressing(http_ports=ports, master_ports=tuple(range(29600, 29600 + groups)),
+                                      **settings))
+
+
+def test_local_addressing_gives_every_rank_its_taken_port_and_a_loopback_master():
+    topo = on_this_machine(Spec().replicas(2).tensor(3), host="0.0.0.0")
+    assert [r.http_port for g in topo.groups for r in g.ranks] == list(range(9000, 9006))
+    leader = topo.groups[1].leader
+    assert leader.args == ("worker", "--model", "smollm2", "--role", "both",
+                           "--host", "0.0.0.0", "--port", "9003")
+    env = topo.rank_env(topo.groups[1], topo.groups[1].ranks[2])
+    assert {k: env[k] for k in ("FROTA_RANK", "FROTA_WORLD_SIZE", "FROTA_MASTER_ADDR", "FROTA_MASTER_PORT",
+                                "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")} == {
+        "FROTA_RANK": "2", "FROTA_WORLD_SIZE": "3", "FROTA_MASTER_ADDR": "127.0.0.1",
+        "FROTA_MASTER_PORT": "29601", "RANK": "2", "WORLD_SIZE": "3", "LOCAL_RANK": "2",
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29601"}
+
+
+def test_on_one_machine_where_a_process_runs_goes_over_the_spec_and_its_flags_are_dropped():
+    spec = Spec().set("spec.engine.extraArgs", ["--port", "1", "--host=h", "--trace"])
+    topo = on_this_machine(spec, threads=3, devices=(("4,5",),), log_level="debug",
+                           fleet_key_file="/run/key")
+    group = topo.groups[0]
+    assert group.leader.args[-5:] == ("--trace", "--host", "127.0.0.1", "--port", "9000")
+    env = topo.rank_env(group, group.leader, {"OMP_NUM_THREADS": "8", "FROTA_MAX_NUM_SEQS": "3"})
+    assert (env["OMP_NUM_THREADS"], env["CUDA_VISIBLE_DEVICES"], env["FROTA_LOG_LEVEL"]) == ("3", "4,5", "debug")
+    assert env["FROTA_MAX_NUM_SEQS"] == "3"  # the spec's env still goes over the engine's
+    assert env[FleetKey.FILE_ENV] == "/run/key"
+    assert topo.router.env[FleetKey.FILE_ENV] == "/run/key"
+    assert topo.router.env["FROTA_LOG_LEVEL"] == "debug"
+
+
+def test_a_vllm_group_on_one_machine_is_one_server_that_runs_its_workers():
+    spec = (Spec().tensor(3).set("spec.runtime.engine", "vllm").set("spec.engine.kvCache.blockSize", 32)
+            .set("spec.engine.maxModelLen", 2048).set("spec.resources.memory", "16Gi")
+            .set("spec.runtime.args", ["--port", "1", "-O0"]))
+    group = on_this_machine(spec).groups[0]
+    [server] = group.ranks
+    assert server.command == ("vllm", "serve") and group.pod.argv == (*server.command, *server.args)
+    assert not {"--nnodes", "--node-rank", "--master-addr", "--headless"} & set(server.args)
+    assert server.args[-7:] == ("--distributed-executor-backend", "mp", "-O0",
+                                "--host", "127.0.0.1", "--port", "9000")
+    assert server.process_env["FROTA_WORLD_SIZE"] == "1"
+    assert "--tensor-parallel-size 3" in " ".join(server.args)
+
+
+def test_in_a_cluster_the_addressing_adds_nothing_to_a_process():
+    topo = plan(Spec().tensor(3).build())
+    assert all(not r.process_env for g in topo.groups for r in g.ranks)
+    assert set(topo.router.env) == {"FROTA_MAX_INFLIGHT", "FROTA_MAX_QUEUE"}
+
+
+def test_without_ports_taken_a_plan_on_one_machine_says_which_processes_run():
+    topo = plan(Spec().replicas(2).tensor(3).build(), LocalAddressing())
+    assert [len(g.ranks) for g in topo.groups] == [3, 3]
+    assert {r.http_port for g in topo.groups for r in g.ranks} == {0}
 
 
 def test_disaggregated_units_multiply_role_replicas():

@@ -233,6 +233,8 @@ def plan(isvc: InferenceService, addressing: Addressing | None = None,
          converted_dir: str = CONVERTED_DIR) -> Topology:
     """The topology of an InferenceService; raises SpecError naming the fields at fault.
 
+    `addressing`: where the ranks run, a cluster's pods (the default) or one machine's
+    processes (`frota up`'s `LocalAddressing`); the plan is complete for either.
     `converted_dir`: where HF-layout copies of image-baked models are, for runtimes that
     need them (the init container's volume in a pod; a cache directory for `frota up`).
     """
@@ -266,7 +268,7 @@ def plan(isvc: InferenceService, addressing: Addressing | None = None,
         model=location,
         engine_env=frota.engine_env(spec) if spec.runtime.engine == "frota" else {},
         groups=tuple(groups),
-        router=RouterPlan(spec.router.replicas, spec.router.policy, router_env,
+        router=RouterPlan(spec.router.replicas, spec.router.policy, {**router_env, **addressing.fleet_env},
                           router_args(spec, adapters)),
         role_shapes=shapes,
         warnings=warnings,

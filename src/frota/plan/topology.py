@@ -47,6 +47,8 @@ class Rank:
 
     `command` is the runtime's server as the image names it: `frota` (Frota's runtime,
     `args` starting with `worker`) or `vllm serve`; `frota up` maps it to a local program.
+    `process_env` is what the addressing tells the process of where it runs (empty in a
+    cluster, where the builders take it from the pod); it goes over every other variable.
     """
 
     index: int
@@ -54,6 +56,7 @@ class Rank:
     env: Mapping[str, str]
     http_port: int
     command: tuple[str, ...] = FROTA_COMMAND
+    process_env: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -149,6 +152,9 @@ class Topology:
         groups = self.groups_of(self.serving_role)
         return groups[0].budget if groups else None
 
-    def rank_env(self, group: ReplicaGroup, rank: Rank) -> dict[str, str]:
-        """The full environment of one rank process (engine env, then its own)."""
-        return {**self.engine_env, **rank.env}
+    def rank_env(self, group: ReplicaGroup, rank: Rank,
+                 user_env: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The full environment of one rank process: the engine env, the rank's own,
+        `user_env` (spec.engine.env's values, where the caller has them), then where the
+        process runs."""
+        return {**self.engine_env, **rank.env, **(user_env or {}), **rank.process_env}

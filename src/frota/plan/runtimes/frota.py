@@ -21,6 +21,7 @@ Mapped:
 | spec.adapters (each name, its local path)    | `--lora-modules name=path ...`                      |
 | engine.lora.allowRuntimeLoading              | `--allow-runtime-lora`                              |
 | engine.extraArgs                             | appended last                                       |
+| (where it listens: the addressing's)         | `--port` (in a pod); `--host`, `--port` last on one machine |
 
 The engine environment is the same for every rank of every group (in a cluster, one
 ConfigMap); each group adds its sharding, and each rank its index.
@@ -92,8 +93,11 @@ def group(
     ranks = []
     for index in range(world):
         port = addressing.http_port(ordinal, index)
-        args = ("worker", "--model", model_arg, "--port", str(port),
-                "--role", ENGINE_ROLE[rs.role], *worker_lora_args(spec, adapters), *spec.engine.extraArgs)
-        ranks.append(Rank(index, args, {**group_env, "FROTA_RANK": str(index)}, port))
+        args = addressing.server_args(
+            ("worker", "--model", model_arg), ("--port", str(port)),
+            ("--role", ENGINE_ROLE[rs.role], *worker_lora_args(spec, adapters), *spec.engine.extraArgs),
+            port)
+        ranks.append(Rank(index, args, {**group_env, "FROTA_RANK": str(index)}, port,
+                          process_env=addressing.process_env(ordinal, index, world)))
     return ReplicaGroup(group_name, rs.role, replica, ordinal, p, tuple(ranks), rs.revision,
                         budget)

@@ -16,6 +16,8 @@ Mapped (each a unit test in tests/operator/test_runtime_vllm.py):
 | engine.quantization.weights fp8              | `--quantization fp8`                                |
 | engine.quantization.kvCache fp8              | `--kv-cache-dtype fp8`                              |
 | ranks over several pods                      | `--nnodes`, `--node-rank`, `--master-addr/-port`, `--headless` off rank 0 |
+| ranks on one machine (`frota up`)            | one server: `--distributed-executor-backend mp`     |
+| (where it listens: the addressing's)         | `--host 0.0.0.0 --port` (in a pod); last on one machine |
 | (tools)                                      | `--enable-auto-tool-choice --tool-call-parser hermes` |
 | engine.lora (or spec.adapters' defaults)     | `--enable-lora`, `--max-loras`, `--max-lora-rank`   |
 | spec.adapters (each name, its local path)    | `--lora-modules name=path ...`                      |
@@ -34,7 +36,7 @@ import shlex
 from collections.abc import Sequence
 
 from frota.api import InferenceServiceSpec, Parallelism, Resources
-from frota.plan.addressing import Addressing
+from frota.plan.addressing import Addressing, KubernetesAddressing
 from frota.plan.memory import MemoryBudget
 from frota.plan.model_shapes import AdapterLocation
 from frota.plan.runtimes import Launch, lora_args, resolve_dtype
@@ -49,6 +51,7 @@ TOOL_CALL_ARGS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
 #: In a pod template every rank shares one command; ranks after 0 run headless (no API server).
 HEADLESS_UNLESS_RANK_0 = 'if [ "$FROTA_RANK" != 0 ]; then set -- "$@" --headless; fi; exec "$0" "$@"'
 RANK_FROM_ENV = "$(FROTA_RANK)"  # expanded by the kubelet from the container's env
+IN_PODS = KubernetesAddressing()
 
 GIB = 2**30
 #: What vLLM's CPU server holds besides weights and KV cache: its API server, engine core
@@ -58,13 +61,11 @@ CPU_RUNTIME_OVERHEAD_BYTES = 5 * GIB // 2
 
 
 def serve_args(spec: InferenceServiceSpec, parallelism: Parallelism, resources: Resources,
-               model_path: str, port: int, adapters: Sequence[tuple[str, str]] = ()) -> list[str]:
-    """The flags every rank of a group shares, from the spec (runtime.args not yet appended)."""
+               adapters: Sequence[tuple[str, str]] = ()) -> list[str]:
+    """The flags every rank of a group shares, from the spec, after the model and where it
+    listens (runtime.args not yet appended)."""
     engine = spec.engine
     args = [
-        model_path,
-        "--served-model-name", spec.model.name,
-        "--host", "0.0.0.0", "--port", str(port),
         "--dtype", resolve_dtype(spec, resources),  # Frota's `auto`, made explicit
         "--max-num-seqs", str(engine.scheduler.maxNumSeqs),
         "--max-num-batched-tokens", str(engine.scheduler.maxNumBatchedTokens),
@@ -94,8 +95,17 @@ def lora_env(spec: InferenceServiceSpec) -> dict[str, str]:
     return {}
 
 
+#: vLLM's multiprocessing executor, which runs a server's workers as its own processes.
+MP_BACKEND = ("--distributed-executor-backend", "mp")
+
+
+def one_machine_args(world_size: int) -> list[str]:
+    """A group on one machine is one server that starts its workers itself."""
+    return list(MP_BACKEND) if world_size > 1 else []
+
+
 def multi_node_args(world_size: int, rank: int | None, master_addr: str, master_port: int) -> list[str]:
-    """vLLM's own multi-node launch for a group whose ranks are separate pods or processes.
+    """vLLM's own multi-node launch for a group whose ranks are separate pods.
 
     `rank=None` is the pod template's form: the node rank comes from FROTA_RANK and
     the command turns on `--headless` off rank 0 (`launch` wraps it in a shell).
@@ -103,8 +113,7 @@ def multi_node_args(world_size: int, rank: int | None, master_addr: str, master_
     if world_size == 1:
         return []
     args = ["--nnodes", str(world_size), "--node-rank", RANK_FROM_ENV if rank is None else str(rank),
-            "--master-addr", master_addr, "--master-port", str(master_port),
-            "--distributed-executor-backend", "mp"]
+            "--master-addr", master_addr, "--master-port", str(master_port), *MP_BACKEND]
     if rank is not None and rank > 0:
         args.append("--headless")
     return args
@@ -128,14 +137,21 @@ def cpu_env(resources: Resources, kv_cache_bytes: int | None) -> dict[str, str]:
 def launch(spec: InferenceServiceSpec, parallelism: Parallelism, resources: Resources, *,
            model_path: str, port: int, master_addr: str, master_port: int,
            rank: int | None, kv_cache_bytes: int | None,
-           server: tuple[str, ...] = SERVER, adapters: Sequence[tuple[str, str]] = ()) -> Launch:
+           server: tuple[str, ...] = SERVER, adapters: Sequence[tuple[str, str]] = (),
+           addressing: Addressing = IN_PODS) -> Launch:
     """One rank of a vLLM group; `rank=None` renders the group's shared pod template.
-    `adapters`: (name, local path) of each spec adapter."""
-    world = parallelism.tensor * parallelism.pipeline
-    args = (*serve_args(spec, parallelism, resources, model_path, port, adapters),
-            *multi_node_args(world, rank, master_addr, master_port), *spec.runtime.args)
+    `adapters`: (name, local path) of each spec adapter. On one machine the group is one
+    server (`one_machine_args`), and the addressing says where it listens."""
+    world = parallelism.world_size
+    together = addressing.one_machine
+    args = addressing.server_args(
+        (model_path, "--served-model-name", spec.model.name), ("--host", "0.0.0.0", "--port", str(port)),
+        (*serve_args(spec, parallelism, resources, adapters),
+         *(one_machine_args(world) if together else multi_node_args(world, rank, master_addr, master_port)),
+         *spec.runtime.args),
+        port)
     command = server
-    if rank is None and world > 1:
+    if rank is None and world > 1 and not together:
         command = ("/bin/sh", "-c", HEADLESS_UNLESS_RANK_0, *server)
     return Launch(command=command, args=args, env={**cpu_env(resources, kv_cache_bytes), **lora_env(spec)},
                   live_path="/health", ready_path="/health")
@@ -147,9 +163,9 @@ def group(
     adapters: tuple[AdapterLocation, ...] = (),
 ) -> ReplicaGroup:
     """One replica of a role: a vLLM server per rank (`path`: the model as vLLM reads it),
-    and the pod template every rank of the group shares."""
+    or one server for them all on one machine; and the pod template the ranks share."""
     p = rs.parallelism
-    world = p.world_size
+    processes = 1 if addressing.one_machine else p.world_size
     kv = budget.kv_cache_bytes_per_rank if budget is not None else None
     modules = tuple((a.name, a.path) for a in adapters)
 
@@ -157,13 +173,14 @@ def group(
         return launch(spec, p, rs.resources, model_path=path, port=port,
                       master_addr=addressing.master_addr(group_name),
                       master_port=addressing.master_port(ordinal), rank=rank, kv_cache_bytes=kv,
-                      adapters=modules)
+                      adapters=modules, addressing=addressing)
 
     ranks = []
-    for index in range(world):
+    for index in range(processes):
         port = addressing.http_port(ordinal, index)
         one = launch_rank(index, port)
-        ranks.append(Rank(index, one.args, {**one.env, "FROTA_RANK": str(index)}, port, one.command))
+        ranks.append(Rank(index, one.args, {**one.env, "FROTA_RANK": str(index)}, port, one.command,
+                          addressing.process_env(ordinal, index, processes)))
     template = launch_rank(None, addressing.http_port(ordinal, 0))
     return ReplicaGroup(group_name, rs.role, replica, ordinal, p, tuple(ranks), rs.revision,
                         budget, template)
