@@ -74,7 +74,7 @@ def manifests(count: int) -> list[dict[str, Any]]:
 
 def expected_children(manifest: dict[str, Any]) -> set[tuple[str, str]]:
     """(kind, name) of every child the operator should create for one manifest."""
-    from frota.operator.desired import desired_state
+    from frota.operator.loop.desired import desired_state
 
     body = {**manifest, "metadata": {**manifest["metadata"], "uid": "bench", "generation": 1}}
     desired = desired_state(body)

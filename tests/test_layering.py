@@ -119,7 +119,7 @@ def test_the_scanners_see_lazy_imports_and_code_strings_but_not_docstrings(tmp_p
 def test_the_control_plane_imports_without_torch() -> None:
     # What keeps the operator image torch-free.
     code = ("import sys, frota.api, frota.api.contract, frota.plan.planner, frota.plan.cli, "
-            "frota.operator.handlers, frota.operator.render_cli, frota.local.up, frota.cli.main; "
+            "frota.operator.loop.handlers, frota.operator.render_cli, frota.local.up, frota.cli.main; "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
 

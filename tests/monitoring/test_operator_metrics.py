@@ -7,11 +7,11 @@ from typing import Any
 import pytest
 
 from frota.api import InferenceServiceStatus
-from frota.operator import converge
+from frota.operator.loop import converge
+from frota.operator.loop.reconcile import Outcome
+from frota.operator.loop.state import OperatorState
 from frota.operator.metrics import OperatorMetrics
-from frota.operator.reconcile import Outcome
 from frota.operator.settings import OperatorSettings
-from frota.operator.state import OperatorState
 
 BODY = {"metadata": {"name": "tiny", "namespace": "team-a"}}
 KEY = ("team-a", "tiny")

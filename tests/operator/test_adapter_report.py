@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from frota.api import AdapterStatus
+from frota.operator.loop.state import OperatorState
 from frota.operator.reports.adapter_report import models_url
 from frota.operator.reports.adapter_status import adapter_statuses, listed_adapters
-from frota.operator.state import OperatorState
 
 KEY = ("default", "tiny")
 

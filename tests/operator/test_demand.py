@@ -10,9 +10,9 @@ import kopf
 import pytest
 
 from frota.api.contract import Demand
-from frota.operator import handlers
+from frota.operator.loop import handlers
+from frota.operator.loop.state import OperatorState
 from frota.operator.scaling import autoscaler, demand
-from frota.operator.state import OperatorState
 from tests.operator.isvc_fixtures import Spec
 
 SCALE_TO_ZERO = {"minReplicas": 0, "maxReplicas": 2, "target": 4, "scaleToZero": {}}

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from frota.api.contract import FleetKey
-from frota.operator import fleet_key
 from frota.operator.builders import build_children
 from frota.operator.builders.fleet_key import fleet_key_secret, with_new_key
+from frota.operator.loop import fleet_key
 from frota.plan.planner import plan
 from tests.operator.isvc_fixtures import Spec
 

@@ -11,9 +11,9 @@ import pytest
 
 from frota.cli import cache
 from frota.operator.builders.model_cache import COMPONENT
+from frota.operator.loop.state import OperatorState
 from frota.operator.reports import model_cache_progress as progress
 from frota.operator.reports.model_cache_status import model_cache_status
-from frota.operator.state import OperatorState
 
 KEY = ("default", "tiny")
 JOB = {"metadata": {"name": "j", "uid": "u1"}, "status": {"active": 1}}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from frota.operator.peering import peering_objects
+from frota.operator.loop.peering import peering_objects
 
 
 def test_cluster_wide_operator_creates_one_cluster_kopf_peering():

@@ -26,9 +26,9 @@ import kopf
 import pytest
 import yaml
 
-from frota.operator import handlers
+from frota.operator.loop import handlers
+from frota.operator.loop.state import OperatorState
 from frota.operator.settings import OperatorSettings
-from frota.operator.state import OperatorState
 
 NAMESPACE = "default"
 ISVC_PATH = f"/apis/frota.dev/v1alpha1/namespaces/{NAMESPACE}/inferenceservices"

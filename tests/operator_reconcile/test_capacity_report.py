@@ -18,14 +18,14 @@ import aiohttp.web
 import pytest
 
 from frota.api import Capacity
-from frota.operator import reconcile as reconcile_module
-from frota.operator.children import Children
-from frota.operator.desired import desired_state
-from frota.operator.reconcile import reconcile, replacing
+from frota.operator.loop import reconcile as reconcile_module
+from frota.operator.loop.children import Children
+from frota.operator.loop.desired import desired_state
+from frota.operator.loop.reconcile import reconcile, replacing
+from frota.operator.loop.state import OperatorState
 from frota.operator.reports import kv_report
 from frota.operator.reports.observe import Observed
 from frota.operator.reports.status import compute_status
-from frota.operator.state import OperatorState
 from tests.loopback import serving
 from tests.operator.test_kv_report import frota_worker_metrics
 from tests.operator_reconcile.conftest import Cluster, FakeApiserver, Operator, sample, wait_for

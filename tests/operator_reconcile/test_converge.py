@@ -8,11 +8,11 @@ from typing import Any
 import kopf
 import pytest
 
-from frota.operator import converge
-from frota.operator.apply import ApiError, classify
-from frota.operator.reconcile import Outcome
+from frota.operator.loop import converge
+from frota.operator.loop.apply import ApiError, classify
+from frota.operator.loop.reconcile import Outcome
+from frota.operator.loop.state import OperatorState
 from frota.operator.settings import OperatorSettings
-from frota.operator.state import OperatorState
 
 BODY = {"metadata": {"name": "tiny", "namespace": "default"}}
 KEY = ("default", "tiny")

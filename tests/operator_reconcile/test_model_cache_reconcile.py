@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from frota.operator import reconcile as reconcile_module
-from frota.operator.children import Children
-from frota.operator.reconcile import reconcile
+from frota.operator.loop import reconcile as reconcile_module
+from frota.operator.loop.children import Children
+from frota.operator.loop.reconcile import reconcile
 from tests.operator_reconcile.conftest import sample
 from tests.operator_reconcile.test_reconcile_owner_check import FakeApi
 
@@ -57,7 +57,7 @@ def fill_pod(job: dict[str, Any], exit_code: int, message: str) -> dict[str, Any
     import kopf
 
     from frota.api.contract import Label
-    from frota.operator.handlers import index_pod
+    from frota.operator.loop.handlers import index_pod
 
     labels = {Label.INSTANCE: "tiny", "app.kubernetes.io/component": "model-cache"}
     pod = {"apiVersion": "v1", "kind": "Pod",
@@ -128,7 +128,7 @@ def test_a_check_waiting_to_restart_keeps_its_failure_in_the_pod_index() -> None
 
     from frota.api.contract import Label
     from frota.operator.builders.model_cache import WAIT_CONTAINER
-    from frota.operator.handlers import index_pod
+    from frota.operator.loop.handlers import index_pod
 
     labels = {Label.INSTANCE: "tiny", Label.ROLE: "worker"}
     message = "model.gguf: sha256 is 00ff, the manifest says abcd"

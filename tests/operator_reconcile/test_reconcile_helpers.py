@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from frota.operator.children import Applied
-from frota.operator.reconcile import contains
+from frota.operator.loop.children import Applied
+from frota.operator.loop.reconcile import contains
 
 SVC = {"kind": "Service", "metadata": {"name": "s"}, "spec": {"ports": [{"port": 80}]}}
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from frota.operator import reconcile as reconcile_module
-from frota.operator.children import Children
-from frota.operator.reconcile import reconcile
+from frota.operator.loop import reconcile as reconcile_module
+from frota.operator.loop.children import Children
+from frota.operator.loop.reconcile import reconcile
 from tests.operator_reconcile.conftest import sample
 
 

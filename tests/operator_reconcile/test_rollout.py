@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from frota.operator.rollout import GroupState, RolloutPlan, plan_rollout, resolve_bound
+from frota.operator.loop.rollout import GroupState, RolloutPlan, plan_rollout, resolve_bound
 
 OLD, NEW = "old", "new"
 

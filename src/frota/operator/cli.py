@@ -77,8 +77,8 @@ def run(args: argparse.Namespace) -> int:
     import kopf
     from prometheus_client import start_http_server
 
-    from frota.operator import handlers
-    from frota.operator.state import OperatorState
+    from frota.operator.loop import handlers
+    from frota.operator.loop.state import OperatorState
 
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

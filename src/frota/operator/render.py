@@ -1,7 +1,7 @@
 """Manifest in, child objects out: what `frota render` prints and the operator applies.
 
 Every child but one: the fleet key's Secret, which the operator alone creates on the
-cluster (its key is random and made there; `frota.operator.fleet_key`), is never rendered,
+cluster (its key is random and made there; `frota.operator.loop.fleet_key`), is never rendered,
 so no key is ever printed, and applying a render cannot leave a fleet with a keyless one."""
 
 from __future__ import annotations

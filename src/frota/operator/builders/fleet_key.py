@@ -3,7 +3,7 @@
 The Secret is not one of the children `frota render` prints and the reconcile applies:
 its key is random, so applying it on every reconcile would rotate it each time, and a
 printed key would be a leaked one. The operator creates it once, when it is missing
-(`frota.operator.fleet_key`), and never writes it again: a rotation is the user's write.
+(`frota.operator.loop.fleet_key`), and never writes it again: a rotation is the user's write.
 `fleet_key_secret` is that object without its key; `with_new_key` adds one.
 
 It is mounted as a directory, not through subPath, so that the kubelet's refresh of a

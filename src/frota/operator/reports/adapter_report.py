@@ -14,8 +14,8 @@ from typing import Any
 
 import aiohttp
 
+from frota.operator.loop.state import Key, OperatorState
 from frota.operator.reports.adapter_status import Listing, listed_adapters
-from frota.operator.state import Key, OperatorState
 
 
 async def read_models(session: aiohttp.ClientSession, url: str) -> dict[str, str | None] | None:

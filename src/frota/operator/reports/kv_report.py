@@ -20,8 +20,8 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from frota.api.contract import WorkerMetric
+from frota.operator.loop.state import Key, OperatorState
 from frota.operator.scaling.autoscaler import read_all
-from frota.operator.state import Key, OperatorState
 
 
 def kv_cache_tokens(metrics_text: str) -> int | None:

@@ -21,7 +21,7 @@ from typing import Any
 import aiohttp
 
 from frota.operator.builders.model_cache import COMPONENT, PROGRESS_PORT
-from frota.operator.state import Key, OperatorState
+from frota.operator.loop.state import Key, OperatorState
 
 PATH = "/progress"
 

@@ -20,6 +20,7 @@ import kopf
 
 from frota.api import Autoscaling, InferenceService, ScalingPolicy
 from frota.api.contract import EventReason
+from frota.operator.loop.state import OperatorState
 from frota.operator.scaling.decisions import (
     ROLES,
     History,
@@ -30,7 +31,6 @@ from frota.operator.scaling.decisions import (
     step,
     zero_decision,
 )
-from frota.operator.state import OperatorState
 
 
 async def read_metrics(session: aiohttp.ClientSession, url: str) -> str | None:

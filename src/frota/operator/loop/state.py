@@ -20,8 +20,8 @@ import kopf
 
 from frota.api import InferenceService, InferenceServiceStatus
 from frota.api.contract import CHILD_KINDS, ENDPOINT_SLICE, POD, ChildKind
-from frota.operator.apply import KubeApi
-from frota.operator.children import Applied, Children
+from frota.operator.loop.apply import KubeApi
+from frota.operator.loop.children import Applied, Children
 from frota.operator.metrics import OperatorMetrics
 from frota.operator.scaling import decisions
 from frota.operator.settings import OperatorSettings
@@ -73,7 +73,7 @@ class OperatorState:
     reported_adapters: dict[Key, tuple[Mapping[str, str | None], ...]] = field(default_factory=dict)
     # The running model-cache fill pod's {"bytes", "totalBytes"} (model_cache_progress).
     cache_progress: dict[Key, dict[str, int | None]] = field(default_factory=dict)
-    # The uid whose fleet key this process has made sure of (`frota.operator.fleet_key`).
+    # The uid whose fleet key this process has made sure of (`frota.operator.loop.fleet_key`).
     fleet_keys: dict[Key, str] = field(default_factory=dict)
     # The demand each fleet's ConfigMap last showed (`frota.operator.scaling.demand`).
     demands: dict[Key, str | None] = field(default_factory=dict)

@@ -20,9 +20,9 @@ from frota.api import InferenceService
 from frota.api.contract import WORKER_ROLES, Label
 from frota.operator.builders.fleet_key import fleet_key_secret
 from frota.operator.builders.workers import role_service_name
+from frota.operator.loop.rollout import resolve_bound
 from frota.operator.render import planned_status, render
 from frota.operator.reports.status import Intent
-from frota.operator.rollout import resolve_bound
 from frota.plan.validation import SpecError, load
 
 

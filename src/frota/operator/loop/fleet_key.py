@@ -18,15 +18,15 @@ from collections.abc import Mapping, MutableMapping
 from typing import Any, Literal, Protocol
 
 from frota.api.contract import SECRET
-from frota.operator.apply import collection_path
 from frota.operator.builders.fleet_key import with_new_key
-from frota.operator.desired import InvalidSpec, desired_state
+from frota.operator.loop.apply import collection_path
+from frota.operator.loop.desired import InvalidSpec, desired_state
 
 Key = tuple[str, str]  # (namespace, name) of an InferenceService
 
 
 class Creator(Protocol):
-    """The one call this needs (`frota.operator.apply.KubeApi`)."""
+    """The one call this needs (`frota.operator.loop.apply.KubeApi`)."""
 
     async def create_if_missing(self, path: str, obj: Mapping[str, Any]) -> bool: ...
 

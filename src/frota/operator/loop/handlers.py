@@ -3,14 +3,14 @@
 `registry(settings)` registers them on a fresh kopf registry; nothing
 registers at import, so the settings (the autoscaling timer's interval among
 them) arrive explicitly. Each InferenceService gets a reconcile loop (a kopf
-daemon, `frota.operator.converge`); its spec's handlers, the watches on
+daemon, `frota.operator.loop.converge`); its spec's handlers, the watches on
 its children and the capacity timer (what the engines report) only wake
 that loop. The watches also feed kopf's indexes, the
 cache a reconcile reads the children from, which is how deleted or edited
 children come back and how status follows pod readiness. Two paths act on
 their own: a new stamp in a fleet's demand ConfigMap brings a fleet at zero
 back at once (`frota.operator.scaling.demand`), and a timer brings back a fleet key
-Secret that was deleted (`frota.operator.fleet_key`).
+Secret that was deleted (`frota.operator.loop.fleet_key`).
 """
 
 from __future__ import annotations
@@ -31,14 +31,14 @@ from frota.api.contract import (
     Demand,
     Label,
 )
-from frota.operator import converge, fleet_key, peering
-from frota.operator.desired import InvalidSpec, desired_state
+from frota.operator.loop import converge, fleet_key, peering
+from frota.operator.loop.desired import InvalidSpec, desired_state
+from frota.operator.loop.state import OperatorState, key_of, plain
 from frota.operator.reports import adapter_report, kv_report, model_cache_progress
 from frota.operator.reports.model_cache_status import REASON_CHARS
 from frota.operator.reports.observe import IMAGE_PULL_REASONS
 from frota.operator.scaling import autoscaler, decisions, demand
 from frota.operator.settings import OperatorSettings
-from frota.operator.state import OperatorState, key_of, plain
 
 ISVC = (contract.GROUP, contract.VERSION, contract.PLURAL)
 OWNED = {Label.NAME: APP_NAME, Label.INSTANCE: kopf.PRESENT}

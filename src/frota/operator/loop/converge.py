@@ -29,10 +29,10 @@ import kopf
 
 from frota.api import InferenceServiceStatus
 from frota.api.contract import ConditionType, EventReason
-from frota.operator import fleet_key
-from frota.operator.reconcile import Outcome, reconcile
+from frota.operator.loop import fleet_key
+from frota.operator.loop.reconcile import Outcome, reconcile
+from frota.operator.loop.state import Key, OperatorState, key_of, plain
 from frota.operator.reports.status import parse_status
-from frota.operator.state import Key, OperatorState, key_of, plain
 
 
 async def run(body: kopf.Body, state: OperatorState, *, logger: Any,

@@ -17,7 +17,7 @@ from typing import Any
 
 import kopf
 
-from frota.operator.apply import KubeApi
+from frota.operator.loop.apply import KubeApi
 
 PEERING_API = "/apis/kopf.dev/v1"
 RETRY_SECONDS = 5.0

@@ -26,8 +26,9 @@ from frota.api.contract import (
     Label,
     condition_event_reason,
 )
-from frota.operator.children import Applied, Children
-from frota.operator.desired import Desired, InvalidSpec, desired_state
+from frota.operator.loop.children import Applied, Children
+from frota.operator.loop.desired import Desired, InvalidSpec, desired_state
+from frota.operator.loop.rollout import GroupState, RolloutPlan, plan_rollout
 from frota.operator.reports.model_cache_status import model_cache_status
 from frota.operator.reports.observe import (
     GroupView,
@@ -47,11 +48,10 @@ from frota.operator.reports.status import (
     parse_status,
     transitions,
 )
-from frota.operator.rollout import GroupState, RolloutPlan, plan_rollout
 
 
 class Api(Protocol):
-    """The Kubernetes API calls a reconcile makes (`frota.operator.apply.KubeApi`)."""
+    """The Kubernetes API calls a reconcile makes (`frota.operator.loop.apply.KubeApi`)."""
 
     async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None: ...
     async def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]: ...
