@@ -60,12 +60,12 @@ note "PYTHONPATH=$PYTHONPATH"
 step nvidia-smi 30 bash -c 'nvidia-smi; nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version,clocks.sm,clocks.max.sm,power.draw --format=csv'
 step env 90 $PY bench/gpu_check.py env
 
-# 2. the tests that take a CUDA path when there is one (tests/parallel's needs two GPUs).
+# 2. the tests that take a CUDA path when there is one (tests/engine/parallel's needs two GPUs).
 #    The one test that reads FROTA_QUANT_KERNELS's log line is left out (it is set above).
 #    If pytest cannot start (rc 3/4: say the carried pytest-asyncio wants a newer pytest than
 #    the image's), it runs again without that plugin; these tests are not async.
-PYTEST=($PY -m pytest tests/quant/test_linear.py -rs -q -p no:cacheprovider
-  --deselect tests/quant/test_linear.py::test_without_a_compiler_the_layers_use_torch)
+PYTEST=($PY -m pytest tests/engine/quant/test_linear.py -rs -q -p no:cacheprovider
+  --deselect tests/engine/quant/test_linear.py::test_without_a_compiler_the_layers_use_torch)
 step pytest-quant-linear 120 bash -c '"$@"; rc=$?; if [ $rc -eq 3 ] || [ $rc -eq 4 ]; then
   echo "pytest rc=$rc: again without pytest-asyncio"; "$@" -p no:asyncio; rc=$?; fi; exit $rc' _ "${PYTEST[@]}"
 

@@ -2,7 +2,7 @@
 
 A pod of the worker image (it has Python) serves PEFT adapter directories with
 ``http.server`` over TLS, from a certificate signed by a CA made at test time; the
-adapters are seeded, written by ``tests.lora.adapters.write_adapter`` for SmolLM2's shape.
+adapters are seeded, written by ``tests.engine.lora.adapters.write_adapter`` for SmolLM2's shape.
 Each adapter is a ConfigMap mounted at ``/srv/NAME`` (binaryData; a ConfigMap holds at
 most 1 MiB, so each adapter is rank 4 over one target: q_proj is ~550 KB, v_proj ~370 KB).
 The tests give workers the CA through ``spec.model.caBundle`` (a ConfigMap in their own
@@ -31,7 +31,7 @@ import pytest
 from e2e import fleet
 from e2e.kube import Cluster, restricted, wait_until
 from frota.plan.model_shapes import SMOLLM2_135M
-from tests.lora.adapters import write_adapter
+from tests.engine.lora.adapters import write_adapter
 
 SERVICE = "adapters"
 PORT = 8443

@@ -87,7 +87,7 @@ def test_fused_decode_gives_the_python_layers_output_bit_for_bit(dtype: str, qua
     ("float32", "int4"), ("float32", "none"), ("bfloat16", "none"),
 ])
 def test_adapter_rows_go_through_the_stack_bit_for_bit(tmp_path, dtype: str, quantization: str) -> None:
-    from tests.lora import synthetic
+    from tests.engine.lora import synthetic
 
     e = engine(dtype, quantization, spec=synthetic.SPEC, max_loras=2, max_lora_rank=8)
     for name, path in synthetic.make_adapters(tmp_path, synthetic.load()[1], count=2).items():

@@ -6,7 +6,7 @@ Exact greedy equality holds here because both sides compute the same float32 mod
 way up to summation orders: the engine runs the plain path (its linears `F.linear`, as
 transformers' are; an engine given `loaded` packs nothing for oneDNN), so the logits differ
 by ~1e-4, far below the margins of these continuations. The packed, bfloat16 and quantized
-paths are judged teacher-forced instead (tests/quant/test_smollm2_quant.py), and this
+paths are judged teacher-forced instead (tests/engine/quant/test_smollm2_quant.py), and this
 comparison runs under every kernel switch in tests/engine/test_numeric_paths.py."""
 
 from __future__ import annotations

@@ -66,7 +66,7 @@ def adapter(tmp_path: Path) -> Path:
     if reason:
         pytest.skip(reason)
     from frota.api.synthetic import parse_synthetic_spec, synthetic_shape
-    from tests.lora.adapters import write_adapter
+    from tests.engine.lora.adapters import write_adapter
 
     shape = synthetic_shape(parse_synthetic_spec(MODEL.removeprefix("synthetic:")))
     return write_adapter(tmp_path / "sql", shape, rank=8, targets=["q_proj", "v_proj"])

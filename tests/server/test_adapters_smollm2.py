@@ -22,7 +22,7 @@ LORA_ARGS = ("--enable-lora", "--max-loras", "2", "--max-lora-rank", "8", "--all
 
 def _adapter(directory: Path, seed: int) -> Path:
     from frota.plan.model_shapes import SMOLLM2_135M
-    from tests.lora.adapters import write_adapter
+    from tests.engine.lora.adapters import write_adapter
 
     return write_adapter(directory, SMOLLM2_135M, rank=8, targets=["q_proj", "v_proj"],
                          alpha=16, seed=seed, scale=0.1)
@@ -50,7 +50,7 @@ def reference(adapter_dirs: dict[str, Path]) -> dict[str | None, list[int]]:
     """The engine's own greedy tokens for PROMPT, base and under each adapter."""
     from frota.engine import EngineArgs
     from frota.engine.llm_engine import LLMEngine
-    from tests.lora.engines import run
+    from tests.engine.lora.engines import run
 
     engine = LLMEngine(EngineArgs(model="smollm2", dtype="float32", max_model_len=2048,
                                   kv_cache_memory=256 * 2**20, max_loras=2, max_lora_rank=8,

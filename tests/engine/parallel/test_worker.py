@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import pytest
 
 from frota.server import ranks
-from tests.parallel.conftest import free_port, rank_env
+from tests.engine.parallel.conftest import free_port, rank_env
 
 LAUNCH = "import sys; from frota.cli.main import main; sys.exit(main())"
 PROMPT = "The group answers"

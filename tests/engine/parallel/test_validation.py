@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from frota.engine.parallel.config import ParallelConfig, ParallelConfigError, validate_model
-from tests.parallel.conftest import run_group
+from tests.engine.parallel.conftest import run_group
 
 SMOLLM2 = dict(num_heads=9, num_kv_heads=3, num_layers=30, intermediate_size=1536, num_experts=0)
 

@@ -1,7 +1,8 @@
 """Multi-process helpers: each rank is a real OS process joined over gloo on 127.0.0.1.
 
-One intra-op thread per rank: the machine is small and shared, and OpenMP threads
-spinning against each other make collectives look tens of times slower.
+One intra-op thread per rank (OMP_NUM_THREADS=1), as tests/engine/conftest.py sets for this
+process: the machine is small and shared, and OpenMP threads spinning against each other make
+collectives look tens of times slower.
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
-torch.set_num_threads(1)
 
 RANK_MAIN = Path(__file__).with_name("rank_main.py")
 RANK_TIMEOUT_S = 150
@@ -69,7 +68,7 @@ def run_group(tmp_path: Path, model: str, tp: int = 1, pp: int = 1, ep: int = 1,
 @pytest.fixture(scope="session")
 def reference():
     """Single-process results, computed once per model in this process."""
-    from tests.parallel.rank_main import generate
+    from tests.engine.parallel.rank_main import generate
 
     cache: dict[str, dict] = {}
 

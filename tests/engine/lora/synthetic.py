@@ -11,7 +11,7 @@ import torch
 from frota.engine import EngineArgs
 from frota.engine.llm_engine import LLMEngine
 from frota.engine.loader import load_model
-from tests.lora.adapters import write_adapter
+from tests.engine.lora.adapters import write_adapter
 
 SPEC = "synthetic:dense-tiny,layers=2,seed=3"
 NUM_TOKENS = 8

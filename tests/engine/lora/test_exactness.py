@@ -9,7 +9,7 @@ import pytest
 
 from frota.engine import EngineArgs
 from frota.engine.llm_engine import LLMEngine
-from tests.lora.engines import greedy, run
+from tests.engine.lora.engines import greedy, run
 
 pytestmark = pytest.mark.slow
 

@@ -9,8 +9,8 @@ import pytest
 from frota.engine import AdapterError, EngineArgs
 from frota.engine.kv_transfer import check_adapter
 from frota.engine.llm_engine import LLMEngine
-from tests.lora import synthetic
-from tests.lora.engines import greedy, run
+from tests.engine.lora import synthetic
+from tests.engine.lora.engines import greedy, run
 
 N = synthetic.NUM_TOKENS
 

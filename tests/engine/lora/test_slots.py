@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from frota.api.memory import lora_slot_bytes
-from tests.lora import synthetic
-from tests.lora.engines import greedy, run
+from tests.engine.lora import synthetic
+from tests.engine.lora.engines import greedy, run
 
 N = synthetic.NUM_TOKENS
 

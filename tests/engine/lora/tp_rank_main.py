@@ -31,8 +31,8 @@ def generate(tp: int, adapter_dirs: list[str]) -> list[list[int]] | None:
     """Tokens per request on rank 0 (one batch, then one request at a time); None elsewhere."""
     from frota.engine import EngineArgs
     from frota.engine.llm_engine import LLMEngine
-    from tests.lora.engines import run
-    from tests.lora.synthetic import SPEC
+    from tests.engine.lora.engines import run
+    from tests.engine.lora.synthetic import SPEC
 
     engine = LLMEngine(EngineArgs(model=SPEC, dtype="float32", verbose=False, num_kv_blocks=64,
                                   enable_prefix_caching=False, tensor_parallel_size=tp,

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from frota.engine import numeric_paths as paths
-from tests.parallel.conftest import run_group
+from tests.engine.parallel.conftest import run_group
 
 LOGITS_TOL = 1e-4
 # SmolLM2 (30 layers, logits up to ~30): the single process multiplies through oneDNN-packed

@@ -1,8 +1,6 @@
 """LoRA fixtures: SmolLM2 in float32 once per session (the engine's weights and transformers'
 reference model), and two PEFT adapters made by PEFT over it, seeded, differing in rank,
-targets and scaling (plain alpha/r against rslora), B not zero so each changes the output.
-
-One intra-op thread, as in tests/engine: the machine is small and shared."""
+targets and scaling (plain alpha/r against rslora), B not zero so each changes the output."""
 
 from __future__ import annotations
 
@@ -11,8 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
-torch.set_num_threads(1)
 
 # (rank, alpha, rslora, targets) of the two reference adapters
 ADAPTERS = {
@@ -89,9 +85,9 @@ def reference_greedy(peft_smollm2):
 
 @pytest.fixture(scope="module")
 def loaded():
-    """The synthetic model (tests.lora.synthetic), loaded once per module: engines wrap its
+    """The synthetic model (tests.engine.lora.synthetic), loaded once per module: engines wrap its
     projections in place, so modules do not share it."""
-    from tests.lora import synthetic
+    from tests.engine.lora import synthetic
 
     return synthetic.load()
 
@@ -99,6 +95,6 @@ def loaded():
 @pytest.fixture(scope="module")
 def adapters(tmp_path_factory, loaded):
     """Three adapters over the synthetic model, a0..a2, differing in rank and targets."""
-    from tests.lora import synthetic
+    from tests.engine.lora import synthetic
 
     return synthetic.make_adapters(tmp_path_factory.mktemp("adapters"), loaded[1], count=3)

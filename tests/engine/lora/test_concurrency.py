@@ -10,8 +10,8 @@ import pytest
 
 from frota.engine import AdapterError
 from frota.engine.async_engine import AsyncEngine
-from tests.lora import synthetic
-from tests.lora.engines import greedy, run
+from tests.engine.lora import synthetic
+from tests.engine.lora.engines import greedy, run
 
 N = 32  # long enough that the churn below lands mid-generation
 

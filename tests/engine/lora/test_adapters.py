@@ -10,9 +10,9 @@ import shutil
 import pytest
 
 from frota.engine import AdapterError
-from tests.lora import synthetic
-from tests.lora.adapters import write_adapter
-from tests.lora.engines import greedy, run
+from tests.engine.lora import synthetic
+from tests.engine.lora.adapters import write_adapter
+from tests.engine.lora.engines import greedy, run
 
 
 @pytest.fixture(scope="module")
