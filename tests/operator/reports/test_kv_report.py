@@ -14,7 +14,7 @@ from frota.operator.reports.kv_report import kv_cache_tokens, read
 from frota.server.metrics import ServerMetrics
 from tests.loopback import serving
 
-VLLM_SCRAPE = Path(__file__).parents[1] / "fixtures" / "vllm-0.32.0-cpu.metrics"
+VLLM_SCRAPE = Path(__file__).parents[2] / "fixtures" / "vllm-0.32.0-cpu.metrics"
 
 
 def frota_worker_metrics(num_blocks: int, block_size: int = 16) -> str:

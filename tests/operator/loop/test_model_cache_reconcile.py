@@ -10,8 +10,8 @@ import pytest
 from frota.operator.loop import reconcile as reconcile_module
 from frota.operator.loop.children import Children
 from frota.operator.loop.reconcile import reconcile
-from tests.operator_reconcile.conftest import sample
-from tests.operator_reconcile.test_reconcile_owner_check import FakeApi
+from tests.operator.conftest import sample
+from tests.operator.loop.test_reconcile_owner_check import FakeApi
 
 
 def owner(cache: bool = True) -> dict[str, Any]:

@@ -27,13 +27,13 @@ from frota.operator.reports import kv_report
 from frota.operator.reports.observe import Observed
 from frota.operator.reports.status import compute_status
 from tests.loopback import serving
-from tests.operator.test_kv_report import frota_worker_metrics
-from tests.operator_reconcile.conftest import Cluster, FakeApiserver, Operator, sample, wait_for
-from tests.operator_reconcile.test_handlers import converge
-from tests.operator_reconcile.test_retries_and_autoscaling import serve_role_metrics
-from tests.operator_reconcile.test_status import UP, group, intent
+from tests.operator.conftest import Cluster, FakeApiserver, Operator, sample, wait_for
+from tests.operator.loop.test_handlers import converge
+from tests.operator.loop.test_retries_and_autoscaling import serve_role_metrics
+from tests.operator.reports.test_kv_report import frota_worker_metrics
+from tests.operator.reports.test_status import UP, group, intent
 
-VLLM_SCRAPE = (Path(__file__).parents[1] / "fixtures" / "vllm-0.32.0-cpu.metrics").read_bytes()
+VLLM_SCRAPE = (Path(__file__).parents[2] / "fixtures" / "vllm-0.32.0-cpu.metrics").read_bytes()
 VLLM_TOKENS = 23296  # block_size 32 x num_gpu_blocks 728
 PLANNED = Capacity(weightBytesPerRank=1000, kvCacheTokensPerReplica=33760, maxModelLen=2048,
                    sequencesAtMaxModelLen=16)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.operator_reconcile.conftest import (
+from tests.operator.conftest import (
     Cluster,
     FakeApiserver,
     Operator,

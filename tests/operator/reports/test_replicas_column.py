@@ -7,7 +7,7 @@ from frota.api import InferenceServiceStatus
 from frota.api.crd import PRINTER_COLUMNS
 from frota.operator.reports.observe import Observed
 from frota.operator.reports.status import compute_status, parse_status
-from tests.operator_reconcile.test_status import UP, group, intent
+from tests.operator.reports.test_status import UP, group, intent
 
 
 def column(name: str) -> dict:

@@ -14,7 +14,7 @@ from frota.operator.render import planned_status
 from frota.plan.planner import plan
 from tests.operator.isvc_fixtures import Spec
 
-SAMPLES = sorted((Path(__file__).resolve().parents[2] / "manifests" / "samples").glob("*.yaml"))
+SAMPLES = sorted((Path(__file__).resolve().parents[3] / "manifests" / "samples").glob("*.yaml"))
 KUBERNETES_VERSIONS = ["1.33.0", "1.34.0", "1.35.0"]
 
 

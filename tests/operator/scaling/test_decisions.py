@@ -176,7 +176,7 @@ def test_a_vllm_workers_metrics_read_as_a_frota_workers():
 
     from frota.operator.scaling.decisions import History, per_group_value
 
-    text = (Path(__file__).parents[1] / "fixtures" / "vllm-0.32.0-cpu.metrics").read_text()
+    text = (Path(__file__).parents[2] / "fixtures" / "vllm-0.32.0-cpu.metrics").read_text()
     busy, _ = per_group_value([text, text], "queueDepth", History())
     assert busy == 1.0  # one running request per group, none waiting
     first, history = per_group_value([text], "ttft", History())

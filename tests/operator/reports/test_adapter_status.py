@@ -11,9 +11,9 @@ import aiohttp.web
 import pytest
 
 from tests.loopback import serving
-from tests.operator.test_adapter_report import models
-from tests.operator.test_kv_report import frota_worker_metrics
-from tests.operator_reconcile.conftest import Cluster, Operator, sample, wait_for
+from tests.operator.conftest import Cluster, Operator, sample, wait_for
+from tests.operator.reports.test_adapter_report import models
+from tests.operator.reports.test_kv_report import frota_worker_metrics
 
 ADAPTERS = [{"name": "sql", "uri": "pvc://loras/sql"}, {"name": "tone", "uri": "hf://org/tone"}]
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from frota.operator.scaling import decisions
-from tests.operator_reconcile.conftest import Cluster, FakeApiserver, Operator, sample, wait_for
-from tests.operator_reconcile.test_handlers import converge, groups_created, owned, status_is
+from tests.operator.conftest import Cluster, FakeApiserver, Operator, sample, wait_for
+from tests.operator.loop.test_handlers import converge, groups_created, owned, status_is
 
 RECONCILES = "frota_operator_reconciles_total"
 DECISIONS = "frota_operator_autoscale_decisions_total"

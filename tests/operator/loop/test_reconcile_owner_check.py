@@ -3,7 +3,7 @@
 The owner and its children arrive on separate watches, so a child's deletion
 can reach the operator before its owner's deletionTimestamp does. These unit
 tests hand the reconcile a fake API (`get`, `apply`, ...) to make that
-ordering certain; tests/operator_reconcile/test_handlers.py plays it on the
+ordering certain; tests/operator/loop/test_handlers.py plays it on the
 emulated API server.
 """
 
@@ -16,7 +16,7 @@ import pytest
 from frota.operator.loop import reconcile as reconcile_module
 from frota.operator.loop.children import Children
 from frota.operator.loop.reconcile import reconcile
-from tests.operator_reconcile.conftest import sample
+from tests.operator.conftest import sample
 
 
 class FakeApi:
