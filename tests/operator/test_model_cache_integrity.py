@@ -9,9 +9,10 @@ import json
 
 import pytest
 
+from frota.api.contract import CacheJob
 from frota.api.crd import openapi_schema
 from frota.operator.builders import build_children
-from frota.operator.builders.model_cache import EXIT_PERMANENT, WAIT_CONTAINER
+from frota.operator.builders.model_cache import WAIT_CONTAINER
 from frota.operator.reports.model_cache_status import model_cache_status
 from frota.plan.planner import plan
 from frota.plan.validation import SpecError, load
@@ -109,7 +110,7 @@ def worker(name: str, state: dict, last: dict | None = None) -> dict:
 
 
 def failed() -> dict:
-    return {"terminated": {"exitCode": EXIT_PERMANENT, "message": MISMATCH + "\n"}}
+    return {"terminated": {"exitCode": CacheJob.EXIT_PERMANENT, "message": MISMATCH + "\n"}}
 
 
 @pytest.mark.parametrize("pod", [
@@ -138,5 +139,5 @@ def test_a_running_job_is_reported_before_an_old_pods_failed_check() -> None:
 
 
 def test_the_reason_fits_the_status_field() -> None:
-    long = {"terminated": {"exitCode": EXIT_PERMANENT, "message": json.dumps("x" * 5000)}}
+    long = {"terminated": {"exitCode": CacheJob.EXIT_PERMANENT, "message": json.dumps("x" * 5000)}}
     assert len(model_cache_status(COMPLETE, "j", [worker("p", long)]).reason) <= 1024

@@ -13,7 +13,7 @@ a new directory of the same claim by a new Job, and pods of the old revision kee
 
 Integrity: `fill` records every file's sha256 in the marker (the cache's manifest) and
 enforces spec.model.sha256 at the download; `wait` checks every file against the manifest
-and the pin at every pod start, and exits EXIT_PERMANENT with the file and both digests as
+and the pin at every pod start, and exits CacheJob.EXIT_PERMANENT with the file and both digests as
 its termination message when one differs (`model_cache_status` reports it)."""
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import hashlib
 from typing import Any
 
 from frota.api import InferenceService, Resources
+from frota.api.contract import CacheJob
 from frota.operator.builders import pods
 from frota.operator.builders.common import labels, metadata
 from frota.operator.builders.fetch import FETCH_RESOURCES, ca_bundle, fetch_env
@@ -38,12 +39,8 @@ WAIT_SECONDS = 3600
 COMPONENT = "model-cache"
 MARKER_WAIT_ARGS = ["cache", "wait"]
 WAIT_MOUNT = "/model-cache"  # the whole claim, in the wait init container only
-# `frota cache fill`'s exit status when retrying cannot help (frota.cli.cache.EXIT_PERMANENT;
-# the operator may not import the command line): the Job fails at once on it. `frota cache
-# wait` exits with it when the cache fails its check.
-EXIT_PERMANENT = 3
 WAIT_CONTAINER = "wait-model-cache"
-PROGRESS_PORT = 8081  # `frota cache fill --progress-port`: GET /progress while downloading
+PROGRESS_PORT = 8081  # `frota cache fill --progress-port`: GET CacheJob.PROGRESS_PATH while downloading
 
 
 def enabled(isvc: InferenceService, location: ModelLocation) -> bool:
@@ -133,7 +130,7 @@ def job(isvc: InferenceService, location: ModelLocation, resources: Resources | 
             "spec": {"backoffLimit": BACKOFF_LIMIT,
                      "podFailurePolicy": {"rules": [
                          {"action": "FailJob", "onExitCodes": {
-                             "containerName": "fill", "operator": "In", "values": [EXIT_PERMANENT]}},
+                             "containerName": "fill", "operator": "In", "values": [CacheJob.EXIT_PERMANENT]}},
                          # A pod evicted or preempted is retried without counting it.
                          {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]},
                      "template": {"metadata": {"labels": _labels(isvc)}, "spec": pod}}}

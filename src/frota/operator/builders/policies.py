@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from frota.api import InferenceService
-from frota.api.contract import APP_NAME, WORKER_ROLES, Label
+from frota.api.contract import APP_NAME, WORKER_ROLES, Label, Role
 from frota.operator.builders.common import labels, metadata, selector_labels
 from frota.plan.topology import Topology
 
@@ -51,7 +51,7 @@ def network_policy(isvc: InferenceService) -> dict[str, Any]:
     `frota.dev/monitoring: "true"` (Prometheus), and from the operator when it reads a role's
     metrics to autoscale it or the adapters they list; and anything from their own fleet's
     ranks."""
-    router_pods = {"matchLabels": selector_labels(isvc, **{Label.ROLE: "router"})}
+    router_pods = {"matchLabels": selector_labels(isvc, **{Label.ROLE: Role.ROUTER})}
     http = [{"port": "http", "protocol": "TCP"}]
     monitoring = {"namespaceSelector": {"matchLabels": {MONITORING_NAMESPACE_LABEL: "true"}}}
     ingress: list[dict[str, Any]] = [
@@ -79,4 +79,4 @@ def network_policy(isvc: InferenceService) -> dict[str, Any]:
 
 def policy_children(isvc: InferenceService, topology: Topology) -> list[dict[str, Any]]:
     """PodDisruptionBudgets (per worker role and the router) and the NetworkPolicy."""
-    return [*(disruption_budget(isvc, role) for role in (*topology.roles, "router")), network_policy(isvc)]
+    return [*(disruption_budget(isvc, role) for role in (*topology.roles, Role.ROUTER)), network_policy(isvc)]

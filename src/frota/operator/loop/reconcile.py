@@ -24,6 +24,7 @@ from frota.api.contract import (
     ConditionType,
     EventReason,
     Label,
+    Role,
     condition_event_reason,
 )
 from frota.operator.loop.children import Applied, Children
@@ -328,7 +329,7 @@ def _after_actions(
 
 def _router_deployment(children: Children, name: str) -> Mapping[str, Any] | None:
     for obj in children.of_kind("Deployment"):
-        if (obj["metadata"].get("labels") or {}).get(Label.ROLE) == "router":
+        if (obj["metadata"].get("labels") or {}).get(Label.ROLE) == Role.ROUTER:
             return obj
     return None
 

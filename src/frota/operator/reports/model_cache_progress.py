@@ -20,14 +20,13 @@ from typing import Any
 
 import aiohttp
 
+from frota.api.contract import CacheJob
 from frota.operator.builders.model_cache import COMPONENT, PROGRESS_PORT
 from frota.operator.loop.state import Key, OperatorState
 
-PATH = "/progress"
-
 
 def fill_pod_urls(pods: Sequence[Mapping[str, Any]], port: int = PROGRESS_PORT) -> list[str]:
-    """The /progress URL of each running model-cache fill pod."""
+    """The progress URL (CacheJob.PROGRESS_PATH) of each running model-cache fill pod."""
     urls = []
     for pod in pods:
         meta, status = pod.get("metadata") or {}, pod.get("status") or {}
@@ -35,7 +34,7 @@ def fill_pod_urls(pods: Sequence[Mapping[str, Any]], port: int = PROGRESS_PORT) 
             continue
         if status.get("phase") == "Running" and (ip := status.get("podIP")):
             host = f"[{ip}]" if ":" in ip else ip
-            urls.append(f"http://{host}:{port}{PATH}")
+            urls.append(f"http://{host}:{port}{CacheJob.PROGRESS_PATH}")
     return urls
 
 

@@ -10,7 +10,7 @@ answered on /progress (frota.operator.reports.model_cache_progress says why that
 
 A completed Job is not the last word: every worker pod's `wait-model-cache` init container
 checks the cache against its manifest (and spec.model.sha256) before the worker loads, and
-exits EXIT_PERMANENT with the file and both digests as its termination message when one
+exits CacheJob.EXIT_PERMANENT with the file and both digests as its termination message when one
 differs. Such a pod makes the state Failed with that message as the reason, until its
 check passes (a refilled cache) or the pod is gone."""
 
@@ -21,7 +21,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from frota.api import ModelCacheStatus
-from frota.operator.builders.model_cache import EXIT_PERMANENT, WAIT_CONTAINER
+from frota.api.contract import CacheJob
+from frota.operator.builders.model_cache import WAIT_CONTAINER
 
 REASON_CHARS = 1024
 
@@ -80,7 +81,7 @@ def _failed_check(pods: Sequence[Mapping[str, Any]]) -> tuple[str, str] | None:
                 continue
             verdict = ((cs.get("state") or {}).get("terminated")
                        or (cs.get("lastState") or {}).get("terminated") or {})
-            if verdict.get("exitCode") == EXIT_PERMANENT:
+            if verdict.get("exitCode") == CacheJob.EXIT_PERMANENT:
                 failed.append(((pod.get("metadata") or {}).get("name") or "?", verdict.get("message") or
                                "the cache does not match its manifest (no message)"))
     return min(failed) if failed else None
