@@ -26,8 +26,9 @@ from frota.api.contract import CacheJob
 from frota.operator.builders import pods
 from frota.operator.builders.common import labels, metadata
 from frota.operator.builders.fetch import FETCH_RESOURCES, ca_bundle, fetch_env
-from frota.plan.model_shapes import CACHE_DIR, ModelLocation
-from frota.plan.planner import CACHED_CONVERSION, converts_into_cache
+from frota.plan.model_shapes import CACHE_DIR
+from frota.plan.planner import CACHED_CONVERSION
+from frota.plan.topology import Topology
 
 JOB_MOUNT = "/cache"
 VOLUME = "model-cache"
@@ -43,29 +44,29 @@ WAIT_CONTAINER = "wait-model-cache"
 PROGRESS_PORT = 8081  # `frota cache fill --progress-port`: GET CacheJob.PROGRESS_PATH while downloading
 
 
-def enabled(isvc: InferenceService, location: ModelLocation) -> bool:
+def enabled(isvc: InferenceService, topology: Topology) -> bool:
     cache = isvc.spec.model.cache
     return cache is not None and cache.enabled and (
-        location.delivery == "download" or converts_into_cache(isvc.spec, location))
+        topology.model.delivery == "download" or topology.converts_into_cache)
 
 
 def claim_name(isvc: InferenceService) -> str:
     return f"{isvc.metadata.name}-model-cache"
 
 
-def cache_key(location: ModelLocation, isvc: InferenceService | None = None) -> str:
-    what = location.uri
-    if isvc is not None and isvc.spec.model.sha256:
+def cache_key(isvc: InferenceService, topology: Topology) -> str:
+    what = topology.model.uri
+    if isvc.spec.model.sha256:
         what += "\0sha256=" + isvc.spec.model.sha256  # a new pin is checked by a new download
-    if isvc is not None and converts_into_cache(isvc.spec, location):
+    if topology.converts_into_cache:
         what += "\0converted"  # a directory without the conversion is another directory
-        if location.delivery == "image":
+        if topology.model.delivery == "image":
             what += "\0" + isvc.spec.engine.image  # the image holds the model
     return hashlib.sha256(what.encode()).hexdigest()[:10]
 
 
-def job_name(isvc: InferenceService, location: ModelLocation) -> str:
-    return f"{isvc.metadata.name}-model-cache-{cache_key(location, isvc)}"
+def job_name(isvc: InferenceService, topology: Topology) -> str:
+    return f"{isvc.metadata.name}-model-cache-{cache_key(isvc, topology)}"
 
 
 def _labels(isvc: InferenceService) -> dict[str, str]:
@@ -83,15 +84,15 @@ def claim(isvc: InferenceService) -> dict[str, Any]:
             "metadata": metadata(isvc, claim_name(isvc), _labels(isvc)), "spec": spec}
 
 
-def job(isvc: InferenceService, location: ModelLocation, resources: Resources | None = None) -> dict[str, Any]:
+def job(isvc: InferenceService, topology: Topology, resources: Resources | None = None) -> dict[str, Any]:
     """`frota cache fill URI --dest /cache/KEY/PATH --cache-dir /cache/KEY [--sha256 HEX]
     [--convert /cache/KEY/converted]`: the marker /cache/KEY/.frota-cache.json last (PATH
     may be ORG/REPO: the marker is where `wait` looks, not beside PATH). `resources`: a
     rank's, which a conversion needs (it holds the dequantized model once)."""
-    key = cache_key(location, isvc)
-    relative = location.model_arg.removeprefix(CACHE_DIR + "/")
-    convert = converts_into_cache(isvc.spec, location)
-    args = ["cache", "fill", location.uri, "--dest", f"{JOB_MOUNT}/{key}/{relative}",
+    key = cache_key(isvc, topology)
+    relative = topology.model.model_arg.removeprefix(CACHE_DIR + "/")
+    convert = topology.converts_into_cache
+    args = ["cache", "fill", topology.model.uri, "--dest", f"{JOB_MOUNT}/{key}/{relative}",
             "--cache-dir", f"{JOB_MOUNT}/{key}", *_pin(isvc), "--progress-port", str(PROGRESS_PORT)]
     if convert:
         args += ["--convert", f"{JOB_MOUNT}/{key}/{CACHED_CONVERSION}"]
@@ -126,7 +127,7 @@ def job(isvc: InferenceService, location: ModelLocation, resources: Resources | 
                     *ca_volumes],
     }
     return {"apiVersion": "batch/v1", "kind": "Job",
-            "metadata": metadata(isvc, job_name(isvc, location), _labels(isvc)),
+            "metadata": metadata(isvc, job_name(isvc, topology), _labels(isvc)),
             "spec": {"backoffLimit": BACKOFF_LIMIT,
                      "podFailurePolicy": {"rules": [
                          {"action": "FailJob", "onExitCodes": {
@@ -136,19 +137,19 @@ def job(isvc: InferenceService, location: ModelLocation, resources: Resources | 
                      "template": {"metadata": {"labels": _labels(isvc)}, "spec": pod}}}
 
 
-def cache_children(isvc: InferenceService, location: ModelLocation,
+def cache_children(isvc: InferenceService, topology: Topology,
                    resources: Resources | None = None) -> list[dict[str, Any]]:
     """The claim and its Job, or nothing while the cache is off (or has nothing to hold)."""
-    if not enabled(isvc, location):
+    if not enabled(isvc, topology):
         return []
-    return [claim(isvc), job(isvc, location, resources)]
+    return [claim(isvc), job(isvc, topology, resources)]
 
 
 def _pin(isvc: InferenceService) -> list[str]:
     return ["--sha256", isvc.spec.model.sha256] if isvc.spec.model.sha256 else []
 
 
-def worker_volumes(isvc: InferenceService, location: ModelLocation) -> tuple[list, list, list]:
+def worker_volumes(isvc: InferenceService, topology: Topology) -> tuple[list, list, list]:
     """(volumes, worker mounts, init containers): the claim's KEY directory read-only at
     CACHE_DIR, and an init container that waits for the marker there, then checks every
     file against it (and spec.model.sha256): at every pod start, before the worker loads.
@@ -156,7 +157,7 @@ def worker_volumes(isvc: InferenceService, location: ModelLocation) -> tuple[lis
     The init container mounts the whole claim, not the subPath: a subPath that does not
     exist yet is created by the kubelet (owned by root), which the Job could then not
     write into. By the time the worker container starts, the Job has made it."""
-    key = cache_key(location, isvc)
+    key = cache_key(isvc, topology)
     mount = {"name": VOLUME, "mountPath": CACHE_DIR, "subPath": key, "readOnly": True}
     _, tmp_mount = pods.tmp_volume()
     init = {

@@ -18,7 +18,6 @@ from frota.plan.model_shapes import (
     CONVERTED_DIR,
     MODELS_DIR,
     AdapterLocation,
-    ModelLocation,
 )
 from frota.plan.topology import MASTER_PORT, WORKER_PORT, ReplicaGroup, Topology
 
@@ -91,13 +90,14 @@ def _fetch(isvc: InferenceService, name: str, volume: str, path: str, uri: str, 
                             size, ca_bundle(isvc)[1])
 
 
-def model_volumes(isvc: InferenceService, location: ModelLocation) -> tuple[list, list, list]:
+def model_volumes(isvc: InferenceService, topology: Topology) -> tuple[list, list, list]:
     """(volumes, worker mounts, init containers) that deliver the model for its URI scheme."""
+    location = topology.model
     if location.delivery == "pvc":
         volume = {"name": "model", "persistentVolumeClaim": {"claimName": location.pvc_claim, "readOnly": True}}
         return [volume], [{"name": "model", "mountPath": MODELS_DIR, "readOnly": True}], []
-    if model_cache.enabled(isvc, location):
-        return model_cache.worker_volumes(isvc, location)  # the Job downloads (converts), once
+    if model_cache.enabled(isvc, topology):
+        return model_cache.worker_volumes(isvc, topology)  # the Job downloads (converts), once
     if location.delivery != "download":
         return [], [], []  # baked into the image, or generated (synthetic)
     return _fetch(isvc, "fetch-model", "model-cache", CACHE_DIR, location.uri, location.model_arg,
@@ -128,13 +128,14 @@ def adapter_volumes(isvc: InferenceService, adapters: tuple[AdapterLocation, ...
     return volumes, mounts, init
 
 
-def converted_model(isvc: InferenceService, location: ModelLocation,
+def converted_model(isvc: InferenceService, topology: Topology,
                     resources: Resources) -> tuple[list, list, list]:
     """(volumes, worker mounts, init containers) that give the vllm runtime an image-baked
     model as an HF-layout directory: Frota's image runs `frota convert` into an emptyDir."""
+    location = topology.model
     if isvc.spec.runtime.engine != "vllm" or location.delivery != "image":
         return [], [], []
-    if model_cache.enabled(isvc, location):
+    if model_cache.enabled(isvc, topology):
         return [], [], []  # the model-cache Job converted it once (model_volumes mounts it)
     # Converting holds the dequantized model once: the rank's memory is enough.
     return _filled_by_frota(
@@ -171,8 +172,8 @@ def _pod_spec(isvc: InferenceService, topology: Topology, group: ReplicaGroup,
               resources: Resources) -> dict[str, Any]:
     spec = isvc.spec
     tmp, tmp_mount = pods.tmp_volume()
-    volumes, mounts, init = model_volumes(isvc, topology.model)
-    more_volumes, more_mounts, more_init = converted_model(isvc, topology.model, resources)
+    volumes, mounts, init = model_volumes(isvc, topology)
+    more_volumes, more_mounts, more_init = converted_model(isvc, topology, resources)
     lora_volumes, lora_mounts, lora_init = adapter_volumes(isvc, topology.adapters)
     ca_volumes, ca_mounts, _ = ca_bundle(isvc)
     volumes = [tmp, *volumes, *more_volumes, *lora_volumes, *ca_volumes]
@@ -296,7 +297,7 @@ def worker_children(isvc: InferenceService, topology: Topology) -> list[dict[str
     """ConfigMap, role Services, and per group a headless Service plus a StatefulSet."""
     # The claim and the Job that fills it, before the pods that wait for it.
     rank = topology.shape_of(topology.roles[0]).resources if topology.roles else None
-    out = [engine_configmap(isvc, topology), *model_cache.cache_children(isvc, topology.model, rank)]
+    out = [engine_configmap(isvc, topology), *model_cache.cache_children(isvc, topology, rank)]
     out += [role_service(isvc, role) for role in topology.roles]
     for group in topology.groups:
         out.append(group_service(isvc, group))
