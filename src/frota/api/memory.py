@@ -21,10 +21,18 @@ in the model dtype (`lora_slot_bytes`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-QUANTIZATIONS = ("none", "int8", "int4", "fp8")
-KV_CACHE_DTYPES = ("auto", "int8", "fp8")
+# The names spec.engine and `frota worker` take (the planner sets the worker's from the spec's),
+# as types for the spec's fields and as tuples for flags and checks.
+# A dtype: DTYPE_BYTES's, or auto (the engine picks bfloat16 where the hardware computes it).
+Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+WeightQuantization = Literal["none", "int8", "int4", "fp8"]
+KVCacheDtype = Literal["auto", "int8", "fp8"]  # auto: K and V in the model dtype
+DTYPES: tuple[Dtype, ...] = get_args(Dtype)
+QUANTIZATIONS: tuple[WeightQuantization, ...] = get_args(WeightQuantization)
+KV_CACHE_DTYPES: tuple[KVCacheDtype, ...] = get_args(KVCacheDtype)
 SCALE_BYTES = 4  # float32 weight scales and zeros
 KV_SCALE_BYTES = 2  # float16 per (token, head)
 

@@ -27,6 +27,8 @@ from pydantic import (
     field_validator,
 )
 
+from frota.api.contract import ServingPath
+
 # OpenAI's `max_tokens` for /v1/completions when the body leaves it out or sends null.
 DEFAULT_COMPLETION_MAX_TOKENS = 16
 # Seeds feed torch generators, which take 64-bit integers.
@@ -253,8 +255,8 @@ class ChatCompletionRequest(SamplingFields):
 
 # The bodies by endpoint: what the router validates in front of another runtime.
 REQUEST_MODELS: dict[str, type[SamplingFields]] = {
-    "/v1/completions": CompletionRequest,
-    "/v1/chat/completions": ChatCompletionRequest,
+    ServingPath.COMPLETIONS: CompletionRequest,
+    ServingPath.CHAT_COMPLETIONS: ChatCompletionRequest,
 }
 
 

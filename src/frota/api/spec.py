@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 
 from frota.api.adapters import MAX_ADAPTERS_LISTED, Adapter, LoRA
+from frota.api.contract import ModelScheme
 from frota.api.engine import Engine, ModelSource
 from frota.api.fleet import (
     Autoscaling,
@@ -124,7 +125,7 @@ class InferenceServiceSpec(FrotaModel):
             self.disaggregation is not None,
             quant.weights not in ("none", "fp8"),
             quant.kvCache == "int8",
-            self.model.uri.startswith("synthetic:"),
+            self.model.uri.startswith(ModelScheme.SYNTHETIC),
             par.expert not in (1, par.tensor),
             self.resources.accelerator is None and self.engine.kvCache.blockSize != 32,
             bool(self.engine.extraArgs),
