@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from frota.api.memory import DTYPE_BYTES, KV_CACHE_DTYPES, QUANTIZATIONS, ModelShape
-
-DTYPES = (*DTYPE_BYTES, "auto")
+from frota.api.contract import ModelAlias
+from frota.api.memory import DTYPES, KV_CACHE_DTYPES, QUANTIZATIONS, ModelShape
 
 
 def _choices(names: tuple[str, ...]) -> str:
@@ -17,7 +16,7 @@ def _choices(names: tuple[str, ...]) -> str:
 class EngineArgs:
     """Everything needed to build an engine; see docs/internals.md."""
 
-    model: str = "smollm2"
+    model: str = ModelAlias.SMOLLM2
     dtype: str = "float32"  # float32 | bfloat16 | float16 | auto
     max_model_len: int | None = None
     max_num_seqs: int = 64

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence as SequenceABC
 
+from frota.api.contract import ModelAlias
 from frota.engine.config import EngineArgs
 from frota.engine.llm_engine import LLMEngine
 from frota.engine.outputs import CompletionOutput
@@ -14,7 +15,7 @@ from frota.engine.sampling_params import SamplingParams
 class LLM:
     """Batch generation without a server: all prompts are submitted at once and stepped to the end."""
 
-    def __init__(self, model: str = "smollm2", **kwargs) -> None:
+    def __init__(self, model: str = ModelAlias.SMOLLM2, **kwargs) -> None:
         self.engine = LLMEngine(EngineArgs(model=model, **kwargs))
         self.tokenizer = self.engine.tokenizer
         self._counter = 0

