@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from frota.api.adapters import ADAPTER_NAME_PATTERN
+from frota.api.contract import ModelScheme
 from frota.engine.lora import AdapterError
 from frota.server import errors
 from frota.server.engine_api import Engine
@@ -42,9 +43,7 @@ from frota.server.fetch import FetchError, fetch_adapter
 
 log = logging.getLogger("frota.server.adapters")
 
-LOAD_PATH = "/v1/load_lora_adapter"
-UNLOAD_PATH = "/v1/unload_lora_adapter"
-REMOTE_PREFIXES = ("https://", "http://", "hf://")  # http:// only to be refused by name
+REMOTE_PREFIXES = ("https://", "http://", ModelScheme.HF)  # http:// only to be refused by name
 
 
 def adapter_cache_dir() -> Path:

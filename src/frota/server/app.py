@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from aiohttp import web
 from pydantic import ValidationError
 
+from frota.api.contract import ServingPath, WorkerPath
 from frota.api.fleet_key import Keyring
 from frota.api.openai_requests import ChatCompletionRequest, CompletionRequest
 from frota.engine.outputs import EngineStats
@@ -304,21 +305,21 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 def add_openai_routes(app: web.Application) -> None:
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_post("/v1/chat/completions", chat_completions)
-    app.router.add_get("/v1/models", models)
+    app.router.add_post(ServingPath.COMPLETIONS, completions)
+    app.router.add_post(ServingPath.CHAT_COMPLETIONS, chat_completions)
+    app.router.add_get(ServingPath.MODELS, models)
 
 
 def add_adapter_routes(app: web.Application) -> None:
     """vLLM's runtime LoRA loading; only with runtime loading on (else 404, as vLLM)."""
-    app.router.add_post(adapters.LOAD_PATH, load_lora_adapter)
-    app.router.add_post(adapters.UNLOAD_PATH, unload_lora_adapter)
+    app.router.add_post(WorkerPath.LOAD_LORA_ADAPTER, load_lora_adapter)
+    app.router.add_post(WorkerPath.UNLOAD_LORA_ADAPTER, unload_lora_adapter)
 
 
 def add_ops_routes(app: web.Application) -> None:
-    app.router.add_get("/health", health)
-    app.router.add_get("/ready", ready)
-    app.router.add_get("/metrics", metrics)
+    app.router.add_get(ServingPath.HEALTH, health)
+    app.router.add_get(ServingPath.READY, ready)
+    app.router.add_get(ServingPath.METRICS, metrics)
 
 
 def create_app(options: ServerOptions, load: Loader | EngineBindings) -> web.Application:

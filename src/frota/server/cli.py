@@ -23,6 +23,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from frota.api.contract import HTTP_PORT, EngineRole, Env, ModelAlias
+from frota.api.memory import DTYPES, KV_CACHE_DTYPES, QUANTIZATIONS
+
 ENGINE_FLAGS = ("model", "dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
                 "block_size", "num_kv_blocks", "kv_cache_memory", "enable_prefix_caching",
                 "seed", "quantization", "kv_cache_dtype", "tensor_parallel_size",
@@ -50,7 +53,6 @@ def parse_bool(text: str) -> bool:
 
 
 DEFAULT_MAX_LORAS = 4
-RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"  # vLLM's switch for runtime loading
 
 
 def parse_lora_module(text: str) -> tuple[str, str]:
@@ -119,16 +121,17 @@ def add_lora_arguments(parser: argparse.ArgumentParser) -> None:
                         f'{{"name": ..., "path": ...}} [env {env}, space-separated]')
     _switch(parser, "--allow-runtime-lora",
             help="enable POST /v1/load_lora_adapter and /v1/unload_lora_adapter "
-            f"(also on with {RUNTIME_LORA_ENV}=true)")
+            f"(also on with {Env.RUNTIME_LORA}=true)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     _flag(parser, "--model", required=True,
-          help="model: alias (smollm2), path to .gguf, HF directory, or synthetic:...")
+          help=f"model: alias ({ModelAlias.SMOLLM2}), path to .gguf, HF directory, or "
+          "synthetic:...")
     _flag(parser, "--served-model-name", help="name clients use in `model` (default: --model)")
     _flag(parser, "--host", default="0.0.0.0", help="address to listen on")
-    _flag(parser, "--port", type=int, default=8000, help="port to listen on")
-    _flag(parser, "--dtype", choices=["auto", "float32", "bfloat16", "float16"],
+    _flag(parser, "--port", type=int, default=HTTP_PORT, help="port to listen on")
+    _flag(parser, "--dtype", choices=DTYPES,
           help="weight and activation dtype (default: the engine's)")
     _flag(parser, "--max-model-len", type=int, help="context length (default: the model's)")
     _flag(parser, "--max-num-seqs", type=int, help="most sequences in a batch")
@@ -140,16 +143,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _flag(parser, "--enable-prefix-caching", type=parse_bool,
           help="reuse KV blocks of shared prompt prefixes (true/false)")
     _flag(parser, "--seed", type=int, help="engine seed for unseeded requests")
-    _flag(parser, "--quantization", choices=["none", "int8", "int4", "fp8"],
+    _flag(parser, "--quantization", choices=QUANTIZATIONS,
           help="weight quantization; a GGUF's Q4_0/Q4_1/Q8_0 tensors are kept as they are "
           "(default: none)")
-    _flag(parser, "--kv-cache-dtype", choices=["auto", "int8", "fp8"],
+    _flag(parser, "--kv-cache-dtype", choices=KV_CACHE_DTYPES,
           help="KV-cache storage: auto (the model dtype), int8 or fp8 (about half of bfloat16)")
     _flag(parser, "--max-queue", type=int, default=256,
           help="most requests waiting for their first token; beyond it 429 (0: unbounded)")
     _flag(parser, "--shutdown-grace-period", type=float, default=30.0,
           help="seconds in-flight requests get to finish after SIGTERM")
-    _flag(parser, "--role", choices=["both", "prefill", "decode"], default="both",
+    _flag(parser, "--role", choices=[role.value for role in EngineRole],
+          default=EngineRole.BOTH.value,
           help="disaggregation role: prefill (runs prompts, keeps their KV for a decode worker "
           "to pull), decode (continues requests from a KV handle), both (either, and whole "
           "requests)")
@@ -190,7 +194,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def runtime_lora_allowed(args: argparse.Namespace) -> bool:
-    raw = os.environ.get(RUNTIME_LORA_ENV, "")
+    raw = os.environ.get(Env.RUNTIME_LORA, "")
     return bool(args.allow_runtime_lora) or raw.strip().lower() in {"1", "true"}
 
 
@@ -238,10 +242,10 @@ def run(args: argparse.Namespace) -> int:
     lora = lora_options(args)
     children: list = []
     if ranks.world_size(args) > 1:
-        if args.role != "both":
+        if args.role != EngineRole.BOTH:
             raise SystemExit("frota worker: --role prefill/decode is not supported with tensor or "
                              "pipeline parallelism yet; use --role both")
-        if not (os.environ.get("FROTA_WORLD_SIZE") or os.environ.get("WORLD_SIZE")):
+        if not (os.environ.get(Env.WORLD_SIZE) or os.environ.get(Env.TORCH_WORLD_SIZE)):
             children = ranks.spawn_local_followers(args)
         elif ranks.rank_from_env() != 0:
             return ranks.run_follower(args, engine_kwargs(args))
@@ -266,7 +270,7 @@ def run(args: argparse.Namespace) -> int:
             keyring = Keyring.from_file(args.fleet_key_file, grace_s=args.kv_handle_ttl)
         except FleetKeyError as exc:
             raise SystemExit(f"frota worker: {exc}") from exc
-    if args.role != "both" and keyring is None:
+    if args.role != EngineRole.BOTH and keyring is None:
         raise SystemExit(f"frota worker: --role {args.role} needs --fleet-key-file (the fleet's "
                          "key signs the KV handles prefill and decode workers exchange)")
     options = ServerOptions(

@@ -56,6 +56,7 @@ from pathlib import Path, PurePosixPath
 from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
+from frota.api.contract import Env, ModelScheme
 from frota.engine.loader.digests import RefusedFile, files_sha256, regular_files, tree_sha256
 
 Kind = Literal["auto", "adapter", "model"]
@@ -152,7 +153,7 @@ def download(uri: str, dest: str | os.PathLike[str], kind: Kind = "auto", sha256
 def _layout(uri: str, partial: Path, kind: Kind, pin: str | None) -> tuple[str | None, SourceKind]:
     """Download `uri` into `partial` by its layout; the body's sha256 where one body was
     streamed (a file, an archive), and what the source is."""
-    if uri.startswith("hf://"):
+    if uri.startswith(ModelScheme.HF):
         _from_hub(uri, partial, kind)
         return None, "directory"
     if not uri.startswith("https://"):
@@ -302,7 +303,7 @@ def _flatten_single_directory(root: Path) -> None:
 
 
 def _from_hub(uri: str, partial: Path, kind: Kind) -> None:
-    repo = uri.removeprefix("hf://").strip("/")
+    repo = uri.removeprefix(ModelScheme.HF).strip("/")
     if repo.count("/") != 1:
         raise FetchError(f"{uri}: use hf://ORG/REPO")
     try:
@@ -336,7 +337,7 @@ def _download(uri: str, url: str, to: Path, sha256: str | None = None) -> tuple[
     what = uri if url == uri else f"{uri}: {url.rsplit('/', 1)[-1].split('?', 1)[0]}"
     url = urlunsplit(urlsplit(url)._replace(fragment=""))  # the fragment is ours, not the server's
     request = urllib.request.Request(url, headers={"User-Agent": "frota-fetch"})
-    if token := os.environ.get("HF_TOKEN"):
+    if token := os.environ.get(Env.HF_TOKEN):
         request.add_unredirected_header("Authorization", f"Bearer {token}")
     expected: str | None = None
     try:

@@ -20,16 +20,15 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from frota.api.contract import InternalHeader, WorkerPath
 from frota.api.fleet_key import Keyring
-from frota.server import adapters, errors
+from frota.server import errors
 
 log = logging.getLogger("frota.server.auth")
 
-INTERNAL_PREFIX = "/internal/"
-FLEET_ONLY_PATHS = frozenset({adapters.LOAD_PATH, adapters.UNLOAD_PATH})
+FLEET_ONLY_PATHS = frozenset({WorkerPath.LOAD_LORA_ADAPTER, WorkerPath.UNLOAD_LORA_ADAPTER})
 # Set on a request that carried the fleet's credential (the API-key check then stands aside).
 FROM_FLEET = web.RequestKey("from_fleet", bool)
-REQUEST_ID_HEADER = "x-request-id"
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -39,7 +38,7 @@ def request_id(request: web.Request) -> str:
     """The id the router gave the request (and the client got back), for log lines; '-'
     when there is none or it is not a plain token (a log line is no place for a client's
     bytes)."""
-    given = request.headers.get(REQUEST_ID_HEADER, "")
+    given = request.headers.get(InternalHeader.REQUEST_ID, "")
     return given if _REQUEST_ID.fullmatch(given) else "-"
 
 
@@ -53,7 +52,7 @@ def middleware(keyring: Keyring | None):  # type: ignore[no-untyped-def]
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
         path = request.path
-        internal = path.startswith(INTERNAL_PREFIX)
+        internal = path.startswith(WorkerPath.INTERNAL_PREFIX)
         if not internal and path not in FLEET_ONLY_PATHS:
             return await handler(request)
         if keyring is None:

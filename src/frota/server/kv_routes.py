@@ -55,12 +55,12 @@ from aiohttp import web
 from prometheus_client import Counter, Gauge, Histogram
 from pydantic import ValidationError
 
-from frota.api.contract import InternalHeader
+from frota.api.contract import EngineRole, InternalHeader, ServingPath, WorkerPath
 from frota.api.fleet_key import Keyring
 from frota.api.openai_requests import ChatCompletionRequest, CompletionRequest
 from frota.engine.errors import InvalidRequestError
 from frota.engine.lora import AdapterError
-from frota.server import errors, fleet_auth
+from frota.server import errors
 from frota.server.adapters import from_adapter_error
 from frota.server.app import STATE_KEY, WorkerState, _read_json
 from frota.server.fleet_auth import forbidden, request_id
@@ -69,19 +69,18 @@ from frota.server.jobs import chat_job, completion_job
 
 log = logging.getLogger("frota.server.kv")
 
-ROLES = ("both", "prefill", "decode")
 # A request's verified handle, set by `KVService.check_handle`.
 HANDLE_KEY = web.RequestKey("kv_handle", dict)
 TRANSFER_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-_BUILDERS = {"completions": (completion_job, CompletionRequest),
-             "chat/completions": (chat_job, ChatCompletionRequest)}
+_BUILDERS = {ServingPath.COMPLETIONS: (completion_job, CompletionRequest),
+             ServingPath.CHAT_COMPLETIONS: (chat_job, ChatCompletionRequest)}
 
 
 @dataclass
 class KVOptions:
     """The worker's disaggregation settings (`frota worker --role ...`)."""
 
-    role: str = "both"
+    role: EngineRole = EngineRole.BOTH
     advertise_url: str | None = None  # None: the router fills in the URL it reached us at
     handle_ttl_s: float = 30.0
     max_pinned_handles: int = 64
@@ -187,7 +186,7 @@ class KVService:
     async def prefill(self, request: web.Request) -> web.Response:
         state = self.state
         bindings, generation = state.ready_generation()
-        builder, model_cls = _BUILDERS[request.match_info["endpoint"]]
+        builder, model_cls = _BUILDERS[request.path.removeprefix(WorkerPath.KV_PREFILL)]
         body = await _read_json(request)
         try:
             req = model_cls.model_validate(body)
@@ -374,8 +373,8 @@ class KVService:
         pool was full and the prompt will be recomputed instead)."""
         assert self.session is not None and self.keyring is not None
         headers = dict([self.keyring.authorization(), (InternalHeader.KV_FINGERPRINT, fingerprint),
-                        (fleet_auth.REQUEST_ID_HEADER, request_id(request))])
-        async with self.session.get(f"{url}/internal/kv/blocks/{handle_id}",
+                        (InternalHeader.REQUEST_ID, request_id(request))])
+        async with self.session.get(f"{url}{WorkerPath.KV_BLOCKS}/{handle_id}",
                                     headers=headers) as resp:
             if resp.status != 200:
                 text = (await resp.text())[:500]
@@ -435,10 +434,10 @@ KV_KEY: web.AppKey[KVService] = web.AppKey("kv", KVService)
 
 def add_kv_routes(app: web.Application, options: KVOptions) -> KVService:
     """Enable `options.role` on a worker app (from `create_app`)."""
-    if options.role not in ROLES:
-        raise ValueError(f"role {options.role!r}: use one of {', '.join(ROLES)}")
+    if options.role not in tuple(EngineRole):
+        raise ValueError(f"role {options.role!r}: use one of {', '.join(EngineRole)}")
     state = app[STATE_KEY]
-    if options.role != "both" and state.options.keyring is None:
+    if options.role != EngineRole.BOTH and state.options.keyring is None:
         raise ValueError(f"role {options.role!r} needs the fleet key (--fleet-key-file): KV "
                          "handles are signed with it")
     service = KVService(state, options)
@@ -446,12 +445,12 @@ def add_kv_routes(app: web.Application, options: KVOptions) -> KVService:
     app.middlewares.append(service.check_handle)
     app.on_startup.append(service.start)
     app.on_cleanup.append(service.stop)
-    app.router.add_get("/internal/kv/layout", service.describe)
-    if options.role in ("prefill", "both"):
-        app.router.add_post("/internal/kv/prefill/v1/{endpoint:(chat/)?completions}",
-                            service.prefill)
-        app.router.add_get("/internal/kv/blocks/{id}", service.send_blocks)
-        app.router.add_delete("/internal/kv/blocks/{id}", service.drop_blocks)
-    if options.role in ("decode", "both"):
+    app.router.add_get(WorkerPath.KV_LAYOUT, service.describe)
+    if options.role in (EngineRole.PREFILL, EngineRole.BOTH):
+        for path in _BUILDERS:  # the OpenAI path under KV_PREFILL
+            app.router.add_post(WorkerPath.KV_PREFILL + path, service.prefill)
+        app.router.add_get(WorkerPath.KV_BLOCKS + "/{id}", service.send_blocks)
+        app.router.add_delete(WorkerPath.KV_BLOCKS + "/{id}", service.drop_blocks)
+    if options.role in (EngineRole.DECODE, EngineRole.BOTH):
         state.kv_import = service.import_kv
     return app[KV_KEY]

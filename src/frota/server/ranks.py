@@ -31,6 +31,8 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any, Protocol
 
+from frota.api.contract import Env, ServingPath
+
 if TYPE_CHECKING:
     from frota.engine.async_engine import AsyncEngine
 
@@ -44,7 +46,7 @@ def world_size(args: argparse.Namespace) -> int:
 
 
 def rank_from_env() -> int:
-    return int(os.environ.get("FROTA_RANK") or os.environ.get("RANK") or 0)
+    return int(os.environ.get(Env.RANK) or os.environ.get(Env.TORCH_RANK) or 0)
 
 
 def _free_port() -> int:
@@ -89,11 +91,11 @@ def follower_argv(port: int) -> list[str]:
 def spawn_local_followers(args: argparse.Namespace) -> list[subprocess.Popen]:
     """No planner: make this process rank 0 of a local group and start ranks 1..N-1."""
     world = world_size(args)
-    os.environ.update(FROTA_WORLD_SIZE=str(world), FROTA_RANK="0", FROTA_MASTER_ADDR="127.0.0.1",
-                      FROTA_MASTER_PORT=str(_free_port()))
+    os.environ.update({Env.WORLD_SIZE: str(world), Env.RANK: "0", Env.MASTER_ADDR: "127.0.0.1",
+                       Env.MASTER_PORT: str(_free_port())})
     children = []
     for rank in range(1, world):
-        env = {**os.environ, "FROTA_RANK": str(rank)}
+        env = {**os.environ, Env.RANK: str(rank)}
         children.append(subprocess.Popen(follower_argv(args.port + rank), env=env))
     log.info("spawned %d local follower ranks", len(children))
     return children
@@ -177,8 +179,8 @@ class Follower:
                                      status=200 if self.is_ready else 503)
 
         app = web.Application()
-        app.router.add_get("/health", health)
-        app.router.add_get("/ready", ready)
+        app.router.add_get(ServingPath.HEALTH, health)
+        app.router.add_get(ServingPath.READY, ready)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, self.args.host, self.args.port, reuse_address=True).start()
