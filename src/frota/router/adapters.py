@@ -48,6 +48,7 @@ from typing import Any
 
 import aiohttp
 
+from frota.api.contract import WorkerPath
 from frota.api.fleet_key import Keyring
 from frota.router.errors import error_body, error_response, json_response
 from frota.router.health import Worker, WorkerPool
@@ -56,9 +57,6 @@ from frota.router.policies import RouteRequest
 from frota.router.server import Response
 
 log = logging.getLogger(__name__)
-
-LOAD_PATH = "/v1/load_lora_adapter"
-UNLOAD_PATH = "/v1/unload_lora_adapter"
 
 
 @dataclass
@@ -236,7 +234,8 @@ class Adapters:
 
     async def _load_one(self, pool: WorkerPool, worker: Worker, name: str, path: str,
                         trigger: str) -> Outcome:
-        outcome = await self._call(worker, LOAD_PATH, {"lora_name": name, "lora_path": path})
+        outcome = await self._call(worker, WorkerPath.LOAD_LORA_ADAPTER,
+                                   {"lora_name": name, "lora_path": path})
         ok = outcome.status == 200 or outcome.already_loaded
         self._metrics.adapter_loads.labels(trigger, _result(outcome.status, ok)).inc()
         if ok:
@@ -296,7 +295,7 @@ class Adapters:
         return _answer(outcomes, fresh, failed)
 
     async def _unload_one(self, pool: WorkerPool, worker: Worker, name: str) -> Outcome:
-        outcome = await self._call(worker, UNLOAD_PATH, {"lora_name": name})
+        outcome = await self._call(worker, WorkerPath.UNLOAD_LORA_ADAPTER, {"lora_name": name})
         ok = outcome.status == 200 or outcome.not_loaded
         self._metrics.adapter_unloads.labels(_result(outcome.status, ok)).inc()
         if ok:

@@ -19,9 +19,9 @@ from typing import Any
 
 import aiohttp
 
-from frota.api.contract import AdmissionDefault
+from frota.api.contract import AdmissionDefault, InternalHeader, ServingPath, WorkerPath
 from frota.api.fleet_key import Keyring
-from frota.router.adapters import LOAD_PATH, UNLOAD_PATH, AdapterConfig, Adapters
+from frota.router.adapters import AdapterConfig, Adapters
 from frota.router.admission import AdmissionController, Rejected
 from frota.router.discovery import Discovery
 from frota.router.errors import error_response, json_response
@@ -52,7 +52,7 @@ from frota.router.validation import refused
 
 log = logging.getLogger(__name__)
 
-OPENAI_POST_PATHS = ("/v1/completions", "/v1/chat/completions")
+OPENAI_POST_PATHS = (ServingPath.COMPLETIONS, ServingPath.CHAT_COMPLETIONS)
 PRIORITY_HEADER = "x-priority"
 # Client went away; nginx's name for it, so dashboards can tell it from server errors.
 STATUS_CLIENT_CLOSED = "499"
@@ -171,15 +171,15 @@ class RouterApp:
         proxied = {"POST": self._proxied}
         self.routes: dict[str, dict[str, Handler]] = {
             **{path: proxied for path in OPENAI_POST_PATHS},
-            "/v1/models": {"GET": self._models},
-            "/health": {"GET": self._health},
-            "/ready": {"GET": self._ready},
-            "/metrics": {"GET": self._metrics},
+            ServingPath.MODELS: {"GET": self._models},
+            ServingPath.HEALTH: {"GET": self._health},
+            ServingPath.READY: {"GET": self._ready},
+            ServingPath.METRICS: {"GET": self._metrics},
             "/router/workers": {"GET": self._workers},
         }
         if config.adapters.runtime_loading:  # else 404, as from vLLM's server
-            self.routes[LOAD_PATH] = {"POST": self._load_adapter}
-            self.routes[UNLOAD_PATH] = {"POST": self._unload_adapter}
+            self.routes[WorkerPath.LOAD_LORA_ADAPTER] = {"POST": self._load_adapter}
+            self.routes[WorkerPath.UNLOAD_LORA_ADAPTER] = {"POST": self._unload_adapter}
 
     async def start(self, host: str, port: int, *, backlog: int = 2048,
                     reuse_port: bool = False) -> int:
@@ -281,7 +281,8 @@ class RouterApp:
                 return error_response(
                     429, f"the router is at capacity ({exc.reason}); retry after "
                     f"{exc.retry_after}s", "rate_limit_exceeded", exc.reason,
-                    headers={"Retry-After": str(exc.retry_after), "x-request-id": request_id})
+                    headers={"Retry-After": str(exc.retry_after),
+                             InternalHeader.REQUEST_ID: request_id})
         try:
             assert router.proxy is not None
             adapters = router.adapters
@@ -365,7 +366,7 @@ class RouterApp:
 
     async def _own_metrics(self, request: Request) -> Response:
         """What a sibling reads on this process's Unix socket."""
-        if request.path != "/metrics":
+        if request.path != ServingPath.METRICS:
             return error_response(404, f"no such endpoint: {request.path}",
                                   "invalid_request_error", "not_found")
         return Response(200, self.router.metrics.render(), METRICS_HEADERS)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from frota.api.contract import AdmissionDefault, Label
+from frota.api.contract import HTTP_PORT, AdmissionDefault, Env, Label
 from frota.router.policies import LoadSignal, PolicyName, PrefixAwareConfig
 from frota.router.server import KEEPALIVE_TIMEOUT, MAX_CONNECTIONS, WRITE_TIMEOUT, check_limits
 
@@ -55,7 +55,7 @@ def _flag_adder(group: argparse._ArgumentGroup) -> Callable[..., None]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add = _flag_adder(parser.add_argument_group("serving"))
     add("--host", "0.0.0.0", "address to listen on")
-    add("--port", 8000, "port to listen on")
+    add("--port", HTTP_PORT, "port to listen on")
     add("--api-key-file", None, "file with accepted API keys, one per line; without it, no auth")
     add("--fleet-key-file", None, "the fleet's key (the operator mounts its Secret; `frota up` "
         "writes one): internal calls to workers carry its credential; disaggregation needs it")
@@ -95,7 +95,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--disagg-min-prompt-tokens", None, "shortest prompt (estimated as characters / 4) "
         "worth moving KV for; shorter ones stay colocated on the main pool (default 256); "
         "with --discovery kubernetes, setting it turns disaggregation on (prefill pods by "
-        "frota.dev/role)", env_also="FROTA_MIN_PREFILL_TOKENS", type=int)
+        "frota.dev/role)", env_also=Env.MIN_PREFILL_TOKENS, type=int)
 
     prefix = PrefixAwareConfig()  # the prefix-aware defaults
     add = _flag_adder(parser.add_argument_group("routing"))
@@ -122,7 +122,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--lora-runtime-loading", False, "serve /v1/load_lora_adapter and "
         "/v1/unload_lora_adapter (fanned out to every worker, replayed to workers that "
         "join later), and load an adapter no worker holds onto the least loaded one when "
-        "a request names it", env_also="VLLM_ALLOW_RUNTIME_LORA_UPDATING",
+        "a request names it", env_also=Env.RUNTIME_LORA,
         action="store_true")
     add("--adapters", None, "NAME=PATH,...: adapters the router may load on demand (paths "
         "as the workers see them; the workers load these at start)")

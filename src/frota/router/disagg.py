@@ -36,7 +36,7 @@ from typing import Any
 
 import aiohttp
 
-from frota.api.contract import InternalHeader, RouterMetric
+from frota.api.contract import InternalHeader, RouterMetric, ServingPath, WorkerPath
 from frota.api.fleet_key import Keyring
 from frota.router.discovery import Discovery
 from frota.router.health import Worker, WorkerPool
@@ -54,7 +54,7 @@ from frota.router.upstream import UpstreamError
 log = logging.getLogger(__name__)
 
 CHARS_PER_TOKEN = 4
-DISAGG_PATHS = ("/v1/completions", "/v1/chat/completions")
+DISAGG_PATHS = (ServingPath.COMPLETIONS, ServingPath.CHAT_COMPLETIONS)
 PREFILL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
@@ -73,7 +73,7 @@ def estimate_prompt_tokens(path: str, body: Any) -> int | None:
     n = body.get("n")
     if n not in (None, 1) or body.get("best_of") not in (None, 1):
         return None
-    if path == "/v1/completions":
+    if path == ServingPath.COMPLETIONS:
         if body.get("logprobs") is not None:
             return None
         prompt = body.get("prompt")
@@ -84,7 +84,7 @@ def estimate_prompt_tokens(path: str, body: Any) -> int | None:
         if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
             return len(prompt)
         return None
-    if path == "/v1/chat/completions":
+    if path == ServingPath.CHAT_COMPLETIONS:
         if body.get("logprobs"):
             return None
         messages = body.get("messages")
@@ -216,7 +216,7 @@ class DisaggPlan(RoutePlan):
         resp = None
         try:
             resp = await self.proxy.client.request(
-                worker.url, "POST", "/internal/kv/prefill" + ctx.route.path,
+                worker.url, "POST", WorkerPath.KV_PREFILL + ctx.route.path,
                 (self.disagg.keyring.authorization(),), ctx.route.body,
                 lines=forwarded_lines(ctx), read_timeout=self.disagg.config.prefill_timeout)
             body = await resp.read()
@@ -277,7 +277,7 @@ class DisaggPlan(RoutePlan):
             assert self.disagg.session is not None
             with contextlib.suppress(aiohttp.ClientError, TimeoutError, OSError):
                 async with self.disagg.session.delete(
-                        f"{prefill.url}/internal/kv/blocks/{handle['id']}",
+                        f"{prefill.url}{WorkerPath.KV_BLOCKS}/{handle['id']}",
                         headers=dict([self.disagg.keyring.authorization()]),
                         timeout=aiohttp.ClientTimeout(total=5)) as resp:
                     await resp.read()

@@ -38,7 +38,7 @@ from typing import Any
 import aiohttp
 
 from frota.api.adapters import model_list_adapters
-from frota.api.contract import WorkerMetric
+from frota.api.contract import ServingPath, WorkerMetric
 from frota.router.metrics import RouterMetrics
 
 log = logging.getLogger(__name__)
@@ -299,13 +299,14 @@ class WorkerPool:
         """Probe `/ready` once (and scrape `/metrics` when asked); update health."""
         timeout = aiohttp.ClientTimeout(total=self.probe_timeout)
         try:
-            async with self._session.get(worker.url + "/ready", timeout=timeout) as resp:
+            async with self._session.get(worker.url + ServingPath.READY, timeout=timeout) as resp:
                 await resp.read()
                 ok, status = resp.status == 200, resp.status
             if status == 404:
                 # A server without /ready (vLLM's): it listens only once its model is loaded,
                 # so its /health is its readiness.
-                async with self._session.get(worker.url + "/health", timeout=timeout) as resp:
+                async with self._session.get(worker.url + ServingPath.HEALTH,
+                                             timeout=timeout) as resp:
                     await resp.read()
                     ok, status = resp.status == 200, resp.status
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
@@ -334,7 +335,7 @@ class WorkerPool:
 
     async def _scrape(self, worker: Worker, timeout: aiohttp.ClientTimeout) -> None:
         try:
-            async with self._session.get(worker.url + "/metrics", timeout=timeout) as resp:
+            async with self._session.get(worker.url + ServingPath.METRICS, timeout=timeout) as resp:
                 worker.metrics_read = True  # a worker without /metrics has no LoRA gauge
                 if resp.status != 200:
                     return
@@ -376,7 +377,7 @@ class WorkerPool:
         if lora is None:
             return
         try:
-            async with self._session.get(worker.url + "/v1/models", timeout=timeout) as resp:
+            async with self._session.get(worker.url + ServingPath.MODELS, timeout=timeout) as resp:
                 if resp.status != 200:
                     return
                 payload = await resp.json(content_type=None)

@@ -53,11 +53,10 @@ FORWARDED_REQUEST_HEADERS = frozenset({
 # Hop-by-hop and the router's own: never passed from a worker's answer to the client.
 DROP_RESPONSE_HEADERS = frozenset({
     "content-length", "transfer-encoding", "connection", "keep-alive", "date", "server",
-    "x-request-id",
+    InternalHeader.REQUEST_ID,
 })
 # Worker answers that mean "try another replica" (nothing was generated).
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
-REQUEST_ID_HEADER = "x-request-id"
 # Bytes pass through as the worker sent them; asking for identity keeps them plain.
 IDENTITY = "Accept-Encoding: identity"
 
@@ -225,7 +224,7 @@ class Proxy:
         headers = [h for h, name in zip(upstream.headers, upstream.names, strict=True)
                    if name not in DROP_RESPONSE_HEADERS
                    and not name.startswith(InternalHeader.PREFIX)]
-        headers.append((REQUEST_ID_HEADER, ctx.request_id))
+        headers.append((InternalHeader.REQUEST_ID, ctx.request_id))
         if self.config.debug_headers:
             headers.append((InternalHeader.WORKER, worker.url))
         return headers
@@ -242,7 +241,7 @@ class Proxy:
                                                       strict=True)
                             if name == "retry-after"), None)
         headers = [("Content-Type", "application/json; charset=utf-8"),
-                   (REQUEST_ID_HEADER, ctx.request_id)]
+                   (InternalHeader.REQUEST_ID, ctx.request_id)]
         if retry_after is not None:
             headers.append(("Retry-After", retry_after))
         if self.config.debug_headers:
@@ -335,7 +334,7 @@ class DirectPlan(RoutePlan):
                 worker.num_outstanding -= 1
         if failure is not None and failure.response is not None:
             return failure.response  # every worker said 429/503: pass the last answer on
-        ids = {REQUEST_ID_HEADER: ctx.request_id}
+        ids = {InternalHeader.REQUEST_ID: ctx.request_id}
         if failure is not None:
             return error_response(
                 502, f"no worker could serve the request ({failure.reason} on "
