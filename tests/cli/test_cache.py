@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from frota.api.contract import CacheJob
 from frota.cli import cache
 from frota.cli.main import main
 from frota.server.fetch import FetchError, fetch_model, partial_path
@@ -100,19 +101,19 @@ def test_fill_downloads_then_writes_the_marker_with_each_files_size_and_sha256(
     uri_path = f"/w/m.gguf#sha256={SHA}"
     with serving(local_ca, {"/w/m.gguf": GGUF}) as base:
         assert main(["cache", "fill", base + uri_path, "--dest", str(dest)]) == 0
-    marker = json.loads((tmp_path / "key" / cache.MARKER).read_text())
+    marker = json.loads((tmp_path / "key" / CacheJob.MARKER).read_text())
     assert marker["uri"] == base + uri_path
     assert marker["files"] == {"m.gguf": {"size": len(GGUF), "sha256": SHA}}
     assert marker["bytes"] == len(GGUF)
     assert marker["checked"] == ["content-length", "sha256"]
     assert marker["completedAt"].endswith("Z")
-    assert sorted(p.name for p in dest.parent.iterdir()) == [cache.MARKER, "m.gguf"]
+    assert sorted(p.name for p in dest.parent.iterdir()) == [CacheJob.MARKER, "m.gguf"]
 
 
 def test_fill_of_a_failing_download_writes_no_marker(local_ca: LocalCA, tmp_path: Path) -> None:
     with serving(local_ca, {}) as base:
         assert main(["cache", "fill", f"{base}/w/m.gguf", "--dest", str(tmp_path / "k" / "m.gguf")]) == 1
-    assert not (tmp_path / "k" / cache.MARKER).exists()
+    assert not (tmp_path / "k" / CacheJob.MARKER).exists()
 
 
 def test_fill_finds_the_work_done_when_the_marker_names_the_uri_and_the_files_match_it(
@@ -120,10 +121,10 @@ def test_fill_finds_the_work_done_when_the_marker_names_the_uri_and_the_files_ma
     dest = tmp_path / "m.gguf"
     with serving(local_ca, {"/w/m.gguf": GGUF}) as base:
         assert main(["cache", "fill", f"{base}/w/m.gguf", "--dest", str(dest)]) == 0
-    written = (tmp_path / cache.MARKER).stat().st_mtime_ns
+    written = (tmp_path / CacheJob.MARKER).stat().st_mtime_ns
     # No server now: a second download would fail.
     assert main(["cache", "fill", f"{base}/w/m.gguf", "--dest", str(dest)]) == 0
-    assert (tmp_path / cache.MARKER).stat().st_mtime_ns == written and dest.read_bytes() == GGUF
+    assert (tmp_path / CacheJob.MARKER).stat().st_mtime_ns == written and dest.read_bytes() == GGUF
 
 
 def test_wait_returns_at_once_when_the_marker_is_there_and_the_files_match_it(
@@ -142,8 +143,8 @@ def test_wait_fails_after_its_timeout_without_a_marker(tmp_path: Path, capsys: p
 
 
 def test_wait_ignores_a_half_written_marker_and_returns_once_it_is_whole(tmp_path: Path) -> None:
-    (tmp_path / cache.MARKER).write_text('{"uri": ')  # not the Job's (it renames), but be safe
-    timer = threading.Timer(0.2, lambda: (tmp_path / cache.MARKER).write_text('{"uri": "x"}'))
+    (tmp_path / CacheJob.MARKER).write_text('{"uri": ')  # not the Job's (it renames), but be safe
+    timer = threading.Timer(0.2, lambda: (tmp_path / CacheJob.MARKER).write_text('{"uri": "x"}'))
     timer.start()
     try:
         assert cache.wait_for_marker(tmp_path, timeout=5, poll=0.05) == {"uri": "x"}
@@ -157,6 +158,6 @@ def test_fill_of_a_sha256_mismatch_exits_permanent_and_a_truncated_body_retryabl
 
     with serving(local_ca, {"/w/m.gguf": GGUF, "/w/t.gguf": Truncated(GGUF[:100], len(GGUF))}) as base:
         assert main(["cache", "fill", f"{base}/w/m.gguf#sha256={'0' * 64}",
-                     "--dest", str(tmp_path / "a" / "m.gguf")]) == cache.EXIT_PERMANENT
+                     "--dest", str(tmp_path / "a" / "m.gguf")]) == CacheJob.EXIT_PERMANENT
         assert main(["cache", "fill", f"{base}/w/t.gguf", "--dest", str(tmp_path / "b" / "t.gguf")]) == 1
     assert cache.read_marker(tmp_path / "a") is None and cache.read_marker(tmp_path / "b") is None

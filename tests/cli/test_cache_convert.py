@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from frota.api.contract import CacheJob
 from frota.cli import cache
 from frota.cli.main import main
 from frota.engine.loader import export
@@ -46,7 +47,7 @@ def test_a_downloaded_gguf_is_converted_before_the_marker(
     with serving(local_ca, {"/w/m.gguf": GGUF}) as base:
         assert main(["cache", "fill", f"{base}/w/m.gguf", "--dest", str(dest), "--convert", str(converted)]) == 0
     assert seen == [str(dest)]
-    marker = json.loads((tmp_path / "key" / cache.MARKER).read_text())
+    marker = json.loads((tmp_path / "key" / CacheJob.MARKER).read_text())
     assert marker["converted"] == "converted" and marker["checked"] == ["content-length", "converted"]
     assert set(marker["files"]) == {"m.gguf", "converted/config.json", "converted/model.safetensors"}
     assert marker["bytes"] == len(GGUF) + 2 + 64
@@ -59,7 +60,7 @@ def test_an_image_baked_model_is_only_converted(tmp_path: Path, monkeypatch: pyt
     dest, converted = tmp_path / "key" / "smollm2", tmp_path / "key" / "converted"
     assert main(["cache", "fill", "alias:smollm2", "--dest", str(dest), "--convert", str(converted)]) == 0
     assert seen == ["smollm2"] and not dest.exists()
-    marker = json.loads((tmp_path / "key" / cache.MARKER).read_text())
+    marker = json.loads((tmp_path / "key" / CacheJob.MARKER).read_text())
     assert marker["checked"] == ["converted"]
     assert set(marker["files"]) == {"converted/config.json", "converted/model.safetensors"}
     # ...and without --convert there is nothing to do for it
@@ -84,7 +85,7 @@ def test_a_conversion_killed_midway_leaves_no_marker_and_the_next_run_redoes_it(
     exporter, _ = fake_export()
     monkeypatch.setattr(export, "export_hf", exporter)
     assert main(["cache", "fill", "alias:smollm2", "--dest", str(dest), "--convert", str(converted)]) == 0
-    assert sorted(p.name for p in (tmp_path / "key").iterdir()) == [cache.MARKER, "converted"]
+    assert sorted(p.name for p in (tmp_path / "key").iterdir()) == [CacheJob.MARKER, "converted"]
     assert (converted / "model.safetensors").read_bytes() == b"w" * 64
 
 
@@ -93,7 +94,7 @@ def test_a_marker_without_the_conversion_is_not_the_work_done(tmp_path: Path, mo
     monkeypatch.setattr(export, "export_hf", exporter)
     dest, converted = tmp_path / "key" / "smollm2", tmp_path / "key" / "converted"
     dest.parent.mkdir()
-    (tmp_path / "key" / cache.MARKER).write_text(json.dumps({"uri": "alias:smollm2"}))
+    (tmp_path / "key" / CacheJob.MARKER).write_text(json.dumps({"uri": "alias:smollm2"}))
     assert main(["cache", "fill", "alias:smollm2", "--dest", str(dest), "--convert", str(converted)]) == 0
     assert seen == ["smollm2"]
     assert main(["cache", "fill", "alias:smollm2", "--dest", str(dest), "--convert", str(converted)]) == 0
@@ -106,7 +107,7 @@ def test_a_model_the_exporter_refuses_fails_with_the_reason(
     dest.parent.mkdir()
     # another try cannot help: the status that fails the Job at once
     assert main(["cache", "fill", "alias:no-such-model", "--dest", str(dest), "--convert", str(converted)]) == \
-        cache.EXIT_PERMANENT
+        CacheJob.EXIT_PERMANENT
     assert "cannot convert" in capsys.readouterr().err
     assert cache.read_marker(tmp_path / "key") is None and not converted.exists()
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from frota.api.contract import CacheJob
 from frota.cli import cache
 from frota.cli.main import main
 from frota.engine.loader import cache_manifest
@@ -63,7 +64,7 @@ def test_fill_records_a_directory_under_the_cache_dir_with_each_files_digest_and
         base: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # hf:// models land at KEY/ORG/REPO: the marker must still be KEY's, where wait looks.
     assert fill(base, tmp_path, "/repo/", "org/repo") == 0
-    marker = json.loads((tmp_path / cache.MARKER).read_text())
+    marker = json.loads((tmp_path / CacheJob.MARKER).read_text())
     assert marker["version"] == 2 and marker["path"] == "org/repo"
     assert marker["files"] == {f"org/repo/{n}": {"size": len(b), "sha256": sha256(b)} for n, b in MODEL.items()}
     assert (marker["sha256"], marker["sha256Of"]) == (tree(MODEL), "directory")
@@ -77,7 +78,7 @@ def test_fill_records_a_directory_under_the_cache_dir_with_each_files_digest_and
 
 def test_fill_records_an_archives_own_digest_and_its_unpacked_files(base: str, tmp_path: Path) -> None:
     assert fill(base, tmp_path, "/a/m.tar.gz", "m") == 0
-    marker = json.loads((tmp_path / cache.MARKER).read_text())
+    marker = json.loads((tmp_path / CacheJob.MARKER).read_text())
     assert (marker["sha256"], marker["sha256Of"]) == (sha256(SERVED["/a/m.tar.gz"]), "archive")
     assert set(marker["files"]) == {f"m/{n}" for n in MODEL}
     assert wait(tmp_path, "--sha256", sha256(SERVED["/a/m.tar.gz"])) == 0
@@ -94,18 +95,18 @@ def test_fill_records_an_archives_own_digest_and_its_unpacked_files(base: str, t
 def test_a_pinned_sha256_is_enforced_at_the_first_download_for_every_layout(
         base: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], path: str, rel: str, right: str) -> None:
     wrong = "0" * 64
-    assert fill(base, tmp_path / "bad", path, rel, "--sha256", wrong) == cache.EXIT_PERMANENT
+    assert fill(base, tmp_path / "bad", path, rel, "--sha256", wrong) == CacheJob.EXIT_PERMANENT
     err = capsys.readouterr().err
     assert "sha256 mismatch" in err and right in err and wrong in err  # both digests
     assert not (tmp_path / "bad").exists() or not any(p.is_file() for p in (tmp_path / "bad").rglob("*"))
     assert fill(base, tmp_path / "good", path, rel, "--sha256", right) == 0
-    assert json.loads((tmp_path / "good" / cache.MARKER).read_text())["checked"] == ["content-length", "sha256"]
+    assert json.loads((tmp_path / "good" / CacheJob.MARKER).read_text())["checked"] == ["content-length", "sha256"]
 
 
 def test_the_pin_and_the_urls_fragment_must_agree(base: str, tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     assert fill(base, tmp_path, f"/w/m.gguf#sha256={sha256(GGUF)}", "m.gguf",
-                "--sha256", "1" * 64) == cache.EXIT_PERMANENT
+                "--sha256", "1" * 64) == CacheJob.EXIT_PERMANENT
     assert "disagree" in capsys.readouterr().err
     assert not (tmp_path / "m.gguf").exists()
 
@@ -131,7 +132,7 @@ def test_wait_refuses_a_file_changed_in_place_naming_it_and_both_digests(
     changed[1000] ^= 1  # one bit, same size
     weights.write_bytes(bytes(changed))
     capsys.readouterr()
-    assert wait(root) == cache.EXIT_PERMANENT
+    assert wait(root) == CacheJob.EXIT_PERMANENT
     err = capsys.readouterr().err
     for says in (str(weights), sha256(bytes(changed)), sha256(MODEL["model.safetensors"])):
         assert says in err
@@ -162,7 +163,7 @@ def test_wait_refuses_a_cache_whose_files_are_not_the_manifests(
         (tmp_path / "org").rename(elsewhere)
         (tmp_path / "org").symlink_to(elsewhere)
     capsys.readouterr()
-    assert wait(tmp_path) == cache.EXIT_PERMANENT
+    assert wait(tmp_path) == CacheJob.EXIT_PERMANENT
     named = tmp_path / "org" if change == "a linked directory" else model
     assert f"wait: {named}" in capsys.readouterr().err
 
@@ -172,7 +173,7 @@ def test_wait_with_a_pin_refuses_a_cache_of_another_source(base: str, tmp_path: 
     assert fill(base, tmp_path, "/w/m.gguf", "m.gguf") == 0
     other = "ab" * 32
     capsys.readouterr()
-    assert wait(tmp_path, "--sha256", other) == cache.EXIT_PERMANENT
+    assert wait(tmp_path, "--sha256", other) == CacheJob.EXIT_PERMANENT
     err = capsys.readouterr().err
     assert other in err and sha256(GGUF) in err and "m.gguf" in err
     assert wait(tmp_path, "--sha256", sha256(GGUF)) == 0
@@ -183,11 +184,11 @@ def test_a_pin_is_checked_against_the_files_not_only_the_manifest(base: str, tmp
     assert fill(base, tmp_path, "/w/m.gguf", "m.gguf", "--sha256", sha256(GGUF)) == 0
     forged = b"GGUF" + b"\0" * 100
     (tmp_path / "m.gguf").write_bytes(forged)
-    marker = json.loads((tmp_path / cache.MARKER).read_text())
+    marker = json.loads((tmp_path / CacheJob.MARKER).read_text())
     marker["files"]["m.gguf"] = {"size": len(forged), "sha256": sha256(forged)}
-    (tmp_path / cache.MARKER).write_text(json.dumps(marker))
+    (tmp_path / CacheJob.MARKER).write_text(json.dumps(marker))
     assert wait(tmp_path) == 0  # trust on first use cannot tell...
-    assert wait(tmp_path, "--sha256", sha256(GGUF)) == cache.EXIT_PERMANENT  # ...the pin can
+    assert wait(tmp_path, "--sha256", sha256(GGUF)) == CacheJob.EXIT_PERMANENT  # ...the pin can
 
 
 @pytest.mark.parametrize("files", [
@@ -202,33 +203,33 @@ def test_wait_refuses_a_manifest_that_is_not_one(tmp_path: Path, files: dict | N
     body = {"version": 2, "uri": "https://h/m.gguf", "path": "m.gguf"}
     if files is not None:
         body["files"] = files
-    (tmp_path / cache.MARKER).write_text(json.dumps(body))
-    assert wait(tmp_path) == cache.EXIT_PERMANENT
+    (tmp_path / CacheJob.MARKER).write_text(json.dumps(body))
+    assert wait(tmp_path) == CacheJob.EXIT_PERMANENT
 
 
 def test_wait_refuses_a_marker_that_stays_unreadable_past_its_timeout(tmp_path: Path) -> None:
-    (tmp_path / cache.MARKER).write_bytes(b'{"uri": "x", "fi\xff')
-    assert wait(tmp_path) == cache.EXIT_PERMANENT
+    (tmp_path / CacheJob.MARKER).write_bytes(b'{"uri": "x", "fi\xff')
+    assert wait(tmp_path) == CacheJob.EXIT_PERMANENT
 
 
 def test_a_manifest_an_earlier_frota_wrote_is_still_checked(base: str, tmp_path: Path) -> None:
     """Version 1 named a directory's files relative to the directory itself."""
     assert fill(base, tmp_path, "/a/m.tar.gz", "m") == 0
-    marker = json.loads((tmp_path / cache.MARKER).read_text())
+    marker = json.loads((tmp_path / CacheJob.MARKER).read_text())
     legacy = {"uri": marker["uri"], "path": "m", "checked": ["content-length"], "bytes": marker["bytes"],
               "files": {n.removeprefix("m/"): f for n, f in marker["files"].items()}}
-    (tmp_path / cache.MARKER).write_text(json.dumps(legacy))
+    (tmp_path / CacheJob.MARKER).write_text(json.dumps(legacy))
     assert wait(tmp_path) == 0
     (tmp_path / "m" / "config.json").write_bytes(b"{}")
-    assert wait(tmp_path) == cache.EXIT_PERMANENT
+    assert wait(tmp_path) == CacheJob.EXIT_PERMANENT
 
 
 def test_fill_removes_the_marker_an_earlier_frota_left_beside_org_repo(base: str, tmp_path: Path) -> None:
     """It sat nearer the model than the KEY directory's, where the loader would take it."""
     (tmp_path / "org").mkdir()
-    (tmp_path / "org" / cache.MARKER).write_text(json.dumps({"uri": "old", "path": "repo", "files": {}}))
+    (tmp_path / "org" / CacheJob.MARKER).write_text(json.dumps({"uri": "old", "path": "repo", "files": {}}))
     assert fill(base, tmp_path, "/repo/", "org/repo") == 0
-    assert not (tmp_path / "org" / cache.MARKER).exists()
+    assert not (tmp_path / "org" / CacheJob.MARKER).exists()
     manifest = cache_manifest.verify_model(str(tmp_path / "org" / "repo"))
     assert manifest is not None and manifest.path == "org/repo"
 
@@ -239,7 +240,7 @@ def test_fill_removes_the_marker_an_earlier_frota_left_beside_org_repo(base: str
 def test_a_recreated_job_downloads_again_a_cache_that_fails_its_check(base: str, tmp_path: Path) -> None:
     assert fill(base, tmp_path, "/w/m.gguf", "m.gguf") == 0
     (tmp_path / "m.gguf").write_bytes(b"GGUF rotten")
-    assert wait(tmp_path) == cache.EXIT_PERMANENT
+    assert wait(tmp_path) == CacheJob.EXIT_PERMANENT
     assert fill(base, tmp_path, "/w/m.gguf", "m.gguf") == 0
     assert (tmp_path / "m.gguf").read_bytes() == GGUF
     assert wait(tmp_path) == 0
@@ -279,7 +280,7 @@ def test_every_file_and_the_manifest_are_fsynced_before_the_rename_that_publishe
     synced = {e[1] for e in events[:download] if e[0] == "fsync"}
     assert {f"{partial}/{name}" for name in MODEL} | {partial} <= synced
     assert ("fsync", str(root / "org")) in events[download:]  # the rename itself
-    marker = published(root / cache.MARKER)
+    marker = published(root / CacheJob.MARKER)
     assert ("fsync", events[marker][1]) in events[download:marker]
     assert ("fsync", str(root)) in events[marker:]
     assert download < marker

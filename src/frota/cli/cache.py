@@ -35,18 +35,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from frota.api.contract import CacheJob, Env, ModelScheme
 from frota.cli.fetch import sha256_arg
 
-# frota.engine.loader.cache_manifest.MARKER, which this module imports only lazily (the layering).
-MARKER = ".frota-cache.json"
 POLL_SECONDS = 2.0
-# `fill`'s exit status when another try cannot help (the body's sha256 is not the pinned one,
-# the model cannot be converted): the Job's podFailurePolicy fails the Job at once on it,
-# instead of downloading the same wrong bytes backoffLimit times more. `wait` exits with it
-# when the cache is not what its manifest or the pin says (the operator reports it).
-EXIT_PERMANENT = 3
 TERMINATION_LOG = "/dev/termination-log"  # the container's terminationMessagePath
-PROGRESS_PATH = "/progress"
 TOTAL_TIMEOUT_S = 10.0
 
 
@@ -56,15 +49,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     fill.add_argument("uri", help="hf://ORG/REPO or an https:// URL (as `frota fetch`)")
     fill.add_argument("--dest", required=True, help="DIR/PATH: where the download goes, under --cache-dir")
     fill.add_argument("--cache-dir", default=None,
-                      help=f"DIR: the cache directory, where the marker {MARKER} goes (default: DEST's parent)")
+                      help=f"DIR: the cache directory, where the marker {CacheJob.MARKER} goes (default: DEST's parent)")
     fill.add_argument("--sha256", type=sha256_arg, default=None,
                       help="the source's pinned sha256 (a file's, an archive's, or a directory's as "
                       "`frota cache digest` prints it): enforced at the download")
     fill.add_argument("--convert", metavar="DIR", default=None,
                       help="then convert the GGUF model into DIR as an HF-layout checkpoint (for vLLM)")
     fill.add_argument("--progress-port", type=int, default=None,
-                      help=f"serve GET {PROGRESS_PATH} (bytes so far, total) on this port while downloading")
-    wait = sub.add_parser("wait", help=f"wait until DIR/{MARKER} exists, then check the files against it")
+                      help=f"serve GET {CacheJob.PROGRESS_PATH} (bytes so far, total) on this port while downloading")
+    wait = sub.add_parser("wait", help=f"wait until DIR/{CacheJob.MARKER} exists, then check the files against it")
     wait.add_argument("dir", help="the cache directory (the claim's subPath, mounted read-only)")
     wait.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for the marker (default 3600)")
     wait.add_argument("--sha256", type=sha256_arg, default=None,
@@ -98,7 +91,7 @@ def write_marker(root: Path, dest: Path, uri: str, checked: list[str],
         body |= {"sha256": source[0], "sha256Of": source[1]}
     if converted is not None:
         body["converted"] = converted.relative_to(root).as_posix()
-    marker = root / MARKER
+    marker = root / CacheJob.MARKER
     partial = partial_path(marker)
     with partial.open("w") as f:
         f.write(json.dumps(body, indent=1, sort_keys=True))
@@ -178,17 +171,17 @@ def run(args: argparse.Namespace) -> int:
 
 def wait(root: Path, timeout: float, sha256: str | None = None) -> int:
     """Wait for the marker, then check the cache against it: 0 when every file is what the
-    manifest (and the pin) says; EXIT_PERMANENT, with the file and both digests as the
+    manifest (and the pin) says; CacheJob.EXIT_PERMANENT, with the file and both digests as the
     container's termination message, when one is not; 1 when no marker came in time."""
     body = wait_for_marker(root, timeout)
-    if body is None and (root / MARKER).exists():
+    if body is None and (root / CacheJob.MARKER).exists():
         # The Job renames a whole marker into place: one that stays unreadable was damaged.
-        message = f"frota cache wait: {root / MARKER} is not a JSON object: delete the model-cache Job to fill it again"
+        message = f"frota cache wait: {root / CacheJob.MARKER} is not a JSON object: delete the model-cache Job to fill it again"
         print(message, file=sys.stderr)
         _terminate(message)
-        return EXIT_PERMANENT
+        return CacheJob.EXIT_PERMANENT
     if body is None:
-        print(f"frota cache wait: no {MARKER} in {root} after {timeout:g}s: is the "
+        print(f"frota cache wait: no {CacheJob.MARKER} in {root} after {timeout:g}s: is the "
               "model-cache Job running? (kubectl get jobs)", file=sys.stderr)
         return 1
     # Lazily: the command line sits above the data plane (tests/test_layering.py).
@@ -202,7 +195,7 @@ def wait(root: Path, timeout: float, sha256: str | None = None) -> int:
                    "model-cache Job; its next run checks the cache and downloads it again")
         print(message, file=sys.stderr)
         _terminate(message)
-        return EXIT_PERMANENT
+        return CacheJob.EXIT_PERMANENT
     print(f"frota cache wait: {body.get('uri')} is cached; {len(manifest.files)} files "
           f"({manifest.bytes} bytes) match the manifest{' and the pinned sha256' if sha256 else ''} "
           f"({time.monotonic() - started:.1f}s)", file=sys.stderr)
@@ -254,11 +247,11 @@ def fill(args: argparse.Namespace) -> int:
             # check: the marker goes first, so no worker takes what follows for a whole cache.
             print(f"frota cache fill: the cached copy fails its check ({exc}): downloading it again",
                   file=sys.stderr)
-            (root / MARKER).unlink()
+            (root / CacheJob.MARKER).unlink()
         else:
             print(f"frota cache fill: {args.uri} is already cached in {root}", file=sys.stderr)
             return 0  # a recreated Job finds the work done
-    image_baked = args.uri.startswith("alias:")
+    image_baked = args.uri.startswith(ModelScheme.ALIAS)
     if image_baked and converted is None:
         print(f"frota cache fill: {args.uri} is in the image: only --convert has work to do", file=sys.stderr)
         return 2
@@ -278,16 +271,16 @@ def fill(args: argparse.Namespace) -> int:
             pinned = args.sha256 or expected_sha256(args.uri)
             checked = ["content-length"] + (["sha256"] if pinned else [])
         if converted is not None:
-            convert(args.uri.removeprefix("alias:") if image_baked else str(dest), converted)
+            convert(args.uri.removeprefix(ModelScheme.ALIAS) if image_baked else str(dest), converted)
             checked.append("converted")
         # An earlier Frota wrote an hf:// model's marker beside ORG/REPO, where the loader,
         # which takes the nearest marker above the model, would find it first.
         for between in dest.relative_to(root).parents[:-1]:
-            (root / between / MARKER).unlink(missing_ok=True)
+            (root / between / CacheJob.MARKER).unlink(missing_ok=True)
         marker = write_marker(root, dest, args.uri, checked, files, source, converted)
     except (FetchError, ConversionError) as exc:
         print(f"frota cache fill: {exc}", file=sys.stderr)
-        return EXIT_PERMANENT if _permanent(exc) else 1
+        return CacheJob.EXIT_PERMANENT if _permanent(exc) else 1
     except (OSError, RefusedFile) as exc:
         print(f"frota cache fill: {args.uri}: cannot write {converted or dest}: {exc}", file=sys.stderr)
         return 1
@@ -348,7 +341,7 @@ def announced_bytes(uri: str) -> int | None:
     if not uri.startswith("https://") or not url.split("?", 1)[0].endswith((*ARCHIVE_SUFFIXES, ".gguf")):
         return None
     request = urllib.request.Request(url, headers={"User-Agent": "frota-fetch"})
-    if token := os.environ.get("HF_TOKEN"):
+    if token := os.environ.get(Env.HF_TOKEN):
         request.add_unredirected_header("Authorization", f"Bearer {token}")
     try:
         with urllib.request.urlopen(request, timeout=TOTAL_TIMEOUT_S,
@@ -365,7 +358,7 @@ def serve_progress(dest: Path, uri: str, port: int, host: str = "0.0.0.0") -> Th
 
     class Progress(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            if self.path != PROGRESS_PATH:
+            if self.path != CacheJob.PROGRESS_PATH:
                 self.send_error(404)
                 return
             body = json.dumps({"bytes": downloaded_bytes(dest), "totalBytes": total[0]}).encode()

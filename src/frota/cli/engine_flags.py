@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from frota.api.memory import DTYPE_BYTES, KV_CACHE_DTYPES, QUANTIZATIONS
-
-DTYPE_CHOICES = [*DTYPE_BYTES, "auto"]
+from frota.api.memory import KV_CACHE_DTYPES, QUANTIZATIONS
 
 
 def add_quant_arguments(parser: argparse.ArgumentParser) -> None:

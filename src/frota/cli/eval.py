@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import argparse
 
-from frota.cli.engine_flags import DTYPE_CHOICES, add_quant_arguments
+from frota.api.contract import ModelAlias
+from frota.api.memory import DTYPES
+from frota.cli.engine_flags import add_quant_arguments
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="eval_command", metavar="TASK", required=True)
     ppl = sub.add_parser("ppl", help="perplexity over a text file", description="perplexity over a text file")
-    ppl.add_argument("--model", default="smollm2")
+    ppl.add_argument("--model", default=ModelAlias.SMOLLM2)
     ppl.add_argument("--text", required=True, help="path to a UTF-8 text file")
-    ppl.add_argument("--dtype", default="float32", choices=DTYPE_CHOICES)
+    ppl.add_argument("--dtype", default="float32", choices=DTYPES)
     ppl.add_argument("--window", type=int, default=None,
                      help="tokens per window (default: the context length, at most 1024)")
     ppl.add_argument("--max-tokens", type=int, default=None, help="evaluate at most this many tokens")

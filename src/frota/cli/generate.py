@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import argparse
 
-from frota.cli.engine_flags import DTYPE_CHOICES, add_quant_arguments
+from frota.api.contract import ModelAlias
+from frota.api.memory import DTYPES
+from frota.cli.engine_flags import add_quant_arguments
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="smollm2", help="alias, .gguf path, HF dir or synthetic:...")
+    parser.add_argument("--model", default=ModelAlias.SMOLLM2, help="alias, .gguf path, HF dir or synthetic:...")
     parser.add_argument("--prompt", required=True, help="prompt text")
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--dtype", default="float32", choices=DTYPE_CHOICES)
+    parser.add_argument("--dtype", default="float32", choices=DTYPES)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
