@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from frota.api import InferenceService
+from frota.api.contract import Env
 from frota.operator.builders import pods
 
 # spec.model.caBundle's key, where every downloading container finds it (SSL_CERT_FILE).
@@ -34,6 +35,6 @@ def ca_bundle(isvc: InferenceService) -> tuple[list, list, list]:
 def fetch_env(isvc: InferenceService) -> list[dict[str, Any]]:
     env = list(pods.WRITABLE_HOME_ENV)
     if isvc.spec.model.credentials is not None:
-        env.append({"name": "HF_TOKEN",
+        env.append({"name": Env.HF_TOKEN,
                     "valueFrom": {"secretKeyRef": isvc.spec.model.credentials.to_wire()}})
     return env + ca_bundle(isvc)[2]

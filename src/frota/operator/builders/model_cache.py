@@ -22,7 +22,7 @@ import hashlib
 from typing import Any
 
 from frota.api import InferenceService, Resources
-from frota.api.contract import CacheJob
+from frota.api.contract import CacheJob, Label
 from frota.operator.builders import pods
 from frota.operator.builders.common import labels, metadata
 from frota.operator.builders.fetch import FETCH_RESOURCES, ca_bundle, fetch_env
@@ -70,7 +70,7 @@ def job_name(isvc: InferenceService, topology: Topology) -> str:
 
 
 def _labels(isvc: InferenceService) -> dict[str, str]:
-    return labels(isvc, **{"app.kubernetes.io/component": COMPONENT})
+    return labels(isvc, **{Label.COMPONENT: COMPONENT})
 
 
 def claim(isvc: InferenceService) -> dict[str, Any]:

@@ -6,13 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 from frota.api import InferenceService
-from frota.api.contract import Demand, Label, Role
+from frota.api.contract import HTTP_PORT, Demand, Label, Role, ServingPath
 from frota.operator.builders import pods
 from frota.operator.builders.common import labels, metadata, selector_labels
 from frota.operator.builders.fleet_key import fleet_key_mount
 from frota.plan.topology import Topology
 
-ROUTER_PORT = 8000
 SERVICE_PORT = 80
 API_KEY_DIR = "/var/run/secrets/frota/api-key"
 RBAC = "rbac.authorization.k8s.io/v1"
@@ -53,7 +52,7 @@ def router_args(isvc: InferenceService, topology: Topology) -> list[str]:
         "--namespace", "$(POD_NAMESPACE)",
         "--selector", discovery_selector(isvc),
         "--port-name", "http",
-        "--port", str(ROUTER_PORT),
+        "--port", str(HTTP_PORT),
         "--policy", topology.router.policy,
         "--drain-timeout", str(ROUTER_DRAIN_SECONDS),
         *topology.router.args,
@@ -141,16 +140,16 @@ def deployment(isvc: InferenceService, topology: Topology) -> dict[str, Any]:
                         "imagePullPolicy": isvc.spec.engine.imagePullPolicy,
                         "command": ["frota"],
                         "args": router_args(isvc, topology),
-                        "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"}],
+                        "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}],
                         "env": env,
                         "resources": {
                             "requests": {"cpu": router.cpu, "memory": router.memory},
                             "limits": {"memory": router.memory},
                         },
                         "securityContext": pods.container_security_context(),
-                        "startupProbe": pods.http_probe("/health", period=2, failures=30),
-                        "livenessProbe": pods.http_probe("/health", period=10, failures=3),
-                        "readinessProbe": pods.http_probe("/ready", period=5, failures=2),
+                        "startupProbe": pods.http_probe(ServingPath.HEALTH, period=2, failures=30),
+                        "livenessProbe": pods.http_probe(ServingPath.HEALTH, period=10, failures=3),
+                        "readinessProbe": pods.http_probe(ServingPath.READY, period=5, failures=2),
                         # Leave the Service's endpoints before stopping: kube-proxy on every
                         # node needs a moment to stop sending new connections here.
                         "lifecycle": {"preStop": {"sleep": {"seconds": ROUTER_ENDPOINT_DRAIN_SECONDS}}},

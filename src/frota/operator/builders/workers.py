@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from frota.api import EnvVar, InferenceService, Resources
-from frota.api.contract import Label
+from frota.api.contract import Env, Label
 from frota.operator.builders import model_cache, pods
 from frota.operator.builders.common import labels, metadata, selector_labels
 from frota.operator.builders.fetch import FETCH_RESOURCES, ca_bundle, fetch_env
@@ -150,9 +150,9 @@ def _rank_env(isvc: InferenceService, group: ReplicaGroup) -> list[dict[str, Any
     # Every rank of a group shares the pod template; only FROTA_RANK differs, and
     # the StatefulSet controller's pod-index label supplies it.
     env: list[dict[str, Any]] = [
-        {"name": "FROTA_RANK", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{Label.POD_INDEX}']"}}},
+        {"name": Env.RANK, "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{Label.POD_INDEX}']"}}},
     ]
-    env += [{"name": k, "value": v} for k, v in group.leader.env.items() if k != "FROTA_RANK"]
+    env += [{"name": k, "value": v} for k, v in group.leader.env.items() if k != Env.RANK]
     if isvc.spec.runtime.engine == "frota":
         env.append({"name": "FROTA_SHUTDOWN_GRACE_PERIOD", "value": str(pods.DRAIN_SECONDS)})
     if _reads_fleet_key(isvc):

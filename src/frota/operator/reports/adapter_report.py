@@ -14,6 +14,7 @@ from typing import Any
 
 import aiohttp
 
+from frota.api.contract import ServingPath
 from frota.operator.loop.state import Key, OperatorState
 from frota.operator.reports.adapter_status import Listing, listed_adapters
 
@@ -31,7 +32,7 @@ async def read_models(session: aiohttp.ClientSession, url: str) -> dict[str, str
 
 def models_url(metrics_url: str) -> str:
     """A worker's /v1/models, beside the /metrics the capacity timer reads."""
-    return metrics_url.removesuffix("/metrics") + "/v1/models"
+    return metrics_url.removesuffix(ServingPath.METRICS) + ServingPath.MODELS
 
 
 async def read(session: aiohttp.ClientSession, urls: Sequence[str]) -> tuple[Listing, ...]:

@@ -20,7 +20,7 @@ from typing import Any
 
 import aiohttp
 
-from frota.api.contract import CacheJob
+from frota.api.contract import CacheJob, Label
 from frota.operator.builders.model_cache import COMPONENT, PROGRESS_PORT
 from frota.operator.loop.state import Key, OperatorState
 
@@ -30,7 +30,7 @@ def fill_pod_urls(pods: Sequence[Mapping[str, Any]], port: int = PROGRESS_PORT) 
     urls = []
     for pod in pods:
         meta, status = pod.get("metadata") or {}, pod.get("status") or {}
-        if (meta.get("labels") or {}).get("app.kubernetes.io/component") != COMPONENT:
+        if (meta.get("labels") or {}).get(Label.COMPONENT) != COMPONENT:
             continue
         if status.get("phase") == "Running" and (ip := status.get("podIP")):
             host = f"[{ip}]" if ":" in ip else ip

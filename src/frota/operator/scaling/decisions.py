@@ -42,7 +42,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from frota.api import InferenceService, InferenceServiceSpec, ScaleToZero, ScalingPolicy
-from frota.api.contract import Label, Role, RouterMetric, WorkerMetric
+from frota.api.contract import Label, Role, RouterMetric, ServingPath, WorkerMetric
 from frota.api.exposition import sample_totals
 from frota.operator.builders import service_url
 from frota.plan.topology import WORKER_PORT
@@ -203,10 +203,10 @@ def role_metrics_urls(pods: Iterable[Mapping[str, Any]], role: str) -> list[str]
                     for c in status.get("conditions") or [])
         if (labels.get(Label.ROLE) == role and labels.get(Label.POD_INDEX) == "0" and ready
                 and status.get("podIP") and not pod.get("metadata", {}).get("deletionTimestamp")):
-            urls.append(f"http://{status['podIP']}:{WORKER_PORT}/metrics")
+            urls.append(f"http://{status['podIP']}:{WORKER_PORT}{ServingPath.METRICS}")
     return sorted(urls)
 
 
 def metrics_url(isvc: InferenceService) -> str:
     """The router's metrics endpoint: beside the OpenAI base URL its Service serves."""
-    return service_url(isvc).removesuffix("/").removesuffix("/v1") + "/metrics"
+    return service_url(isvc).removesuffix("/").removesuffix("/v1") + ServingPath.METRICS
