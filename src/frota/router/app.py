@@ -1,7 +1,7 @@
 """The router's HTTP surface: the OpenAI endpoints, health, readiness and metrics.
 
 `RouterApp` routes requests (served by `frota.router.server`) to its handlers; the
-`Router` holds the parts they share: discovery, the worker pool and its health
+`RouterParts` holds the parts they share: discovery, the worker pool and its health
 checks, the policy, admission, the proxy, LoRA adapters and the metrics.
 """
 
@@ -106,7 +106,7 @@ def read_api_keys(path: str | Path) -> frozenset[str]:
     return keys
 
 
-class Router:
+class RouterParts:
     """The parts of one router app, created at start-up and closed at shutdown."""
 
     def __init__(self, config: RouterConfig, discovery: Discovery) -> None:
@@ -163,7 +163,7 @@ class RouterApp:
     """The router's endpoints on its HTTP server; `start` listens, `stop` shuts down."""
 
     def __init__(self, config: RouterConfig, discovery: Discovery) -> None:
-        self.router = Router(config, discovery)
+        self.router = RouterParts(config, discovery)
         self.server: HttpServer | None = None
         self.private: HttpServer | None = None  # for siblings: this process's own metrics
         self.port = 0
