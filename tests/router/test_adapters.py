@@ -9,7 +9,7 @@ from pathlib import Path
 from frota.api.fleet_key import Keyring, generate_key
 from frota.router.adapters import AdapterConfig, parse_adapter_paths
 from frota.router.app import RouterConfig
-from frota.router.disagg import DisaggConfig, Disaggregation
+from frota.router.disagg import DisaggConfig, PrefillPool
 from frota.router.discovery import StaticDiscovery
 from frota.router.health import LoraInfo, Worker, parse_lora_info, parse_vllm_load
 from frota.router.policies import PolicyName, PrefixAwarePolicy, RouteRequest
@@ -299,7 +299,7 @@ async def test_in_pd_mode_loads_reach_prefill_workers_too(start_worker, start_ro
     config = runtime()
     config.keyring = Keyring(generate_key().encode())
     config.adapters.runtime_loading = True
-    config.disagg = Disaggregation(DisaggConfig(), StaticDiscovery([prefill.url]), config.keyring)
+    config.disagg = PrefillPool(DisaggConfig(), StaticDiscovery([prefill.url]), config.keyring)
     router = await start_router([decode], config)
     await wait_until(lambda: bool(config.disagg.pool.healthy()))
     status, _, _ = await post(router, "/v1/load_lora_adapter",

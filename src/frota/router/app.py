@@ -82,7 +82,7 @@ class RouterConfig:
     keepalive_timeout: float = KEEPALIVE_TIMEOUT
     write_timeout: float = WRITE_TIMEOUT
     api_keys: frozenset[str] = frozenset()
-    disagg: Any = None  # frota.router.disagg.Disaggregation: prefill pool + thresholds
+    disagg: Any = None  # frota.router.disagg.PrefillPool: prefill pool + thresholds
     adapters: AdapterConfig = field(default_factory=AdapterConfig)
     # Check completions and chat bodies against the fleet's models (frota.router.validation).
     validate_requests: bool = False

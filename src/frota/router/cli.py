@@ -229,15 +229,15 @@ def _disaggregation(args: argparse.Namespace, keyring):  # type: ignore[no-untyp
     if keyring is None:
         raise ValueError("disaggregated prefill/decode needs --fleet-key-file: the KV handles "
                          "and the calls to prefill workers are signed with the fleet's key")
-    from frota.router.disagg import DisaggConfig, Disaggregation
+    from frota.router.disagg import DisaggConfig, PrefillPool
     from frota.router.discovery import StaticDiscovery
 
     config = DisaggConfig()
     if args.disagg_min_prompt_tokens is not None:
         config.min_prompt_tokens = int(args.disagg_min_prompt_tokens)
     if args.discovery == "static":
-        return Disaggregation(config, StaticDiscovery(args.prefill_workers), keyring)
-    return Disaggregation(config, _kubernetes(args, f"{args.selector},{Label.ROLE}=prefill"),
+        return PrefillPool(config, StaticDiscovery(args.prefill_workers), keyring)
+    return PrefillPool(config, _kubernetes(args, f"{args.selector},{Label.ROLE}=prefill"),
                           keyring)
 
 

@@ -120,7 +120,7 @@ class DisaggMetrics:
             "(the KV transfer plus admission).", buckets=PREFILL_BUCKETS, registry=registry)
 
 
-class Disaggregation:
+class PrefillPool:
     """The prefill pool plus what the plan needs; one per router app."""
 
     def __init__(self, config: DisaggConfig, prefill_discovery: Discovery,
@@ -181,7 +181,7 @@ class Disaggregation:
 class DisaggPlan(RoutePlan):
     """Prefill worker -> KV handle -> decode worker; colocated when any step fails."""
 
-    def __init__(self, proxy: Proxy, disagg: Disaggregation) -> None:
+    def __init__(self, proxy: Proxy, disagg: PrefillPool) -> None:
         self.proxy = proxy
         self.disagg = disagg
         assert disagg.metrics is not None

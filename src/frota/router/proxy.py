@@ -128,7 +128,7 @@ class Proxy:
         self.policy = policy
         self.metrics = metrics
         self.config = config
-        self.disagg = None  # frota.router.disagg.Disaggregation, when prefill workers exist
+        self.disagg = None  # frota.router.disagg.PrefillPool, when prefill workers exist
         self._policy_name = policy.name.value
         self.direct = DirectPlan(self)  # holds no request state: one serves them all
         self.ids = RequestIds()
