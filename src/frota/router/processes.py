@@ -97,7 +97,7 @@ def _term_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
-class Supervisor:
+class SharedPortSupervisor:
     """Runs `num_processes` copies of `argv` (each with `PROCESS_ENV` set) until a signal
     stops them or one fails to start; see the module docstring for why restart."""
 
@@ -162,4 +162,4 @@ def supervise(num_processes: int) -> int:
     # The interpreter's own command line (`frota router ...` or `python -m ... router
     # ...`), options included, so each child runs exactly what was run.
     argv = [sys.executable, *sys.orig_argv[1:]]
-    return Supervisor(argv, num_processes).run()
+    return SharedPortSupervisor(argv, num_processes).run()
