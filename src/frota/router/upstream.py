@@ -72,7 +72,7 @@ class UpstreamResponse:
         "status",
     )
 
-    def __init__(self, conn: _Connection) -> None:
+    def __init__(self, conn: _WorkerConnection) -> None:
         self._loop = loop = conn.loop
         self.status = 0
         self.headers: HeaderList = []
@@ -80,7 +80,7 @@ class UpstreamResponse:
         self.content_type = ""  # its media type in lower case, without parameters
         self.framed = False  # a Content-Length or Transfer-Encoding says where the body ends
         self.chunked = False  # the body comes in HTTP/1.1 chunks
-        self._conn: _Connection | None = conn
+        self._conn: _WorkerConnection | None = conn
         self._head: asyncio.Future[None] = loop.create_future()
         self._chunks: deque[bytes] = deque()
         self._waiter: asyncio.Future[None] | None = None
@@ -190,7 +190,7 @@ class UpstreamResponse:
         self._wake()
 
 
-class _Connection(asyncio.Protocol):
+class _WorkerConnection(asyncio.Protocol):
     """One keep-alive connection to a worker, serving one response at a time."""
 
     def __init__(self, client: UpstreamClient, key: str) -> None:
@@ -347,8 +347,8 @@ class UpstreamClient:
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self.idle_timeout = idle_timeout
-        self.idle: dict[str, list[tuple[float, _Connection]]] = {}
-        self.busy: set[_Connection] = set()
+        self.idle: dict[str, list[tuple[float, _WorkerConnection]]] = {}
+        self.busy: set[_WorkerConnection] = set()
         self._origins: dict[str, tuple[str, int, str, str]] = {}
         self._sweeper: asyncio.Task[None] | None = None
 
@@ -416,7 +416,7 @@ class UpstreamClient:
             self._origins[base_url] = origin
         return origin
 
-    def _idle_connection(self, key: str) -> _Connection | None:
+    def _idle_connection(self, key: str) -> _WorkerConnection | None:
         """The warmest kept-alive connection to `key` still usable, if any (no coroutine:
         the usual case, once per request)."""
         idle = self.idle.get(key)
@@ -430,20 +430,20 @@ class UpstreamClient:
             conn.transport.close()
         return None
 
-    async def _connect(self, key: str, host: str, port: int) -> _Connection:
+    async def _connect(self, key: str, host: str, port: int) -> _WorkerConnection:
         loop = asyncio.get_running_loop()
         try:
             _, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: _Connection(self, key), host, port),
+                loop.create_connection(lambda: _WorkerConnection(self, key), host, port),
                 self.connect_timeout)
         except (TimeoutError, OSError) as exc:
             raise UpstreamError("connect_error", f"{host}:{port}: {exc!r}") from exc
         return conn
 
-    def release(self, conn: _Connection) -> None:
+    def release(self, conn: _WorkerConnection) -> None:
         self.idle.setdefault(conn.key, []).append((time.monotonic(), conn))
 
-    def forget(self, conn: _Connection) -> None:
+    def forget(self, conn: _WorkerConnection) -> None:
         self.busy.discard(conn)
         idle = self.idle.get(conn.key)
         if idle:
