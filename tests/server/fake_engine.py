@@ -1,5 +1,5 @@
 """A small test double of `frota.engine.AsyncEngine` (the contract in docs/internals.md),
-fitting `frota.server.engine_api.Engine` and made of the engine's own torch-free types.
+fitting `frota.server.engine_api.OnlineEngine` and made of the engine's own torch-free types.
 
 Byte-level tokenizer (vocab 256 + EOS 256); "generation" walks the lowercase
 alphabet from the last prompt byte (greedy) or draws letters from a seeded RNG,

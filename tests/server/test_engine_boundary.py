@@ -1,4 +1,4 @@
-"""The one boundary between the server and the engine: `frota.server.engine_api.Engine`.
+"""The one boundary between the server and the engine: `frota.server.engine_api.OnlineEngine`.
 
 Both engines the server is given, the real `frota.engine.AsyncEngine` and the test double,
 have every member the protocol names, with its parameters and its sync/async kind, and
@@ -19,10 +19,10 @@ import pytest
 
 from frota.engine import EngineStats, RequestOutput, SamplingParams
 from frota.engine.lora import AdapterError
-from frota.server.engine_api import Engine, Tokenizer
+from frota.server.engine_api import OnlineEngine, Tokenizer
 from tests.server.fake_engine import FakeEngine
 
-PROTOCOLS = {Engine: None, Tokenizer: "tokenizer"}  # protocol -> where it sits on an engine
+PROTOCOLS = {OnlineEngine: None, Tokenizer: "tokenizer"}  # protocol -> where it sits on an engine
 
 
 def _members(protocol: type) -> dict[str, object]:
@@ -69,7 +69,7 @@ def mismatches(impl: object, protocol: type) -> list[str]:
     return problems
 
 
-async def _one_request(engine: Engine) -> tuple[list[RequestOutput], EngineStats]:
+async def _one_request(engine: OnlineEngine) -> tuple[list[RequestOutput], EngineStats]:
     await engine.start()
     try:
         params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
@@ -80,7 +80,7 @@ async def _one_request(engine: Engine) -> tuple[list[RequestOutput], EngineStats
         await engine.shutdown()
 
 
-def _real_engine(max_loras: int = 0) -> Engine:
+def _real_engine(max_loras: int = 0) -> OnlineEngine:
     pytest.importorskip("torch")
     from frota.engine import AsyncEngine, EngineArgs
 
@@ -111,7 +111,7 @@ def test_the_check_names_what_does_not_fit() -> None:
 
         async def abort(self, request_id: str) -> None: ...
 
-    assert mismatches(Drifted(), Engine) == [
+    assert mismatches(Drifted(), OnlineEngine) == [
         "max_model_len: missing",
         "generate: a function, the protocol's is a async generator",
         "generate: parameter 1 should be prompt (POSITIONAL_OR_KEYWORD)",
@@ -133,7 +133,7 @@ def test_the_server_imports_no_torch() -> None:
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
 
 
-async def _refusals(engine: Engine) -> tuple[list[object], list[str]]:
+async def _refusals(engine: OnlineEngine) -> tuple[list[object], list[str]]:
     """What an engine with LoRA on says to adapters it does not have."""
     await engine.start()
     codes = []

@@ -38,7 +38,7 @@ from frota.api.adapters import ADAPTER_NAME_PATTERN
 from frota.api.contract import ModelScheme
 from frota.engine.lora import AdapterError
 from frota.server import errors
-from frota.server.engine_api import Engine
+from frota.server.engine_api import OnlineEngine
 from frota.server.fetch import FetchError, fetch_adapter
 
 log = logging.getLogger("frota.server.adapters")
@@ -95,7 +95,7 @@ class AdapterRegistry:
             return model
         raise errors.model_not_found(model)
 
-    async def load(self, engine: Engine, name: str, path: str) -> AdapterCard:
+    async def load(self, engine: OnlineEngine, name: str, path: str) -> AdapterCard:
         """Load `path` (a directory, or a URI downloaded first) as `name` into the engine;
         AdapterError when the download fails or the engine refuses it."""
         if name == self.base_name:
@@ -117,7 +117,7 @@ class AdapterRegistry:
             # name replaces them mid-read.
             self._downloading.discard(name)
 
-    async def _load(self, engine: Engine, name: str, path: str, local: str) -> AdapterCard:
+    async def _load(self, engine: OnlineEngine, name: str, path: str, local: str) -> AdapterCard:
         async with self._lock:
             self._check_free(name)
             info = await engine.load_adapter(name, local)
@@ -156,7 +156,7 @@ class AdapterRegistry:
                                                               "path": str(dest)}})
         return str(dest)
 
-    async def unload(self, engine: Engine, name: str) -> None:
+    async def unload(self, engine: OnlineEngine, name: str) -> None:
         async with self._lock:
             if name not in self.cards:
                 raise AdapterError(f"the LoRA adapter {name!r} cannot be found: no adapter of "
@@ -165,7 +165,7 @@ class AdapterRegistry:
             del self.cards[name]
         log.info("unloaded LoRA adapter", extra={"fields": {"adapter": name}})
 
-    async def load_modules(self, engine: Engine, modules: Sequence[tuple[str, str]]) -> None:
+    async def load_modules(self, engine: OnlineEngine, modules: Sequence[tuple[str, str]]) -> None:
         """The `--lora-modules` at start; the first bad one raises, naming it."""
         for name, path in modules:
             try:
@@ -198,7 +198,7 @@ def _field(body: dict[str, Any], name: str) -> str:
     return value
 
 
-async def load_from_body(registry: AdapterRegistry, engine: Engine, body: dict[str, Any]) -> str:
+async def load_from_body(registry: AdapterRegistry, engine: OnlineEngine, body: dict[str, Any]) -> str:
     """`POST /v1/load_lora_adapter`: the success line vLLM answers, or an APIError."""
     name, path = _field(body, "lora_name"), _field(body, "lora_path")
     try:
@@ -208,7 +208,7 @@ async def load_from_body(registry: AdapterRegistry, engine: Engine, body: dict[s
     return f"Success: LoRA adapter '{name}' added successfully."
 
 
-async def unload_from_body(registry: AdapterRegistry, engine: Engine,
+async def unload_from_body(registry: AdapterRegistry, engine: OnlineEngine,
                            body: dict[str, Any]) -> str:
     """`POST /v1/unload_lora_adapter`: the success line vLLM answers, or an APIError."""
     name = _field(body, "lora_name")

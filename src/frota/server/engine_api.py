@@ -3,7 +3,7 @@
 The server imports only `frota.engine`'s torch-free modules (`SamplingParams`,
 `RequestOutput`, `EngineStats`, `InvalidRequestError`, `Constraint`, and LoRA's
 `AdapterError` and `AdapterInfo` from `frota.engine.lora`) and receives a
-started engine that fits `Engine`: `frota.engine.AsyncEngine` in `frota worker`
+started engine that fits `OnlineEngine`: `frota.engine.AsyncEngine` in `frota worker`
 (built in `cli.run`), or a test double without torch (tests/server/fake_engine.py).
 tests/server/test_engine_boundary.py checks both against the protocol.
 """
@@ -29,7 +29,7 @@ class Tokenizer(Protocol):
     def apply_chat_template(self, messages: list[dict[str, str]]) -> str: ...
 
 
-class Engine(Protocol):
+class OnlineEngine(Protocol):
     """The online engine (`frota.engine.AsyncEngine`)."""
 
     tokenizer: Tokenizer
@@ -56,7 +56,7 @@ class Engine(Protocol):
 class EngineBindings:
     """A started engine, and whether it can constrain its output to a grammar."""
 
-    engine: Engine
+    engine: OnlineEngine
     # False: the engine has no constrained decoding, and response_format / forced tool calls
     # are refused with a 400.
     constrained_decoding: bool = False
