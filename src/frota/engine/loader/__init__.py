@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from frota.engine.loader.source import ModelSource, resolve_model
+from frota.engine.loader.source import ResolvedModel, resolve_model
 
-__all__ = ["ModelSource", "load_model", "resolve_model"]
+__all__ = ["ResolvedModel", "load_model", "resolve_model"]
 
 
 def load_model(model: str, dtype, device, verbose: bool = True):

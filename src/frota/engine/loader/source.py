@@ -1,4 +1,4 @@
-"""Where a model comes from: an alias, a path or a synthetic spec, resolved to a `ModelSource`."""
+"""Where a model comes from: an alias, a path or a synthetic spec, resolved to a `ResolvedModel`."""
 
 from __future__ import annotations
 
@@ -12,17 +12,17 @@ from frota.engine.errors import ModelNotFoundError
 
 
 @dataclass
-class ModelSource:
+class ResolvedModel:
     """Where a model comes from: kind is 'gguf', 'safetensors' or 'synthetic'."""
 
     kind: str
     path: str  # file or directory; for synthetic, the spec after "synthetic:"
 
 
-def resolve_model(model: str) -> ModelSource:
-    """Map an alias, a path or a synthetic spec to a ModelSource, or say what is wrong."""
+def resolve_model(model: str) -> ResolvedModel:
+    """Map an alias, a path or a synthetic spec to a ResolvedModel, or say what is wrong."""
     if model.startswith(ModelScheme.SYNTHETIC):
-        return ModelSource("synthetic", model.removeprefix(ModelScheme.SYNTHETIC))
+        return ResolvedModel("synthetic", model.removeprefix(ModelScheme.SYNTHETIC))
     name = model.removeprefix(ModelScheme.ALIAS)
     if name in ALIAS_PACKAGES:
         weights = ALIAS_PACKAGES[name]
@@ -37,16 +37,16 @@ def resolve_model(model: str) -> ModelSource:
         path = Path(next(iter(spec.submodule_search_locations))) / filename
         if not path.is_file():
             raise ModelNotFoundError(f"model alias {name!r}: {path} is missing; reinstall with `{hint}`")
-        return ModelSource("gguf", str(path))
+        return ResolvedModel("gguf", str(path))
     path = Path(os.path.expanduser(model))
     if path.is_file() and path.suffix == ".gguf":
-        return ModelSource("gguf", str(path))
+        return ResolvedModel("gguf", str(path))
     if path.is_dir():
         if (path / "config.json").is_file() and any(path.glob("*.safetensors")):
-            return ModelSource("safetensors", str(path))
+            return ResolvedModel("safetensors", str(path))
         ggufs = sorted(path.glob("*.gguf"))
         if len(ggufs) == 1:
-            return ModelSource("gguf", str(ggufs[0]))
+            return ResolvedModel("gguf", str(ggufs[0]))
     raise ModelNotFoundError(
         f"model {model!r} not found: expected an alias ({', '.join(ALIAS_PACKAGES)}), a .gguf file, "
         "a directory with config.json and *.safetensors, or 'synthetic:...'"
