@@ -30,7 +30,7 @@ ARGS = dict(model="smollm2", num_kv_blocks=32, verbose=False)
 
 def packed(loaded: tuple) -> tuple:
     """A copy of the loaded float32 model with its linears packed as the engine's own load
-    packs them (`LLMEngine._prepare_cpu`), without reading the file again."""
+    packs them (`frota.engine.compute.prepare_cpu`), without reading the file again."""
     model, cfg, tokenizer = loaded
     model = copy.deepcopy(model)
     pack_linears(model)

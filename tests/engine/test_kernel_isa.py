@@ -165,7 +165,7 @@ def test_prebuild_elsewhere_than_x86_writes_an_empty_manifest(tmp_path, monkeypa
     (frozenset(), None, torch.float32),
 ])
 def test_dtype_auto_on_a_cpu_is_bfloat16_only_where_it_is_the_faster_one(flags, vendor, want):
-    from frota.engine.llm_engine import resolve_dtype
+    from frota.engine.compute import resolve_dtype
 
     cpu = {"cpu_flags": frozenset(flags), "cpu_vendor": vendor}
     assert resolve_dtype("auto", torch.device("cpu"), **cpu) == want
@@ -180,7 +180,7 @@ def test_the_cpu_vendor_is_read_from_cpuinfo():
 
 
 def test_the_start_up_line_says_which_dtype_was_chosen_and_why():
-    from frota.engine.llm_engine import describe_compute
+    from frota.engine.compute import describe_compute
 
     line = describe_compute("auto", torch.float32, torch.device("cpu"))
     assert line.startswith("float32 (auto: this CPU ")

@@ -7,23 +7,19 @@ scheduler. `step()` is schedule -> run the model -> sample -> postprocess.
 from __future__ import annotations
 
 import functools
-import itertools
 import time
 
 import torch
 
 from frota.api.memory import kv_bytes_per_token
-from frota.engine import kernels
+from frota.engine import compute
 from frota.engine.block_manager import BlockManager
 from frota.engine.config import EngineArgs, ModelConfig
 from frota.engine.context import fit_to_context
 from frota.engine.detokenizer import IncrementalDetokenizer
 from frota.engine.errors import InvalidRequestError
 from frota.engine.grammar import Grammars
-from frota.engine.kernels import isa
-from frota.engine.kernels.linear import amx_ops, pack_linears
-from frota.engine.loader import load_model
-from frota.engine.loader.quantized import quantize_loaded_model
+from frota.engine.loader.quantized import load_as_served
 from frota.engine.lora.errors import AdapterError, AdapterInfo
 from frota.engine.lora.manager import LoRAManager
 from frota.engine.lora.slots import ShardRanges
@@ -37,59 +33,9 @@ from frota.engine.scheduler import Scheduler
 from frota.engine.sequence import Sequence
 from frota.engine.stopping import StopRule
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _DEFAULT_CPU_KV_FRACTION = 0.2
 _DEFAULT_CPU_KV_CAP = 1 << 30  # several workers often share one host on CPU
 _DEFAULT_GPU_KV_FRACTION = 0.85
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
-def _device_of(model: torch.nn.Module) -> torch.device:
-    """Where a loaded model's weights live (the KV cache must be there too)."""
-    tensor = next(itertools.chain(model.parameters(), model.buffers()), None)
-    return tensor.device if tensor is not None else torch.device("cpu")
-
-
-def resolve_dtype(dtype: str, device: torch.device, cpu_flags: frozenset[str] | None = None,
-                  cpu_vendor: str | None = None) -> torch.dtype:
-    """`auto`: bfloat16 on an accelerator and on a CPU where it is the faster dtype (AMX
-    tiles, or AVX-512 BF16 on AMD: `isa.native_bf16`; `cpu_flags` and `cpu_vendor`, default
-    this CPU's), float32 on other CPUs."""
-    if dtype == "auto":
-        if device.type != "cpu":
-            return torch.bfloat16
-        flags = isa.host_cpu_flags() if cpu_flags is None else cpu_flags
-        vendor = isa.host_cpu_vendor() if cpu_flags is None else cpu_vendor
-        return torch.bfloat16 if isa.native_bf16(flags, vendor) else torch.float32
-    if dtype == "float16" and device.type == "cpu":
-        raise ValueError("float16 is not supported on CPU; use bfloat16 or float32")
-    return _DTYPES[dtype]
-
-
-def describe_compute(asked: str, dtype: torch.dtype, device: torch.device) -> str:
-    """The dtype chosen, why, and what computes it: one start-up line."""
-    name = str(dtype).removeprefix("torch.")
-    if asked == "auto" and device.type == "cpu":
-        flags = isa.host_cpu_flags() or frozenset()
-        if "amx_bf16" in flags:
-            why = "auto: this CPU has AMX tiles"
-        elif "avx512_bf16" in flags:
-            why = ("auto: this AMD CPU has AVX-512 BF16" if dtype == torch.bfloat16 else
-                   "auto: this CPU has AVX-512 BF16 but no AMX, where float32 runs faster")
-        else:
-            why = "auto: this CPU has no native bfloat16"
-        name = f"{name} ({why})"
-    elif asked == "auto":
-        name = f"{name} (auto: {device.type})"
-    if device.type != "cpu":
-        return name
-    matmuls = "; bfloat16 matmuls on AMX tiles" if dtype == torch.bfloat16 and amx_ops() else ""
-    return f"{name}; {kernels.describe()}{matmuls}"
 
 
 def _available_memory(device: torch.device) -> int:
@@ -122,15 +68,16 @@ class LLMEngine:
         """`loaded`: an already loaded (model, config, tokenizer), to share weights between
         engines; the engine then runs where those weights are, whatever `args.device` says."""
         self.args = args
-        self.device = resolve_device(args.device) if loaded is None else _device_of(loaded[0])
-        self.dtype = resolve_dtype(args.dtype, self.device)
+        self.device = compute.resolve_device(args.device) if loaded is None else compute.device_of(loaded[0])
+        self.dtype = compute.resolve_dtype(args.dtype, self.device)
         self.parallel: ParallelContext | None = None  # when sharded
         if loaded is None and args.tensor_parallel_size * args.pipeline_parallel_size > 1:
             self.parallel = join_group(args, self.device, self.dtype)
             self.device = self.parallel.device
             loaded = self.parallel.loaded
         if loaded is None:
-            loaded = self._load(args)
+            loaded = load_as_served(args.model, args.quantization, self.dtype, self.device, args.verbose)
+            compute.prepare_cpu(loaded[0], self.device, args.verbose)
         model, cfg, tokenizer = loaded
         self.loaded = loaded
         self.model_config = cfg
@@ -161,7 +108,7 @@ class LLMEngine:
         self.requests: dict[str, tuple[Sequence, IncrementalDetokenizer]] = {}
         progress(args.verbose, f"KV cache: {num_blocks} blocks of {args.block_size} tokens; "
                                f"max_model_len {max_model_len}; device {self.device}")
-        progress(args.verbose, f"compute: {describe_compute(args.dtype, self.dtype, self.device)}")
+        progress(args.verbose, f"compute: {compute.describe_compute(args.dtype, self.dtype, self.device)}")
 
     def _lora_manager(self, args: EngineArgs, model: torch.nn.Module,
                       cfg: ModelConfig) -> LoRAManager:
@@ -179,30 +126,6 @@ class LLMEngine:
         progress(args.verbose, f"LoRA: {args.max_loras} adapter slots of rank "
                                f"{args.max_lora_rank}, {manager.pool.nbytes() / 2**20:.1f} MiB")
         return manager
-
-    def _load(self, args: EngineArgs) -> tuple:
-        """(model, config, tokenizer); a quantized model is loaded in float32 and quantized
-        from there (GGUF Q4_0/Q4_1/Q8_0 tensors are kept exactly), see frota.engine.quant.
-        On the CPU, float linears are then packed for oneDNN and the C++ kernels built."""
-        if args.quantization == "none":
-            model, cfg, tokenizer = load_model(args.model, self.dtype, self.device, args.verbose)
-        else:
-            model, cfg, tokenizer = load_model(args.model, torch.float32, self.device, args.verbose)
-            model = quantize_loaded_model(model, cfg, args.model, args.quantization, self.dtype)
-            progress(args.verbose, f"quantized the weights to {args.quantization}")
-        if self.device.type == "cpu":
-            self._prepare_cpu(model, args.verbose)
-        return model, cfg, tokenizer
-
-    @staticmethod
-    def _prepare_cpu(model: torch.nn.Module, verbose: bool) -> None:
-        packed = pack_linears(model)
-        if packed:
-            progress(verbose, f"packed {packed} linear layers for oneDNN")
-        if kernels.enabled() and not kernels.is_built():
-            progress(verbose, "compiling the C++ CPU kernels (first use on this machine, about a minute)")
-        if kernels.cpu_kernels() is None:
-            progress(verbose, "C++ CPU kernels unavailable: using the PyTorch attention path")
 
     def make_sequence(self, request_id: str, prompt: str | list[int],
                       params: SamplingParams, adapter: str | None = None) -> Sequence:
