@@ -11,7 +11,6 @@ import time
 
 import torch
 
-from frota.api.memory import kv_bytes_per_token
 from frota.engine import compute
 from frota.engine.block_manager import BlockManager
 from frota.engine.config import EngineArgs, ModelConfig
@@ -19,6 +18,7 @@ from frota.engine.context import fit_to_context
 from frota.engine.detokenizer import IncrementalDetokenizer
 from frota.engine.errors import InvalidRequestError
 from frota.engine.grammar import Grammars
+from frota.engine.kv_sizing import size_kv_cache
 from frota.engine.loader.quantized import load_as_served
 from frota.engine.lora.errors import AdapterError, AdapterInfo
 from frota.engine.lora.manager import LoRAManager
@@ -32,33 +32,6 @@ from frota.engine.sampling_params import SamplingParams
 from frota.engine.scheduler import Scheduler
 from frota.engine.sequence import Sequence
 from frota.engine.stopping import StopRule
-
-_DEFAULT_CPU_KV_FRACTION = 0.2
-_DEFAULT_CPU_KV_CAP = 1 << 30  # several workers often share one host on CPU
-_DEFAULT_GPU_KV_FRACTION = 0.85
-
-
-def _available_memory(device: torch.device) -> int:
-    if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0] * _DEFAULT_GPU_KV_FRACTION)
-    with open("/proc/meminfo") as f:
-        info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
-    return min(int(info.get("MemAvailable", 8 << 30) * _DEFAULT_CPU_KV_FRACTION), _DEFAULT_CPU_KV_CAP)
-
-
-def num_kv_blocks_for(args: EngineArgs, cfg: ModelConfig, dtype: torch.dtype,
-                      device: torch.device, max_model_len: int) -> int:
-    """Blocks from an explicit count, a byte budget, or a share of the memory that is left."""
-    per_token = kv_bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
-                                   args.kv_cache_dtype, str(dtype).removeprefix("torch."))
-    bytes_per_block = per_token * args.block_size
-    if args.num_kv_blocks is not None:
-        return args.num_kv_blocks
-    if args.kv_cache_memory is not None:
-        return int(args.kv_cache_memory // bytes_per_block)
-    # More than every sequence at full length is never useful.
-    enough = args.max_num_seqs * -(-max_model_len // args.block_size)
-    return max(1, min(_available_memory(device) // bytes_per_block, enough))
 
 
 class LLMEngine:
@@ -84,18 +57,13 @@ class LLMEngine:
         self.tokenizer = tokenizer
         # Slots before the KV cache: the cache is sized from the memory they leave.
         self.lora = self._lora_manager(args, model, cfg) if args.max_loras > 0 else None
-        max_model_len = min(args.max_model_len or cfg.max_position, cfg.max_position)
-        kv_cfg = cfg if self.parallel is None else self.parallel.local_cfg  # this rank's KV shard
-        num_blocks = num_kv_blocks_for(args, kv_cfg, self.dtype, self.device, max_model_len)
-        if self.parallel is not None:  # block ids are rank 0's: every rank needs as many
-            num_blocks = self.parallel.comm.min_int(num_blocks)
-        if num_blocks < 1:
-            raise ValueError("the KV cache budget is smaller than one block")
-        if num_blocks * args.block_size < max_model_len:
-            # One sequence must always fit alone, or preemption could not guarantee progress.
-            max_model_len = num_blocks * args.block_size
-            progress(args.verbose, f"max_model_len lowered to {max_model_len} to fit the KV cache")
-        self.max_model_len = max_model_len
+        if self.parallel is None:
+            kv = size_kv_cache(args, cfg, self.dtype, self.device)
+        else:  # this rank's KV shard
+            kv = size_kv_cache(args, self.parallel.local_cfg, self.dtype, self.device,
+                               self.parallel.comm.min_int)
+        num_blocks = kv.num_blocks
+        self.max_model_len = max_model_len = kv.max_model_len
         self.block_manager = BlockManager(num_blocks, args.block_size, args.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, args.max_num_seqs,
                                    args.max_num_batched_tokens, self.lora)
