@@ -1,7 +1,9 @@
 """The synchronous engine: requests in, one `step()` at a time, deltas out.
 
-Start-up reads in order: load the model -> size the KV pool -> build the
-scheduler. `step()` is schedule -> run the model -> sample -> postprocess.
+Start-up reads in order: load the model (this rank's shard, when sharded; on the CPU its
+linears packed and the C++ kernels built) -> the adapter slots -> size the KV cache from the
+memory they leave -> build the scheduler and the runner over it. `step()` is schedule ->
+run the model -> sample -> postprocess.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import torch
 
 from frota.engine import compute
 from frota.engine.block_manager import BlockManager
-from frota.engine.config import EngineArgs, ModelConfig
+from frota.engine.config import EngineArgs
 from frota.engine.context import fit_to_context
 from frota.engine.detokenizer import IncrementalDetokenizer
 from frota.engine.errors import InvalidRequestError
@@ -21,8 +23,7 @@ from frota.engine.grammar import Grammars
 from frota.engine.kv_sizing import size_kv_cache
 from frota.engine.loader.quantized import load_as_served
 from frota.engine.lora.errors import AdapterError, AdapterInfo
-from frota.engine.lora.manager import LoRAManager
-from frota.engine.lora.slots import ShardRanges
+from frota.engine.lora.manager import LoRAManager, adapter_slots
 from frota.engine.model_runner import ModelRunner
 from frota.engine.outputs import EngineStats, RequestOutput
 from frota.engine.parallel.runner import ParallelContext, join_group
@@ -39,61 +40,43 @@ class LLMEngine:
 
     def __init__(self, args: EngineArgs, loaded: tuple | None = None) -> None:
         """`loaded`: an already loaded (model, config, tokenizer), to share weights between
-        engines; the engine then runs where those weights are, whatever `args.device` says."""
+        engines; the engine then runs where those weights are, whatever `args.device` says,
+        and takes its linears as they are (nothing packed)."""
         self.args = args
-        self.device = compute.resolve_device(args.device) if loaded is None else compute.device_of(loaded[0])
-        self.dtype = compute.resolve_dtype(args.dtype, self.device)
+        device = compute.resolve_device(args.device) if loaded is None else compute.device_of(loaded[0])
+        self.dtype = compute.resolve_dtype(args.dtype, device)
         self.parallel: ParallelContext | None = None  # when sharded
         if loaded is None and args.tensor_parallel_size * args.pipeline_parallel_size > 1:
-            self.parallel = join_group(args, self.device, self.dtype)
-            self.device = self.parallel.device
-            loaded = self.parallel.loaded
-        if loaded is None:
-            loaded = load_as_served(args.model, args.quantization, self.dtype, self.device, args.verbose)
-            compute.prepare_cpu(loaded[0], self.device, args.verbose)
-        model, cfg, tokenizer = loaded
+            self.parallel = join_group(args, device, self.dtype)
+            device, loaded = self.parallel.device, self.parallel.loaded
+        elif loaded is None:
+            loaded = load_as_served(args.model, args.quantization, self.dtype, device, args.verbose)
+            compute.prepare_cpu(loaded[0], device, args.verbose)
+        self.device = device
         self.loaded = loaded
+        model, cfg, self.tokenizer = loaded
         self.model_config = cfg
-        self.tokenizer = tokenizer
-        # Slots before the KV cache: the cache is sized from the memory they leave.
-        self.lora = self._lora_manager(args, model, cfg) if args.max_loras > 0 else None
+        # the adapter slots, then the KV cache from the memory they leave
         if self.parallel is None:
-            kv = size_kv_cache(args, cfg, self.dtype, self.device)
-        else:  # this rank's KV shard
-            kv = size_kv_cache(args, self.parallel.local_cfg, self.dtype, self.device,
+            self.lora = adapter_slots(args, model, cfg, self.dtype, device)
+            kv = size_kv_cache(args, cfg, self.dtype, device)
+        else:  # this rank's shard of the slots and of the KV cache
+            self.lora = adapter_slots(args, model, cfg, self.dtype, device, self.parallel.lora_shard())
+            kv = size_kv_cache(args, self.parallel.local_cfg, self.dtype, device,
                                self.parallel.comm.min_int)
-        num_blocks = kv.num_blocks
-        self.max_model_len = max_model_len = kv.max_model_len
-        self.block_manager = BlockManager(num_blocks, args.block_size, args.enable_prefix_caching)
+        self.max_model_len = kv.max_model_len
+        self.block_manager = BlockManager(kv.num_blocks, args.block_size, args.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, args.max_num_seqs,
                                    args.max_num_batched_tokens, self.lora)
-        self.stop_rule = StopRule(tokenizer.eos_token_ids, max_model_len)
-        self.runner = ModelRunner(model, cfg, num_blocks, args.block_size, self.dtype, self.device,
-                                  args.kv_cache_dtype) if self.parallel is None else \
-            self.parallel.make_runner(num_blocks, args.block_size, self.dtype)
-        self.runner.lora = self.lora
-        self.sampler = Sampler(args.seed, tokenizer.eos_token_ids)
+        self.runner = ModelRunner(model, cfg, kv.num_blocks, args.block_size, self.dtype, device,
+                                  args.kv_cache_dtype, self.lora) if self.parallel is None else \
+            self.parallel.make_runner(kv.num_blocks, args.block_size, self.dtype, self.lora)
+        self.sampler = Sampler(args.seed, self.tokenizer.eos_token_ids)
+        self.stop_rule = StopRule(self.tokenizer.eos_token_ids, kv.max_model_len)
         self.requests: dict[str, tuple[Sequence, IncrementalDetokenizer]] = {}
-        progress(args.verbose, f"KV cache: {num_blocks} blocks of {args.block_size} tokens; "
-                               f"max_model_len {max_model_len}; device {self.device}")
-        progress(args.verbose, f"compute: {compute.describe_compute(args.dtype, self.dtype, self.device)}")
-
-    def _lora_manager(self, args: EngineArgs, model: torch.nn.Module,
-                      cfg: ModelConfig) -> LoRAManager:
-        """The adapter slots over this engine's model (or this rank's shard of it)."""
-        layers, shard = None, None
-        if self.parallel is not None:
-            lay = self.parallel.layout
-            d, rank = cfg.head_dim, self.parallel.pc.tp_rank
-            shard = ShardRanges((rank * lay.num_heads * d, lay.num_heads * d),
-                                (lay.kv_head_start * d, lay.num_kv_heads * d),
-                                (rank * lay.intermediate, lay.intermediate))
-            layers = lay.layers
-        manager = LoRAManager(model, cfg, args.max_loras, args.max_lora_rank, self.dtype,
-                              self.device, layers=layers, shard=shard)
-        progress(args.verbose, f"LoRA: {args.max_loras} adapter slots of rank "
-                               f"{args.max_lora_rank}, {manager.pool.nbytes() / 2**20:.1f} MiB")
-        return manager
+        progress(args.verbose, f"KV cache: {kv.num_blocks} blocks of {args.block_size} tokens; "
+                               f"max_model_len {kv.max_model_len}; device {device}")
+        progress(args.verbose, f"compute: {compute.describe_compute(args.dtype, self.dtype, device)}")
 
     def make_sequence(self, request_id: str, prompt: str | list[int],
                       params: SamplingParams, adapter: str | None = None) -> Sequence:

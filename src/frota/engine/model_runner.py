@@ -10,6 +10,7 @@ from frota.engine.attention import AttentionMetadata, PrefillSpan
 from frota.engine.config import ModelConfig
 from frota.engine.lora.batch import build_batch
 from frota.engine.lora.layers import applying
+from frota.engine.lora.manager import LoRAManager
 from frota.engine.quant.kv import allocate_kv_pool
 from frota.engine.scheduler import ScheduledBatch
 from frota.engine.sequence import Sequence
@@ -19,13 +20,14 @@ class ModelRunner:
     """The model plus its KV pool (one `[num_blocks, kv_heads, block_size, head_dim]` pair per layer)."""
 
     def __init__(self, model, cfg: ModelConfig, num_blocks: int, block_size: int,
-                 dtype: torch.dtype, device: torch.device, kv_cache_dtype: str = "auto") -> None:
+                 dtype: torch.dtype, device: torch.device, kv_cache_dtype: str = "auto",
+                 lora: LoRAManager | None = None) -> None:
         self.model = model
         self.cfg = cfg
         self.block_size = block_size
         self.device = device
         self.dtype = dtype
-        self.lora = None  # frota.engine.lora.manager.LoRAManager, when LoRA is on
+        self.lora = lora  # the adapter slots, when LoRA is on
         shape = (num_blocks, cfg.num_kv_heads, block_size, cfg.head_dim)
         self.kv_caches = [
             (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))

@@ -22,10 +22,12 @@ import threading
 import torch
 
 from frota.api.memory import ModelShape
+from frota.engine.config import EngineArgs
 from frota.engine.lora.adapter import LoadedAdapter, read_adapter
 from frota.engine.lora.errors import AdapterError, AdapterInfo
 from frota.engine.lora.layers import install
 from frota.engine.lora.slots import ShardRanges, SlotPool, SlotsBusy, build_pool
+from frota.engine.progress import progress
 
 
 class LoRAManager:
@@ -118,3 +120,18 @@ class LoRAManager:
                 adapter = read_adapter(name, path, self.shape, self.max_rank)
                 self._remote[load_id] = adapter
             self.pool.write(slot, adapter)
+
+
+def adapter_slots(args: EngineArgs, model: torch.nn.Module, shape: ModelShape, dtype: torch.dtype,
+                  device: torch.device, shard: tuple[range, ShardRanges] | None = None,
+                  ) -> LoRAManager | None:
+    """The engine's adapter slots (`args.max_loras` of rank `args.max_lora_rank`) over
+    `model`, or None when LoRA is off. `shard`: a sharded rank's layers and slices."""
+    if args.max_loras == 0:
+        return None
+    layers, ranges = shard if shard is not None else (None, None)
+    manager = LoRAManager(model, shape, args.max_loras, args.max_lora_rank, dtype, device,
+                          layers=layers, shard=ranges)
+    progress(args.verbose, f"LoRA: {args.max_loras} adapter slots of rank "
+                           f"{args.max_lora_rank}, {manager.pool.nbytes() / 2**20:.1f} MiB")
+    return manager

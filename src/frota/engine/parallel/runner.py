@@ -22,6 +22,8 @@ import torch
 
 from frota.engine.config import EngineArgs, ModelConfig
 from frota.engine.lora.layers import applying
+from frota.engine.lora.manager import LoRAManager
+from frota.engine.lora.slots import ShardRanges
 from frota.engine.model_runner import ModelRunner
 from frota.engine.parallel.comm import Comm
 from frota.engine.parallel.config import ParallelConfig, ParallelConfigError, validate_model
@@ -82,8 +84,17 @@ class ParallelContext:
     def local_cfg(self) -> ModelConfig:
         return self.layout.local_config
 
-    def make_runner(self, num_blocks: int, block_size: int, dtype: torch.dtype) -> ParallelModelRunner:
-        return ParallelModelRunner(self, num_blocks, block_size, dtype)
+    def lora_shard(self) -> tuple[range, ShardRanges]:
+        """This rank's layers and its slices of the adapted projections (q, KV, MLP), for
+        its adapter slots."""
+        lay, d, rank = self.layout, self.loaded[1].head_dim, self.pc.tp_rank
+        return lay.layers, ShardRanges((rank * lay.num_heads * d, lay.num_heads * d),
+                                       (lay.kv_head_start * d, lay.num_kv_heads * d),
+                                       (rank * lay.intermediate, lay.intermediate))
+
+    def make_runner(self, num_blocks: int, block_size: int, dtype: torch.dtype,
+                    lora: LoRAManager | None = None) -> ParallelModelRunner:
+        return ParallelModelRunner(self, num_blocks, block_size, dtype, lora)
 
 
 def parallel_config(args: EngineArgs) -> ParallelConfig:
@@ -121,8 +132,9 @@ class ParallelModelRunner(ModelRunner):
     """`ModelRunner` over a shard: the same inputs on every rank, collectives inside the model."""
 
     def __init__(self, ctx: ParallelContext, num_blocks: int, block_size: int,
-                 dtype: torch.dtype) -> None:
-        super().__init__(ctx.loaded[0], ctx.local_cfg, num_blocks, block_size, dtype, ctx.device)
+                 dtype: torch.dtype, lora: LoRAManager | None = None) -> None:
+        super().__init__(ctx.loaded[0], ctx.local_cfg, num_blocks, block_size, dtype, ctx.device,
+                         lora=lora)
         self.ctx = ctx
         self.pc = ctx.pc
         self.comm = ctx.comm
