@@ -7,7 +7,7 @@ import asyncio
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from frota.engine.config import EngineArgs
 from frota.engine.errors import InvalidRequestError
@@ -18,11 +18,14 @@ from frota.engine.outputs import EngineStats, RequestOutput
 from frota.engine.sampling_params import SamplingParams
 from frota.engine.sequence import Sequence
 
+if TYPE_CHECKING:
+    from frota.engine.loader import Loaded
+
 
 class AsyncEngine:
     """Streams per-request deltas from a background step loop; `abort` is thread-safe."""
 
-    def __init__(self, args: EngineArgs, loaded: tuple | None = None) -> None:
+    def __init__(self, args: EngineArgs, loaded: Loaded | None = None) -> None:
         self.engine = LLMEngine(args, loaded=loaded)
         self.tokenizer = self.engine.tokenizer
         self.max_model_len = self.engine.max_model_len

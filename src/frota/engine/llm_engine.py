@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -22,10 +24,11 @@ from frota.engine.errors import InvalidRequestError
 from frota.engine.grammar import Grammars
 from frota.engine.kv_sizing import size_kv_cache
 from frota.engine.loader.quantized import load_as_served
+from frota.engine.lora.adapter import LoadedAdapter
 from frota.engine.lora.errors import AdapterError, AdapterInfo
 from frota.engine.lora.manager import LoRAManager, adapter_slots
 from frota.engine.model_runner import ModelRunner
-from frota.engine.outputs import EngineStats, RequestOutput
+from frota.engine.outputs import EngineStats, RequestOutput, TokenLogprob
 from frota.engine.parallel.runner import ParallelContext, join_group
 from frota.engine.progress import progress
 from frota.engine.sampler import Sampler
@@ -34,11 +37,14 @@ from frota.engine.scheduler import Scheduler
 from frota.engine.sequence import Sequence
 from frota.engine.stopping import StopRule
 
+if TYPE_CHECKING:
+    from frota.engine.loader import Loaded
+
 
 class LLMEngine:
     """Owns the model runner, the scheduler and the per-request detokenizers."""
 
-    def __init__(self, args: EngineArgs, loaded: tuple | None = None) -> None:
+    def __init__(self, args: EngineArgs, loaded: Loaded | None = None) -> None:
         """`loaded`: an already loaded (model, config, tokenizer), to share weights between
         engines; the engine then runs where those weights are, whatever `args.device` says,
         and takes its linears as they are (nothing packed)."""
@@ -99,10 +105,9 @@ class LLMEngine:
             raise InvalidRequestError("prompt logprobs (echo with logprobs) are not supported "
                                       "with tensor or pipeline parallelism yet", "echo")
         generator = None if params.seed is None else torch.Generator().manual_seed(params.seed)
-        seq = Sequence(request_id, ids, params, generator, loaded_adapter)
-        if params.constraint is not None:  # compiled now, so a bad grammar is a 400, never later
-            seq.matcher = self.grammars.matcher(params.constraint)
-        return seq
+        # a grammar is compiled now, so a bad one is a 400, never later
+        matcher = self.grammars.matcher(params.constraint) if params.constraint is not None else None
+        return Sequence(request_id, ids, params, generator, loaded_adapter, matcher)
 
     @functools.cached_property
     def grammars(self) -> Grammars:
@@ -125,7 +130,7 @@ class LLMEngine:
                                "(the worker's --enable-lora --max-loras N)", "lora_disabled")
         return self.lora
 
-    def _adapter(self, name: str):
+    def _adapter(self, name: str) -> LoadedAdapter:
         return self._lora_on().get(name)
 
     def load_adapter(self, name: str, path: str) -> AdapterInfo:
@@ -180,7 +185,7 @@ class LLMEngine:
             outputs.append(self.emit(seq, [lp] if lp else None, prompt_lps))
         return outputs
 
-    def emit(self, seq: Sequence, logprobs: list | None = None,
+    def emit(self, seq: Sequence, logprobs: list[TokenLogprob] | None = None,
              prompt_logprobs: list | None = None) -> RequestOutput:
         """The output of `seq`'s newest token (already appended): its text, and whether it
         finishes the sequence (`StopRule`), which then gives its blocks back."""
@@ -193,8 +198,9 @@ class LLMEngine:
         text = detok.flush(finished=reason is not None)
         return self._output(seq, [token], text, logprobs, reason is not None, prompt_logprobs)
 
-    def _output(self, seq: Sequence, new_ids: list[int], text: str, logprobs, finished: bool,
-                prompt_logprobs: list | None = None):
+    def _output(self, seq: Sequence, new_ids: list[int], text: str,
+                logprobs: list[TokenLogprob] | None, finished: bool,
+                prompt_logprobs: list | None = None) -> RequestOutput:
         return RequestOutput(
             request_id=seq.request_id, new_token_ids=new_ids, new_text=text,
             new_logprobs=logprobs, finished=finished,
@@ -218,5 +224,5 @@ class LLMEngine:
         )
 
 
-def _adapter_names(seqs) -> tuple[str, ...]:
+def _adapter_names(seqs: Iterable[Sequence]) -> tuple[str, ...]:
     return tuple(sorted({s.adapter.name for s in list(seqs) if s.adapter is not None}))

@@ -38,7 +38,8 @@ class ModelRunner:
     def _tensor(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)
 
-    def prepare(self, batch: ScheduledBatch):
+    def prepare(self, batch: ScheduledBatch,
+                ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int], list[Sequence]]:
         """Order decodes first, then prefill chunks; return model inputs and who samples."""
         bs = self.block_size
         items = self.ordered(batch)

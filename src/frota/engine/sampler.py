@@ -30,7 +30,8 @@ class Sampler:
         self.eos_token_ids = tuple(eos_token_ids)  # what min_tokens masks
 
     @torch.no_grad()
-    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]):
+    def __call__(self, logits: torch.Tensor,
+                 seqs: list[Sequence]) -> tuple[list[int], list[TokenLogprob | None]]:
         """logits: [S, V] float32. Returns (token ids, logprobs per row or None).
         Logprobs are the model's own (before logit_bias and penalties), as vLLM reports them."""
         logits = raw_logits = logits.float()

@@ -11,6 +11,7 @@ import torch
 from frota.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from frota.engine.grammar import Matcher
     from frota.engine.lora.adapter import LoadedAdapter
 
 
@@ -30,6 +31,7 @@ class Sequence:
         params: SamplingParams,
         generator: torch.Generator | None = None,
         adapter: LoadedAdapter | None = None,
+        matcher: Matcher | None = None,
     ) -> None:
         self.request_id = request_id
         self.token_ids: list[int] = list(prompt_token_ids)
@@ -50,7 +52,7 @@ class Sequence:
         self.finish_reason: str | None = None
         # params.prompt_logprobs: entry i scores prompt token i (entry 0, with no context, is None)
         self.prompt_logprobs: list = [None] if params.prompt_logprobs is not None else []
-        self.matcher = None  # frota.engine.grammar.Matcher when params.constraint is set
+        self.matcher = matcher  # where the output stands in params.constraint's grammar
         self.keep_kv = False  # disaggregated prefill: blocks stay pinned at finish (kv_transfer)
         self.arrival_time = time.perf_counter()
         self.first_token_time: float | None = None

@@ -4,9 +4,13 @@ byte tokenizer for synthetic models. Chat templates are rendered with jinja2."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import jinja2
 import jinja2.sandbox
+
+if TYPE_CHECKING:
+    import tokenizers
 
 
 def _render_template(template: str, messages: list[dict], add_generation_prompt: bool, **extra) -> str:
@@ -110,7 +114,8 @@ def bytes_to_unicode() -> dict[int, str]:
     return dict(zip(bs, map(chr, cs), strict=True))
 
 
-def byte_level_bpe(tokens: list[str], merges: list[str], token_types: list[int] | None):
+def byte_level_bpe(tokens: list[str], merges: list[str],
+                   token_types: list[int] | None) -> tokenizers.Tokenizer:
     """A `tokenizers.Tokenizer` for a GPT-2 style vocabulary, as stored in GGUF metadata."""
     from tokenizers import AddedToken, decoders, models, pre_tokenizers
     from tokenizers import Tokenizer as Backend

@@ -30,6 +30,7 @@ import functools
 import logging
 import os
 from collections.abc import Collection
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
@@ -110,7 +111,7 @@ def enabled() -> bool:
     return os.environ.get("FROTA_PACKED_LINEAR", "1") != "0"
 
 
-def amx_ops():
+def amx_ops() -> ModuleType | None:
     """The kernels module when bfloat16 linears run on AMX tiles here: a CPU and OS that give
     them, the C++ kernels built, and `FROTA_AMX` not 0 (the kernels read it too). None
     otherwise."""

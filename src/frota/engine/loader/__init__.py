@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from frota.engine.loader.source import ResolvedModel, resolve_model
 
 __all__ = ["ResolvedModel", "load_model", "resolve_model"]
 
 
-def load_model(model: str, dtype, device, verbose: bool = True):
+if TYPE_CHECKING:
+    import torch
+
+    from frota.engine.config import ModelConfig
+    from frota.engine.model.llama import LlamaForCausalLM
+    from frota.engine.tokenizer import ByteTokenizer, Tokenizer
+
+    # what a loader returns, and an engine takes to share weights
+    Loaded = tuple[LlamaForCausalLM, ModelConfig, Tokenizer | ByteTokenizer]
+
+
+def load_model(model: str, dtype: torch.dtype, device: torch.device, verbose: bool = True) -> Loaded:
     """Return (LlamaForCausalLM, ModelConfig, tokenizer) on `device` in `dtype`.
 
     A model in a model cache (a directory with the marker `.frota-cache.json`, as

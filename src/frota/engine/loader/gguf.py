@@ -11,6 +11,7 @@ import torch
 from frota.engine.config import ModelConfig
 from frota.engine.errors import UnsupportedModelError
 from frota.engine.model.build import build_model
+from frota.engine.model.llama import LlamaForCausalLM
 from frota.engine.progress import progress
 from frota.engine.tokenizer import Tokenizer, byte_level_bpe
 
@@ -127,7 +128,8 @@ def iter_weights(reader, cfg: ModelConfig, verbose: bool) -> Iterator[tuple[str,
             progress(verbose, f"dequantized {i + 1}/{total} tensors")
 
 
-def load_gguf(path: str, dtype: torch.dtype, device: torch.device, verbose: bool = True):
+def load_gguf(path: str, dtype: torch.dtype, device: torch.device,
+              verbose: bool = True) -> tuple[LlamaForCausalLM, ModelConfig, Tokenizer]:
     """(model, config, tokenizer) from a GGUF file."""
     from gguf import GGUFReader
 

@@ -8,6 +8,8 @@ native blocks); `frota.engine.quant` itself knows neither files nor models.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
@@ -19,6 +21,9 @@ from frota.engine.progress import progress
 from frota.engine.quant.apply import gguf_native_weights, quantize_model
 from frota.engine.quant.config import QuantConfig
 from frota.engine.quant.formats import QuantizedWeight
+
+if TYPE_CHECKING:
+    from frota.engine.loader import Loaded
 
 
 def quantize_loaded_model(
@@ -45,7 +50,7 @@ def quantize_loaded_model(
 
 
 def load_as_served(model_name: str, quantization: str, dtype: torch.dtype, device: torch.device,
-                   verbose: bool) -> tuple:
+                   verbose: bool) -> Loaded:
     """(model, config, tokenizer) in `dtype`; with a `quantization` other than none, loaded in
     float32 and quantized from there (`quantize_loaded_model`)."""
     if quantization == "none":

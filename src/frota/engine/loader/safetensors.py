@@ -12,6 +12,7 @@ from frota.engine.config import ModelConfig
 from frota.engine.errors import ModelNotFoundError, UnsupportedModelError
 from frota.engine.loader.safetensors_header import read_header
 from frota.engine.model.build import build_model
+from frota.engine.model.llama import LlamaForCausalLM
 from frota.engine.progress import progress
 from frota.engine.tokenizer import Tokenizer
 
@@ -106,7 +107,8 @@ def iter_weights(path: Path, verbose: bool) -> Iterator[tuple[str, torch.Tensor]
         progress(verbose, f"read {i + 1}/{len(files)} safetensors files")
 
 
-def load_safetensors(path: str, dtype: torch.dtype, device: torch.device, verbose: bool = True):
+def load_safetensors(path: str, dtype: torch.dtype, device: torch.device,
+                     verbose: bool = True) -> tuple[LlamaForCausalLM, ModelConfig, Tokenizer]:
     """(model, config, tokenizer) from an HF-layout directory."""
     root = Path(path)
     cfg = read_config(root)

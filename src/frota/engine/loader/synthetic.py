@@ -16,6 +16,7 @@ from frota.api.synthetic import SyntheticSpecError, parse_synthetic_spec, synthe
 from frota.engine.config import ModelConfig
 from frota.engine.errors import ModelNotFoundError
 from frota.engine.model.build import build_model, cast_keeping_caches
+from frota.engine.model.llama import LlamaForCausalLM
 from frota.engine.progress import progress
 from frota.engine.tokenizer import ByteTokenizer
 
@@ -36,7 +37,8 @@ def parse_spec(spec: str) -> tuple[ModelConfig, int]:
 
 
 @torch.no_grad()
-def load_synthetic(spec: str, dtype: torch.dtype, device: torch.device, verbose: bool = True):
+def load_synthetic(spec: str, dtype: torch.dtype, device: torch.device,
+                   verbose: bool = True) -> tuple[LlamaForCausalLM, ModelConfig, ByteTokenizer]:
     """(model, config, tokenizer) with weights drawn from a generator seeded by the spec."""
     cfg, seed = parse_spec(spec)
     progress(verbose, f"building synthetic model {spec!r}")

@@ -22,7 +22,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None,
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """`norm(x)`; with `residual`, `(norm(residual + x), residual + x)`, where the fused CPU
         kernel adds into `residual` in place."""
         plain = x.dtype == self.weight.dtype and x.dim() == 2 and x.is_contiguous() and (
@@ -56,7 +57,8 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+    def forward(self, positions: torch.Tensor, q: torch.Tensor,
+                k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q: [T, H, D], k: [T, KVH, D]; positions: [T]."""
         cos = self.cos[positions].to(q.dtype).unsqueeze(1)
         sin = self.sin[positions].to(q.dtype).unsqueeze(1)

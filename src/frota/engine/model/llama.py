@@ -36,7 +36,8 @@ class LlamaAttention(nn.Module):
         self.o_proj = make_linear(self.q_size, cfg.hidden_size)
         self.rotary = rotary
 
-    def forward(self, positions, x, kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata):
+    def forward(self, positions: torch.Tensor, x: torch.Tensor,
+                kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
         t = x.shape[0]
         qkv = self.qkv_proj(x)
         k_cache, v_cache = kv_cache
@@ -84,7 +85,8 @@ class LlamaDecoderLayer(nn.Module):
         else:
             self.mlp = LlamaMLP(cfg.hidden_size, cfg.intermediate_size)
 
-    def forward(self, positions, x, kv_cache, meta):
+    def forward(self, positions: torch.Tensor, x: torch.Tensor,
+                kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
         """May overwrite `x` (the fused residual add); returns the layer's output."""
         h = self.self_attn(positions, self.input_layernorm(x), kv_cache, meta)
         h, x = self.post_attention_layernorm(h, residual=x)

@@ -135,7 +135,7 @@ class Comm:
         self._timed("broadcast", t0, buf.numel())
         return obj if self.pc.rank == 0 else pickle.loads(buf.numpy().tobytes())
 
-    def send(self, x: torch.Tensor, dst: int):
+    def send(self, x: torch.Tensor, dst: int) -> dist.Work:
         """Asynchronous point-to-point send; the caller waits on the handle before reuse."""
         t0 = time.perf_counter()
         handle = dist.isend(x.contiguous(), dst)

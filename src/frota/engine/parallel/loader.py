@@ -295,7 +295,8 @@ def open_checkpoint(model_name: str) -> tuple[ModelConfig, object, Iterator[tupl
 
 
 def load_shard(cfg: ModelConfig, weights: Iterable[tuple[str, torch.Tensor]], pc: ParallelConfig,
-               comm: Comm, dtype: torch.dtype, device: torch.device, verbose: bool = True):
+               comm: Comm, dtype: torch.dtype, device: torch.device,
+               verbose: bool = True) -> tuple[LlamaForCausalLM, ShardLayout]:
     """(shard model, layout) for this rank, filled from the full tensors in `weights`."""
     model, layout = build_shard(cfg, pc, comm, dtype, device)
     ShardLoader(model, layout).load(weights)

@@ -29,6 +29,7 @@ Kernels, by device and activation dtype:
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
@@ -56,7 +57,7 @@ FROTA_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 GEMV_MAX_ROWS = 8
 
 
-def frota_kernels(device: torch.device):  # type: ignore[no-untyped-def]
+def frota_kernels(device: torch.device) -> ModuleType | None:
     """Frota's compiled CPU kernels where they apply (CPU tensors), else None."""
     return cpu_kernels.kernels() if device.type == "cpu" else None
 
