@@ -62,20 +62,38 @@ def test_router_gets_every_group_leader_and_the_manifest_policy():
     assert argv[argv.index("--policy") + 1] == "least-load"
 
 
-def test_gpu_ranks_each_get_their_own_devices(monkeypatch: pytest.MonkeyPatch):
+def test_gpu_ranks_each_get_their_own_devices(monkeypatch: pytest.MonkeyPatch, tmp_path):  # type: ignore[no-untyped-def]
     monkeypatch.setattr(fleet, "count_local_accelerators", lambda _: 4)
-    topo = default_topology()
-    gpu = topology.LocalTopology(**{**topo.__dict__, "accelerators_per_rank": 2,
-                                    "accelerator_resource": "nvidia.com/gpu"})
-    gpu = topology.LocalTopology(**{**gpu.__dict__, "groups": topo.groups * 2})
-    local = build(gpu, FleetOptions(port=free_port()))
+    manifest = tmp_path / "gpu.yaml"
+    manifest.write_text(topology.default_manifest_text().replace(
+        "  replicas: 1\n", "  replicas: 2\n").replace(
+        "    memory: 2Gi\n", "    memory: 2Gi\n    accelerator: {count: 2, memory: 16Gi}\n"))
+    local = build(topology.plan(topology.load(str(manifest))), FleetOptions(port=free_port()))
     assert [g.processes[0].env["CUDA_VISIBLE_DEVICES"] for g in local.worker_groups] == ["0,1",
                                                                                          "2,3"]
 
 
-def test_strip_flags_drops_both_spellings():
-    assert topology.strip_flags(("a", "--port", "1", "--port=2", "--host", "h", "b"),
-                              {"--port", "--host"}) == ("a", "b")
+def test_every_argument_and_variable_of_a_process_is_the_plans(monkeypatch: pytest.MonkeyPatch):
+    """frota up plans on the ports it took (a LocalAddressing) and runs that plan as it is."""
+    from frota.plan import planner
+
+    topo, given = default_topology(), []
+    real_plan = planner.plan
+
+    def spy(isvc, addressing=None, **kwargs):  # type: ignore[no-untyped-def]
+        given.append(addressing)
+        return real_plan(isvc, addressing, **kwargs)
+
+    monkeypatch.setattr(planner, "plan", spy)
+    local = build(topo, FleetOptions(port=free_port(), fleet_key_file="/k"))
+    [addressing] = given
+    planned = real_plan(topo.isvc, addressing, converted_dir=str(topology.converted_models_dir()))
+    [group], [worker] = planned.groups, local.worker_groups
+    [rank], [proc] = group.ranks, worker.processes
+    assert addressing.http_ports == ((proc.port,),) and rank.http_port == proc.port
+    assert proc.argv[-len(rank.args):] == rank.args
+    assert proc.env == planned.rank_env(group, rank)
+    assert local.router.processes[0].env == dict(planned.router.env)
 
 
 def test_free_ports_skips_a_listening_port_and_require_free_names_it():

@@ -6,7 +6,7 @@ import pytest
 
 from frota.api.contract import FleetKey, Role
 from frota.plan import planner
-from frota.plan.addressing import LocalAddressing
+from frota.plan.addressing import LISTEN_FLAGS, LocalAddressing, without_flags
 from frota.plan.memory import role_budget
 from frota.plan.model_shapes import SMOLLM2_135M, locate
 from frota.plan.planner import plan
@@ -95,6 +95,10 @@ def test_a_vllm_group_on_one_machine_is_one_server_that_runs_its_workers():
                                 "--host", "127.0.0.1", "--port", "9000")
     assert server.process_env["FROTA_WORLD_SIZE"] == "1"
     assert "--tensor-parallel-size 3" in " ".join(server.args)
+
+
+def test_a_specs_listen_flags_are_dropped_in_both_spellings():
+    assert without_flags(("a", "--port", "1", "--port=2", "--host", "h", "b"), LISTEN_FLAGS) == ("a", "b")
 
 
 def test_in_a_cluster_the_addressing_adds_nothing_to_a_process():

@@ -1,4 +1,9 @@
-"""Topology -> the local processes that run it: ports, rank env, devices, argv."""
+"""Topology -> the local processes that run it.
+
+`build` takes this machine's ports and devices for the topology's processes, has the
+planner plan them there (`LocalAddressing`), and runs each process as planned: its
+arguments and environment are the plan's, as they are.
+"""
 
 from __future__ import annotations
 
@@ -7,23 +12,19 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
+from typing import TypeVar
 
-from frota.api.contract import FleetKey, Role
+from frota.api.contract import Role
 from frota.local.ports import free_ports, require_free
 from frota.local.supervisor import GroupSpec, ProcessSpec
-from frota.local.topology import (
-    LocalGroup,
-    LocalRank,
-    LocalTopology,
-    UnsupportedLocally,
-    strip_flags,
-)
+from frota.local.topology import LocalGroup, LocalRank, LocalTopology, UnsupportedLocally, plan
+from frota.plan.addressing import LOOPBACK, MASTER_PORT, LocalAddressing
 from frota.plan.runtimes import FROTA_COMMAND
 
 # How `frota up` starts `frota worker` and `frota router`: this interpreter,
 # so the fleet runs the same install as the command that started it.
 DEFAULT_LAUNCHER = (sys.executable, "-m", "frota.cli.main")
-MASTER_PORT_BASE = 29500
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -73,48 +74,54 @@ def count_local_accelerators(resource: str) -> int:
 
 
 def build(topology: LocalTopology, opts: FleetOptions) -> LocalFleet:
-    """Assign ports and devices and build every process; raise on what cannot run here."""
+    """Take ports and devices, plan the processes on them and build each one; raise on what
+    cannot run here."""
     require_free(opts.port, opts.host, "router")
-    ranks = [(g, r) for g in topology.groups for r in g.ranks]
-    if not ranks:
+    sizes = [len(g.ranks) for g in topology.groups]
+    if not sum(sizes):
         raise UnsupportedLocally("spec.replicas is 0: there is nothing to serve (set replicas: 1)")
-    devices = _assign_devices(topology, len(ranks))
-    base = opts.worker_base_port or opts.port + 1
-    rank_ports = free_ports(len(ranks), base, opts.host, exclude=[opts.port])
-    # torch.distributed rendezvous, one per group, in torch's usual range.
-    master_ports = free_ports(len(topology.groups), MASTER_PORT_BASE, "127.0.0.1",
-                              exclude=[opts.port, *rank_ports])
-    # A CPU request is a floor, not a cap (as in Kubernetes without limits): the
-    # ranks share this machine's cores instead of each taking all of them.
-    threads = opts.cpu_threads or max(1, (os.cpu_count() or 1) // len(ranks))
-
-    worker_groups = []
-    index = 0
-    for group_index, group in enumerate(topology.groups):
-        procs = []
-        for rank in group.ranks:
-            port = rank_ports[index]
-            env = {**rank.env, **_rank_env(group, rank.rank, master_ports[group_index], opts,
-                                            threads)}
-            if devices is not None:
-                env["CUDA_VISIBLE_DEVICES"] = devices[index]
-            env.update(_fleet_key_env(opts))
-            argv = (*local_command(rank, opts), *strip_flags(rank.args, {"--port", "--host"}),
-                    "--host", opts.host, "--port", str(port))
-            is_leader = rank.rank == 0
-            procs.append(ProcessSpec(
-                name=group.name if len(group.ranks) == 1 else f"{group.name}.{rank.rank}",
-                argv=argv, env=env, port=port, role=group.role, replica=group.replica,
-                rank=rank.rank,
-                ready_url=f"http://{_connect_host(opts.host)}:{port}{group.ready_path}" if is_leader else None,
-                live_url=f"http://{_connect_host(opts.host)}:{port}{group.live_path}" if is_leader else None,
-            ))
-            index += 1
-        worker_groups.append(GroupSpec(group.name, tuple(procs)))
-
-    router = _router_spec(topology, worker_groups, opts)
+    placed = plan(topology.isvc, _take_addresses(topology, sizes, opts))
+    worker_groups = [GroupSpec(g.name, tuple(_process(g, r, opts) for r in g.ranks))
+                     for g in placed.groups]
+    router = _router_spec(placed, worker_groups, opts)
     return LocalFleet(tuple(worker_groups), GroupSpec("router", (router,)),
                       url=f"http://{_connect_host(opts.host)}:{opts.port}")
+
+
+def _take_addresses(topology: LocalTopology, sizes: list[int], opts: FleetOptions) -> LocalAddressing:
+    """The ports, devices and CPU share of each of the processes (`sizes`: per group)."""
+    count = sum(sizes)
+    devices = _assign_devices(topology, count)
+    base = opts.worker_base_port or opts.port + 1
+    http_ports = free_ports(count, base, opts.host, exclude=[opts.port])
+    # torch.distributed rendezvous, one per group, in torch's usual range.
+    master_ports = free_ports(len(sizes), MASTER_PORT, LOOPBACK, exclude=[opts.port, *http_ports])
+    # A CPU request is a floor, not a cap (as in Kubernetes without limits): the
+    # ranks share this machine's cores instead of each taking all of them.
+    threads = opts.cpu_threads or max(1, (os.cpu_count() or 1) // count)
+    return LocalAddressing(
+        host=opts.host, http_ports=_by_group(http_ports, sizes), master_ports=tuple(master_ports),
+        devices=None if devices is None else _by_group(devices, sizes), threads=threads,
+        log_level=opts.log_level, fleet_key_file=opts.fleet_key_file)
+
+
+def _by_group(flat: list[T], sizes: list[int]) -> tuple[tuple[T, ...], ...]:
+    """`flat`, one item per process in order, cut into the groups' processes."""
+    items = iter(flat)
+    return tuple(tuple(next(items) for _ in range(size)) for size in sizes)
+
+
+def _process(group: LocalGroup, rank: LocalRank, opts: FleetOptions) -> ProcessSpec:
+    """One worker process as planned; its group's rank 0 is the one probed."""
+    url = f"http://{_connect_host(opts.host)}:{rank.port}"
+    is_leader = rank.rank == 0
+    return ProcessSpec(
+        name=group.name if len(group.ranks) == 1 else f"{group.name}.{rank.rank}",
+        argv=(*local_command(rank, opts), *rank.args), env=rank.env, port=rank.port,
+        role=group.role, replica=group.replica, rank=rank.rank,
+        ready_url=f"{url}{group.ready_path}" if is_leader else None,
+        live_url=f"{url}{group.live_path}" if is_leader else None,
+    )
 
 
 def local_command(rank: LocalRank, opts: FleetOptions) -> tuple[str, ...]:
@@ -145,35 +152,13 @@ def _router_spec(topology: LocalTopology, groups: list[GroupSpec], opts: FleetOp
         hold = ("--demand-url", opts.demand_url)
         if "--hold-seconds" not in topology.router_args:  # --scale-to-zero on a plain manifest
             hold += topology.hold_args
-    argv = (*opts.launcher, "router", *(x for pool in pools for x in pool),
-            *strip_flags(topology.router_args, {"--port", "--host", "--workers",
-                                                 "--prefill-workers", "--decode-workers"}),
+    argv = (*opts.launcher, "router", *(x for pool in pools for x in pool), *topology.router_args,
             *hold, "--host", opts.host, "--port", str(opts.port))
     return ProcessSpec(
-        name="router", argv=argv,
-        env={**topology.router_env, "FROTA_LOG_LEVEL": opts.log_level, **_fleet_key_env(opts)},
-        port=opts.port,
+        name="router", argv=argv, env=dict(topology.router_env), port=opts.port,
         role=Role.ROUTER, ready_url=f"http://{_connect_host(opts.host)}:{opts.port}/ready",
         live_url=f"http://{_connect_host(opts.host)}:{opts.port}/health",
     )
-
-
-def _fleet_key_env(opts: FleetOptions) -> dict[str, str]:
-    return {FleetKey.FILE_ENV: opts.fleet_key_file} if opts.fleet_key_file else {}
-
-
-def _rank_env(group: LocalGroup, rank: int, master_port: int, opts: FleetOptions,
-              threads: int) -> dict[str, str]:
-    world = str(len(group.ranks))
-    env = {
-        "FROTA_RANK": str(rank), "FROTA_WORLD_SIZE": world,
-        "FROTA_MASTER_ADDR": "127.0.0.1", "FROTA_MASTER_PORT": str(master_port),
-        "RANK": str(rank), "WORLD_SIZE": world, "LOCAL_RANK": str(rank),
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port),
-        "FROTA_LOG_LEVEL": opts.log_level,
-        "OMP_NUM_THREADS": str(threads),
-    }
-    return env
 
 
 def _assign_devices(topology: LocalTopology, num_ranks: int) -> list[str] | None:

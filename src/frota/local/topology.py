@@ -4,6 +4,9 @@ This is the only module of `frota.local` that knows the API models and the
 planner's shape (`frota.plan.planner`, `frota.plan.topology`);
 everything downstream works on the small `LocalTopology` below. When the
 planner's output changes, only this module changes.
+
+The planner plans for this machine (`LocalAddressing`): every argument and variable
+of a process is the plan's, and `frota up` runs them as they are.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import yaml
 from frota.api import InferenceService, ScaleToZero
 from frota.api.contract import ModelAlias, WorkerRole
 from frota.plan import planner
+from frota.plan.addressing import LocalAddressing
 from frota.plan.model_shapes import AdapterLocation
 from frota.plan.runtimes import FROTA_COMMAND
 from frota.plan.topology import ReplicaGroup, Topology
@@ -37,7 +41,8 @@ class UnsupportedLocally(ValueError):
 
 @dataclass(frozen=True)
 class LocalRank:
-    """One worker process: `command + args` with `env` (the planner's, complete).
+    """One worker process: `command + args` with `env`, listening on `port` (the planner's,
+    complete).
 
     `command` names the runtime's server as the images do (`frota`, or `vllm serve`);
     the fleet maps it to a program on this machine.
@@ -45,6 +50,7 @@ class LocalRank:
 
     rank: int
     args: tuple[str, ...]
+    port: int
     env: dict[str, str] = field(default_factory=dict)
     command: tuple[str, ...] = FROTA_COMMAND
 
@@ -72,6 +78,8 @@ class LocalTopology:
     mode: str  # Colocated | Disaggregated
     served_model_name: str
     groups: tuple[LocalGroup, ...]
+    # What was planned: `frota.local.fleet.build` plans it again on the ports it takes.
+    isvc: InferenceService
     router_args: tuple[str, ...] = ()
     router_env: dict[str, str] = field(default_factory=dict)
     accelerators_per_rank: int = 0
@@ -168,43 +176,37 @@ def converted_models_dir() -> Path:
     return Path(base) / "frota" / "converted"
 
 
-# vLLM's multi-node flags: on one machine a vLLM group is one server with its own workers.
-_VLLM_MULTI_NODE = {"--nnodes", "--node-rank", "--master-addr", "--master-port"}
-
-
-def _local_group(topo: Topology, g: ReplicaGroup, extra_env: dict[str, str],
-                 runtime: str) -> LocalGroup:
-    ranks = tuple(
-        LocalRank(r.index, tuple(r.args), {**topo.rank_env(g, r), **extra_env}, tuple(r.command))
-        for r in g.ranks
-    )
-    if runtime == "vllm":
-        leader = ranks[0]
-        args = tuple(a for a in strip_flags(leader.args, _VLLM_MULTI_NODE) if a != "--headless")
-        ranks = (LocalRank(0, args, leader.env, leader.command),)
+def _local_group(topo: Topology, g: ReplicaGroup, user_env: dict[str, str]) -> LocalGroup:
+    ranks = tuple(LocalRank(r.index, tuple(r.args), r.http_port, topo.rank_env(g, r, user_env),
+                            tuple(r.command))
+                  for r in g.ranks)
     return LocalGroup(role=g.role, replica=g.replica, ranks=ranks,
                       live_path=g.pod.live_path, ready_path=g.pod.ready_path)
 
 
-def plan(isvc: InferenceService) -> LocalTopology:
-    """The planner's topology of `isvc`, checked for what a single machine can run."""
+def plan(isvc: InferenceService, addressing: LocalAddressing | None = None) -> LocalTopology:
+    """The planner's topology of `isvc` on this machine, checked for what it can run.
+
+    Without `addressing` no port is taken yet (every port is 0): the plan says which
+    processes run, and `frota.local.fleet.build` plans them again on the ports it takes.
+    """
     converted = converted_models_dir()
     try:
-        topo = planner.plan(isvc, converted_dir=str(converted))
+        topo = planner.plan(isvc, addressing or LocalAddressing(), converted_dir=str(converted))
     except SpecError as exc:
         raise ManifestError(_invalid(isvc.to_wire(), exc)) from exc
     _check_model(topo.model.uri, topo.model.delivery)
     _check_adapters(topo.adapters)
-    extra_env = _engine_env(isvc)
+    user_env = _engine_env(isvc)
     spec = isvc.spec
     runtime = spec.runtime.engine
-    groups = tuple(_local_group(topo, g, extra_env, runtime) for g in topo.groups)
+    groups = tuple(_local_group(topo, g, user_env) for g in topo.groups)
     conversions = ()
     if runtime == "vllm" and topo.model.delivery == "image":
         alias = topo.model.model_arg
         conversions = ((alias, str(converted / alias)),)
     notes = list(topo.warnings)
-    world = max((g.world_size for g in topo.groups), default=1)
+    world = max((g.sharding.world_size for g in topo.groups), default=1)
     if runtime == "vllm" and world > 1:
         notes.append(f"runtime vllm: each group is one vLLM server with {world} "
                      "workers of its own (vLLM's single-machine parallelism)")
@@ -227,6 +229,7 @@ def plan(isvc: InferenceService) -> LocalTopology:
     return LocalTopology(
         name=topo.name, mode=topo.mode, served_model_name=topo.served_model_name,
         groups=groups,
+        isvc=isvc,
         router_args=("--policy", topo.router.policy, *topo.router.args),
         router_env=dict(topo.router.env),
         accelerators_per_rank=accel.count if accel else 0,
@@ -286,20 +289,3 @@ def _engine_env(isvc: InferenceService) -> dict[str, str]:
             )
         env[var.name] = var.value or ""
     return env
-
-
-def strip_flags(args: tuple[str, ...], flags: set[str]) -> tuple[str, ...]:
-    """Drop `--flag value` and `--flag=value` pairs that `frota up` sets itself."""
-    out: list[str] = []
-    skip = False
-    for arg in args:
-        if skip:
-            skip = False
-            continue
-        if arg in flags:
-            skip = True
-            continue
-        if arg.split("=", 1)[0] in flags:
-            continue
-        out.append(arg)
-    return tuple(out)
