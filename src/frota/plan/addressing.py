@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from frota.api.contract import FleetKey
+from frota.api.contract import HTTP_PORT, Env, FleetKey
 
-WORKER_PORT = 8000
+WORKER_PORT = HTTP_PORT
 MASTER_PORT = 29500
 #: Where the ranks of a group on one machine meet (torch.distributed's rendezvous).
 LOOPBACK = "127.0.0.1"
@@ -132,10 +132,10 @@ class LocalAddressing:
         torch.distributed's), the process's share of the machine, and the fleet's env."""
         index, world, port = str(rank), str(num_processes), str(self.master_port(group_ordinal))
         env = {
-            "FROTA_RANK": index, "FROTA_WORLD_SIZE": world,
-            "FROTA_MASTER_ADDR": LOOPBACK, "FROTA_MASTER_PORT": port,
-            "RANK": index, "WORLD_SIZE": world, "LOCAL_RANK": index,
-            "MASTER_ADDR": LOOPBACK, "MASTER_PORT": port,
+            Env.RANK: index, Env.WORLD_SIZE: world,
+            Env.MASTER_ADDR: LOOPBACK, Env.MASTER_PORT: port,
+            Env.TORCH_RANK: index, Env.TORCH_WORLD_SIZE: world, Env.TORCH_LOCAL_RANK: index,
+            Env.TORCH_MASTER_ADDR: LOOPBACK, Env.TORCH_MASTER_PORT: port,
             "OMP_NUM_THREADS": str(self.threads),
         }
         if self.devices is not None:

@@ -10,7 +10,7 @@ import hashlib
 import json
 
 from frota.api import InferenceService, InferenceServiceSpec, Parallelism, Resources
-from frota.api.contract import Role, WorkerRole
+from frota.api.contract import Env, Role, WorkerRole
 from frota.api.memory import ModelShape
 from frota.api.runtime import Runtime
 from frota.plan.addressing import Addressing, KubernetesAddressing
@@ -260,7 +260,7 @@ def plan(isvc: InferenceService, addressing: Addressing | None = None,
         "FROTA_MAX_QUEUE": str(spec.router.admission.maxQueue),
     }
     if spec.disaggregation is not None:
-        router_env["FROTA_MIN_PREFILL_TOKENS"] = str(spec.disaggregation.minPromptTokens)
+        router_env[Env.MIN_PREFILL_TOKENS] = str(spec.disaggregation.minPromptTokens)
     return Topology(
         name=name,
         mode="Disaggregated" if spec.disaggregation else "Colocated",

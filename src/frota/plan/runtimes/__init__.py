@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from frota.api import InferenceServiceSpec, LoRA, Resources
+from frota.api.contract import ServingPath
 
 #: Frota's runtime: the worker image's `frota` command (`frota worker ...`).
 FROTA_COMMAND = ("frota",)
@@ -51,8 +52,8 @@ class Launch:
     command: tuple[str, ...]
     args: tuple[str, ...]
     env: Mapping[str, str] = field(default_factory=dict)
-    live_path: str = "/health"
-    ready_path: str = "/ready"
+    live_path: str = ServingPath.HEALTH
+    ready_path: str = ServingPath.READY
 
     @property
     def argv(self) -> tuple[str, ...]:

@@ -30,7 +30,7 @@ ConfigMap); each group adds its sharding, and each rank its index.
 from __future__ import annotations
 
 from frota.api import InferenceServiceSpec
-from frota.api.contract import EngineRole, Role, WorkerRole
+from frota.api.contract import EngineRole, Env, Role, WorkerRole
 from frota.plan.addressing import Addressing
 from frota.plan.memory import MemoryBudget
 from frota.plan.model_shapes import AdapterLocation
@@ -58,7 +58,7 @@ def engine_env(spec: InferenceServiceSpec) -> dict[str, str]:
     if engine.maxModelLen is not None:
         env["FROTA_MAX_MODEL_LEN"] = str(engine.maxModelLen)
     if spec.disaggregation is not None:
-        env["FROTA_MIN_PREFILL_TOKENS"] = str(spec.disaggregation.minPromptTokens)
+        env[Env.MIN_PREFILL_TOKENS] = str(spec.disaggregation.minPromptTokens)
     return env
 
 
@@ -79,9 +79,9 @@ def group(
     p = rs.parallelism
     world = p.world_size
     group_env = {
-        "FROTA_WORLD_SIZE": str(world),
-        "FROTA_MASTER_ADDR": addressing.master_addr(group_name),
-        "FROTA_MASTER_PORT": str(addressing.master_port(ordinal)),
+        Env.WORLD_SIZE: str(world),
+        Env.MASTER_ADDR: addressing.master_addr(group_name),
+        Env.MASTER_PORT: str(addressing.master_port(ordinal)),
         "FROTA_TENSOR_PARALLEL_SIZE": str(p.tensor),
         "FROTA_PIPELINE_PARALLEL_SIZE": str(p.pipeline),
         "FROTA_EXPERT_PARALLEL_SIZE": str(p.expert),
@@ -97,7 +97,7 @@ def group(
             ("worker", "--model", model_arg), ("--port", str(port)),
             ("--role", ENGINE_ROLE[rs.role], *worker_lora_args(spec, adapters), *spec.engine.extraArgs),
             port)
-        ranks.append(Rank(index, args, {**group_env, "FROTA_RANK": str(index)}, port,
+        ranks.append(Rank(index, args, {**group_env, Env.RANK: str(index)}, port,
                           process_env=addressing.process_env(ordinal, index, world)))
     return ReplicaGroup(group_name, rs.role, replica, ordinal, p, tuple(ranks), rs.revision,
                         budget)

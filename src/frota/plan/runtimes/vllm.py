@@ -36,6 +36,7 @@ import shlex
 from collections.abc import Sequence
 
 from frota.api import InferenceServiceSpec, Parallelism, Resources
+from frota.api.contract import Env, ServingPath
 from frota.plan.addressing import Addressing, KubernetesAddressing
 from frota.plan.memory import MemoryBudget
 from frota.plan.model_shapes import AdapterLocation
@@ -49,8 +50,8 @@ SERVER = ("vllm", "serve")
 #: with its own format names another parser in runtime.args, which come last and win.
 TOOL_CALL_ARGS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
 #: In a pod template every rank shares one command; ranks after 0 run headless (no API server).
-HEADLESS_UNLESS_RANK_0 = 'if [ "$FROTA_RANK" != 0 ]; then set -- "$@" --headless; fi; exec "$0" "$@"'
-RANK_FROM_ENV = "$(FROTA_RANK)"  # expanded by the kubelet from the container's env
+HEADLESS_UNLESS_RANK_0 = f'if [ "${Env.RANK}" != 0 ]; then set -- "$@" --headless; fi; exec "$0" "$@"'
+RANK_FROM_ENV = f"$({Env.RANK})"  # expanded by the kubelet from the container's env
 IN_PODS = KubernetesAddressing()
 
 GIB = 2**30
@@ -91,7 +92,7 @@ def serve_args(spec: InferenceServiceSpec, parallelism: Parallelism, resources: 
 def lora_env(spec: InferenceServiceSpec) -> dict[str, str]:
     """vLLM reads runtime loading (/v1/load_lora_adapter) from its environment, not a flag."""
     if spec.lora is not None and spec.lora.allowRuntimeLoading:
-        return {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+        return {Env.RUNTIME_LORA: "True"}
     return {}
 
 
@@ -154,7 +155,7 @@ def launch(spec: InferenceServiceSpec, parallelism: Parallelism, resources: Reso
     if rank is None and world > 1 and not together:
         command = ("/bin/sh", "-c", HEADLESS_UNLESS_RANK_0, *server)
     return Launch(command=command, args=args, env={**cpu_env(resources, kv_cache_bytes), **lora_env(spec)},
-                  live_path="/health", ready_path="/health")
+                  live_path=ServingPath.HEALTH, ready_path=ServingPath.HEALTH)
 
 
 def group(
@@ -179,7 +180,7 @@ def group(
     for index in range(processes):
         port = addressing.http_port(ordinal, index)
         one = launch_rank(index, port)
-        ranks.append(Rank(index, one.args, {**one.env, "FROTA_RANK": str(index)}, port, one.command,
+        ranks.append(Rank(index, one.args, {**one.env, Env.RANK: str(index)}, port, one.command,
                           addressing.process_env(ordinal, index, processes)))
     template = launch_rank(None, addressing.http_port(ordinal, 0))
     return ReplicaGroup(group_name, rs.role, replica, ordinal, p, tuple(ranks), rs.revision,
