@@ -115,6 +115,19 @@ def test_multi_node_group_pod_template():
     assert launch.command[3:] == vllm.SERVER and "--headless" not in launch.args
 
 
+def test_on_one_machine_a_group_is_one_server_listening_where_frota_up_says():
+    from frota.plan.addressing import LocalAddressing
+
+    s = spec(parallelism={"tensor": 2}, runtime={"engine": "vllm", "args": ["--port", "1", "-O0"]})
+    for rank in (0, None):
+        launch = vllm.launch(s, s.parallelism, s.resources, model_path="/models/hf", port=9000,
+                             master_addr="127.0.0.1", master_port=29500, rank=rank, kv_cache_bytes=None,
+                             addressing=LocalAddressing(host="0.0.0.0"))
+        assert launch.command == vllm.SERVER and flag(launch.args, "--nnodes") is None
+        assert launch.args[-7:] == ("--distributed-executor-backend", "mp", "-O0",
+                                    "--host", "0.0.0.0", "--port", "9000")
+
+
 def test_probes_use_vllms_health():
     launch = rank0(spec())
     assert (launch.live_path, launch.ready_path) == ("/health", "/health")

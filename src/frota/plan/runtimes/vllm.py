@@ -1,6 +1,6 @@
 """The vllm runtime: the same spec fields as vLLM's `serve` flags and environment.
 
-Mapped (each a unit test in tests/operator/test_runtime_vllm.py):
+Mapped (each a unit test in tests/plan/test_runtime_vllm.py):
 
 | spec field                                   | vLLM                                                |
 |----------------------------------------------|-----------------------------------------------------|
