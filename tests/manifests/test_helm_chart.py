@@ -19,7 +19,7 @@ import yaml
 from e2e.apiserver import find_binaries
 from frota.operator.builders import build_children
 from frota.plan.planner import plan
-from tests.operator.isvc_fixtures import Spec
+from tests.isvc_fixtures import Spec
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "frota"

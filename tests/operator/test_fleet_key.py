@@ -17,7 +17,7 @@ from frota.operator.builders import build_children
 from frota.operator.builders.fleet_key import fleet_key_secret, with_new_key
 from frota.operator.loop import fleet_key
 from frota.plan.planner import plan
-from tests.operator.isvc_fixtures import Spec
+from tests.isvc_fixtures import Spec
 
 ROOT = Path(__file__).resolve().parents[2]
 HEX64 = re.compile(r"[0-9a-f]{64}")

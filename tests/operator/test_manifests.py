@@ -12,7 +12,7 @@ import yaml
 
 from frota.operator.builders import build_children
 from frota.plan.planner import plan
-from tests.operator.isvc_fixtures import Spec
+from tests.isvc_fixtures import Spec
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"

@@ -17,7 +17,7 @@ from frota.operator.reports.model_cache_status import model_cache_status
 from frota.plan.planner import plan
 from frota.plan.validation import SpecError, load
 from tests.api.apiserver_sim import admit
-from tests.operator.isvc_fixtures import Spec
+from tests.isvc_fixtures import Spec
 
 PIN = "5d" * 32
 GGUF_URI = "https://models.example/m.gguf"

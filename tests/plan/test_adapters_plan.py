@@ -10,7 +10,7 @@ from frota.plan.describe import describe
 from frota.plan.model_shapes import SMOLLM2_135M, locate_adapter
 from frota.plan.planner import plan
 from frota.plan.validation import SpecError
-from tests.operator.isvc_fixtures import Spec
+from tests.isvc_fixtures import Spec
 from tests.plan.test_runtime_vllm import flag
 
 ADAPTERS = [

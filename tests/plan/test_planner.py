@@ -12,7 +12,7 @@ from frota.plan.model_shapes import SMOLLM2_135M, locate
 from frota.plan.planner import plan
 from frota.plan.topology import Topology
 from frota.plan.validation import SpecError
-from tests.operator.isvc_fixtures import Spec
+from tests.isvc_fixtures import Spec
 
 
 def _errors(spec: Spec) -> list[str]:

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from frota.operator.builders import build_children
 from frota.plan.planner import plan
 from frota.plan.validation import SpecError
-from tests.operator.isvc_fixtures import Spec
+from tests.isvc_fixtures import Spec
 
 sizes = st.sampled_from([1, 2, 3, 4, 5, 6, 8])
 

@@ -8,7 +8,7 @@ import kubernetes_validate
 
 from frota.operator.builders import build_children
 from frota.plan.planner import plan
-from tests.operator.isvc_fixtures import Spec
+from tests.isvc_fixtures import Spec
 from tests.plan.test_adapters_plan import ADAPTERS, PATHS, with_adapters
 
 

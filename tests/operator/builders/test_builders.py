@@ -12,7 +12,7 @@ from frota.api import InferenceService
 from frota.operator.builders import build_children
 from frota.operator.render import planned_status
 from frota.plan.planner import plan
-from tests.operator.isvc_fixtures import Spec
+from tests.isvc_fixtures import Spec
 
 SAMPLES = sorted((Path(__file__).resolve().parents[3] / "manifests" / "samples").glob("*.yaml"))
 KUBERNETES_VERSIONS = ["1.33.0", "1.34.0", "1.35.0"]

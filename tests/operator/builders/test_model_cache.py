@@ -13,7 +13,7 @@ from frota.operator.builders import build_children
 from frota.operator.builders.model_cache import CACHE_DIR, MARKER_WAIT_ARGS, PROGRESS_PORT
 from frota.operator.reports.model_cache_status import model_cache_status
 from frota.plan.planner import plan
-from tests.operator.isvc_fixtures import Spec
+from tests.isvc_fixtures import Spec
 
 URI = "hf://org/repo"
 

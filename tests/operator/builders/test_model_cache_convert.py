@@ -7,7 +7,7 @@ from __future__ import annotations
 from frota.operator.builders import build_children
 from frota.operator.builders.model_cache import PROGRESS_PORT
 from frota.plan.planner import plan
-from tests.operator.isvc_fixtures import Spec
+from tests.isvc_fixtures import Spec
 
 GGUF_URI = "https://models.example/w/m.gguf#sha256=" + "a" * 64
 

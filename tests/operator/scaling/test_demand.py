@@ -13,7 +13,7 @@ from frota.api.contract import Demand
 from frota.operator.loop import handlers
 from frota.operator.loop.state import OperatorState
 from frota.operator.scaling import autoscaler, demand
-from tests.operator.isvc_fixtures import Spec
+from tests.isvc_fixtures import Spec
 
 SCALE_TO_ZERO = {"minReplicas": 0, "maxReplicas": 2, "target": 4, "scaleToZero": {}}
 
