@@ -10,7 +10,7 @@ spec.model.sha256 names for a file or a directory.
 
 While `fill` downloads it answers GET :PORT/progress (--progress-port) with {"bytes", "totalBytes"}:
 the bytes of its partial on disk and the source's Content-Length where one is announced.
-The operator reads it (frota.operator.model_cache_progress), as it reads the workers'
+The operator reads it (frota.operator.reports.model_cache_progress), as it reads the workers'
 /metrics, so the Job needs no API access at all.
 
 `fill --convert DIR` (the vllm runtime's GGUF models) then writes the HF-layout copy vLLM
