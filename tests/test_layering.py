@@ -88,6 +88,18 @@ def test_a_part_imports_only_the_layers_below_it(part: str) -> None:
     assert bad == []
 
 
+def test_builders_render_what_the_topology_says_without_asking_the_planner_again() -> None:
+    """The planner decides once (`frota.plan.planner.plan`); a builder reads the Topology's
+    answers, so what `frota plan` shows and what the operator renders cannot drift."""
+    bad = [
+        f"{path.relative_to(SRC.parent)}:{line}: import {name}"
+        for path in sorted((SRC / "operator" / "builders").rglob("*.py"))
+        for line, name, _ in _imports(path)
+        if _under(name, ("frota.plan.planner",))
+    ]
+    assert bad == []
+
+
 @pytest.mark.parametrize("part", ["engine", "server", "router"])
 def test_the_data_plane_starts_no_control_plane_module_by_name(part: str) -> None:
     bad = [

@@ -21,6 +21,7 @@ AdapterDelivery = Literal["pvc", "download", "local"]
 MODELS_DIR = "/models"
 CACHE_DIR = "/models/cache"
 CONVERTED_DIR = "/models/converted"  # HF-layout copies of image-baked models (`frota convert`)
+CACHED_CONVERSION = "converted"  # where the model-cache Job writes vLLM's copy, under the cache
 ADAPTERS_DIR = "/adapters"  # claims holding adapters are mounted under ADAPTERS_DIR/pvc/CLAIM
 ADAPTER_CACHE_DIR = "/adapters/cache"  # downloaded adapters, one directory each
 

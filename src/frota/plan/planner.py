@@ -17,6 +17,7 @@ from frota.plan.addressing import Addressing, KubernetesAddressing
 from frota.plan.memory import MemoryBudget, role_budget
 from frota.plan.model_shapes import (
     CACHE_DIR,
+    CACHED_CONVERSION,
     CONVERTED_DIR,
     AdapterLocation,
     ModelLocation,
@@ -124,7 +125,6 @@ def _memory_error(rs: RoleShape, budget: MemoryBudget, memory_fraction: float) -
 
 
 # In a model cache (spec.model.cache), the HF-layout copy the fill Job converted.
-CACHED_CONVERSION = "converted"
 
 
 def converts_into_cache(spec: InferenceServiceSpec, location: ModelLocation) -> bool:

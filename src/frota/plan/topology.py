@@ -12,8 +12,6 @@ from typing import Literal
 
 from frota.api import Parallelism, Resources
 from frota.api.contract import Role, WorkerRole
-from frota.plan.addressing import MASTER_PORT as MASTER_PORT  # the builders import the
-from frota.plan.addressing import WORKER_PORT as WORKER_PORT  # pods' ports from here
 from frota.plan.memory import MemoryBudget
 from frota.plan.model_shapes import AdapterLocation, ModelLocation
 from frota.plan.runtimes import FROTA_COMMAND, Launch

@@ -26,8 +26,7 @@ from frota.api.contract import CacheJob, Label
 from frota.operator.builders import pods
 from frota.operator.builders.common import labels, metadata
 from frota.operator.builders.fetch import FETCH_RESOURCES, ca_bundle, fetch_env
-from frota.plan.model_shapes import CACHE_DIR
-from frota.plan.planner import CACHED_CONVERSION
+from frota.plan.model_shapes import CACHE_DIR, CACHED_CONVERSION
 from frota.plan.topology import Topology
 
 JOB_MOUNT = "/cache"

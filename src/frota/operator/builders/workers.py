@@ -11,6 +11,7 @@ from frota.operator.builders import model_cache, pods
 from frota.operator.builders.common import labels, metadata, selector_labels
 from frota.operator.builders.fetch import FETCH_RESOURCES, ca_bundle, fetch_env
 from frota.operator.builders.fleet_key import fleet_key_mount
+from frota.plan.addressing import MASTER_PORT, WORKER_PORT
 from frota.plan.model_shapes import (
     ADAPTER_CACHE_DIR,
     ADAPTERS_DIR,
@@ -19,7 +20,7 @@ from frota.plan.model_shapes import (
     MODELS_DIR,
     AdapterLocation,
 )
-from frota.plan.topology import MASTER_PORT, WORKER_PORT, ReplicaGroup, Topology
+from frota.plan.topology import ReplicaGroup, Topology
 
 # Model load can take many minutes for large weights; the startup probe allows 30.
 STARTUP_PERIOD_SECONDS = 10

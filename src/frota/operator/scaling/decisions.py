@@ -45,7 +45,7 @@ from frota.api import InferenceService, InferenceServiceSpec, ScaleToZero, Scali
 from frota.api.contract import Label, Role, RouterMetric, ServingPath, WorkerMetric
 from frota.api.exposition import sample_totals
 from frota.operator.builders import service_url
-from frota.plan.topology import WORKER_PORT
+from frota.plan.addressing import WORKER_PORT
 
 TOLERANCE = 0.1  # no change while the metric is within 10% of the target
 ROLES = (Role.PREFILL, Role.DECODE)  # the roles with an autoscaling of their own
