@@ -101,21 +101,12 @@ def job(isvc: InferenceService, topology: Topology, resources: Resources | None 
                          "limits": {"memory": resources.memory}}
     tmp, tmp_mount = pods.tmp_volume()
     ca_volumes, ca_mounts, _ = ca_bundle(isvc)
-    container = {
-        "name": "fill",
-        "image": isvc.spec.engine.image,
-        "imagePullPolicy": isvc.spec.engine.imagePullPolicy,
-        "command": ["frota"],
-        "args": args,
+    container = pods.frota_container(
+        isvc, "fill", args, env=fetch_env(isvc), resources=job_resources,
+        volume_mounts=[tmp_mount, {"name": VOLUME, "mountPath": JOB_MOUNT}, *ca_mounts],
         # Read by the operator's capacity timer (model_cache_progress): no API access needed.
-        "ports": [{"name": "progress", "containerPort": PROGRESS_PORT, "protocol": "TCP"}],
-        "env": fetch_env(isvc),
-        "resources": job_resources,
-        "securityContext": pods.container_security_context(),
-        # The last lines of the log (the error) become the pod's termination message.
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-        "volumeMounts": [tmp_mount, {"name": VOLUME, "mountPath": JOB_MOUNT}, *ca_mounts],
-    }
+        ports=[{"name": "progress", "containerPort": PROGRESS_PORT, "protocol": "TCP"}],
+        message_from_log=True)  # the error, for status
     pod = {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
@@ -159,19 +150,14 @@ def worker_volumes(isvc: InferenceService, topology: Topology) -> tuple[list, li
     key = cache_key(isvc, topology)
     mount = {"name": VOLUME, "mountPath": CACHE_DIR, "subPath": key, "readOnly": True}
     _, tmp_mount = pods.tmp_volume()
-    init = {
-        "name": WAIT_CONTAINER,
-        "image": isvc.spec.engine.image,
-        "imagePullPolicy": isvc.spec.engine.imagePullPolicy,
-        "command": ["frota"],
-        "args": [*MARKER_WAIT_ARGS, f"{WAIT_MOUNT}/{key}", "--timeout", str(WAIT_SECONDS), *_pin(isvc)],
-        "env": list(pods.WRITABLE_HOME_ENV),
+    init = pods.frota_container(
+        isvc, WAIT_CONTAINER,
+        [*MARKER_WAIT_ARGS, f"{WAIT_MOUNT}/{key}", "--timeout", str(WAIT_SECONDS), *_pin(isvc)],
+        env=list(pods.WRITABLE_HOME_ENV),
         # Hashing reads in 8 MiB pieces on at most 4 threads (frota.engine.loader.digests).
-        "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
-        "securityContext": pods.container_security_context(),
+        resources={"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
+        volume_mounts=[tmp_mount, {"name": VOLUME, "mountPath": WAIT_MOUNT, "readOnly": True}],
         # A mismatch is written there; the log's last lines stand in for any other failure.
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-        "volumeMounts": [tmp_mount, {"name": VOLUME, "mountPath": WAIT_MOUNT, "readOnly": True}],
-    }
+        message_from_log=True)
     volume = {"name": VOLUME, "persistentVolumeClaim": {"claimName": claim_name(isvc), "readOnly": True}}
     return [volume], [mount], [init]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from frota.api import InferenceService
+
 RUN_AS_USER = 10001
 # SIGTERM to SIGKILL, for workers and routers alike: each drains its requests in flight
 # for all but the last DRAIN_MARGIN_SECONDS (and the router's preStop wait) of it.
@@ -33,6 +35,29 @@ def container_security_context() -> dict[str, Any]:
         "capabilities": {"drop": ["ALL"]},
         "seccompProfile": {"type": "RuntimeDefault"},
     }
+
+
+def frota_container(isvc: InferenceService, name: str, args: list[str], *,
+                    env: list[dict[str, Any]], resources: dict[str, Any],
+                    volume_mounts: list[dict[str, Any]],
+                    ports: list[dict[str, Any]] | None = None,
+                    message_from_log: bool = False) -> dict[str, Any]:
+    """A container of the fleet's image that runs `frota ARGS` beside the server (an init
+    container, the model-cache Job's), locked down like every container Frota runs.
+    `message_from_log`: the last lines of its log become its termination message (the
+    operator reads why it failed there)."""
+    container: dict[str, Any] = {
+        "name": name, "image": isvc.spec.engine.image,
+        "imagePullPolicy": isvc.spec.engine.imagePullPolicy, "command": ["frota"], "args": args,
+    }
+    if ports:
+        container["ports"] = ports
+    container |= {"env": env, "resources": resources,
+                  "securityContext": container_security_context()}
+    if message_from_log:
+        container["terminationMessagePolicy"] = "FallbackToLogsOnError"
+    container["volumeMounts"] = volume_mounts
+    return container
 
 
 def http_probe(path: str, *, period: int, failures: int, timeout: int = 5) -> dict[str, Any]:

@@ -67,17 +67,9 @@ def _filled_by_frota(isvc: InferenceService, name: str, volume: str, path: str,
     """An emptyDir at `path` that an init container of Frota's image fills (`frota ARGS`),
     mounted read-only in the worker: (volumes, worker mounts, init containers)."""
     _, tmp_mount = pods.tmp_volume()
-    init = {
-        "name": name,
-        "image": isvc.spec.engine.image,
-        "imagePullPolicy": isvc.spec.engine.imagePullPolicy,
-        "command": ["frota"],
-        "args": args,
-        "env": env,
-        "resources": resources,
-        "securityContext": pods.container_security_context(),
-        "volumeMounts": [tmp_mount, {"name": volume, "mountPath": path}, *(more_mounts or [])],
-    }
+    init = pods.frota_container(
+        isvc, name, args, env=env, resources=resources,
+        volume_mounts=[tmp_mount, {"name": volume, "mountPath": path}, *(more_mounts or [])])
     empty_dir = {"name": volume, "emptyDir": {"sizeLimit": size or isvc.spec.model.cacheSize}}
     return [empty_dir], [{"name": volume, "mountPath": path, "readOnly": True}], [init]
 
