@@ -141,11 +141,15 @@ def service_accounts(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]
 CASES = [(path, variant) for path in SAMPLES for variant in VARIANTS]
 
 
-@pytest.mark.parametrize(("path", "variant"), CASES,
-                         ids=[f"{p.stem}-{v}" for p, v in CASES])
-def test_no_data_plane_pod_can_write_its_fleet_secrets_workloads_or_rbac(path: Path,
-                                                                         variant: str) -> None:
-    objects = rendered(path, variant)
+@pytest.fixture(params=CASES, ids=[f"{p.stem}-{v}" for p, v in CASES])
+def objects(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
+    """What `frota render` prints for one sample in one variant."""
+    path, variant = request.param
+    return rendered(path, variant)
+
+
+def test_no_data_plane_pod_can_write_its_fleet_secrets_workloads_or_rbac(
+        objects: list[dict[str, Any]]) -> None:
     pods = pod_specs(objects)
     assert pods, "the sample renders no pod"
     problems = []
@@ -156,11 +160,8 @@ def test_no_data_plane_pod_can_write_its_fleet_secrets_workloads_or_rbac(path: P
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.parametrize(("path", "variant"), CASES,
-                         ids=[f"{p.stem}-{v}" for p, v in CASES])
-def test_only_pods_that_call_the_api_mount_a_service_account_token(path: Path,
-                                                                   variant: str) -> None:
-    objects = rendered(path, variant)
+def test_only_pods_that_call_the_api_mount_a_service_account_token(
+        objects: list[dict[str, Any]]) -> None:
     accounts = service_accounts(objects)
     callers = 0
     for owner, pod in pod_specs(objects):

@@ -271,3 +271,12 @@ class StubKV:
 
     def holds_blocks(self, seq: Any) -> bool:
         return False
+
+
+async def prefill_handle(client: Any, authorization: tuple[str, str], model: str,
+                         prompt: str = "ab") -> dict[str, Any]:
+    """A worker's KV handle for `prompt` (its prefill route, called as the router calls it)."""
+    resp = await client.post("/internal/kv/prefill/v1/completions", headers=dict([authorization]),
+                             json={"model": model, "prompt": prompt, "max_tokens": 4})
+    assert resp.status == 200, await resp.text()
+    return (await resp.json())["kv_handle"]

@@ -28,7 +28,7 @@ from frota.server.adapters import LoRAOptions
 from frota.server.app import ServerOptions, create_app
 from frota.server.kv_routes import KVOptions, add_kv_routes
 from tests.server.conftest import MODEL, bindings, wait_ready
-from tests.server.fake_engine import FakeEngine, StubKV, write_adapter
+from tests.server.fake_engine import FakeEngine, StubKV, prefill_handle, write_adapter
 
 
 class Canary:
@@ -146,11 +146,7 @@ async def test_a_worker_without_a_fleet_key_closes_its_internal_endpoints(tmp_pa
 
 async def test_a_prefill_signs_its_handle_with_an_expiry(worker, keyring: Keyring) -> None:  # type: ignore[no-untyped-def]
     client, _ = worker
-    resp = await client.post("/internal/kv/prefill/v1/completions",
-                             headers=dict([keyring.authorization()]),
-                             json={"model": MODEL, "prompt": "ab", "max_tokens": 4})
-    assert resp.status == 200, await resp.text()
-    handle = (await resp.json())["kv_handle"]
+    handle = await prefill_handle(client, keyring.authorization(), MODEL)
     assert keyring.verify(handle)
     assert time.time() < handle["expires_at"] <= time.time() + KVOptions().handle_ttl_s
 

@@ -20,7 +20,7 @@ from frota.server.adapters import LoRAOptions
 from frota.server.app import ServerOptions, create_app
 from frota.server.kv_routes import KVOptions, add_kv_routes
 from tests.server.conftest import MODEL, bindings, wait_ready
-from tests.server.fake_engine import FakeEngine, StubKV, write_adapter
+from tests.server.fake_engine import FakeEngine, StubKV, prefill_handle, write_adapter
 
 KEYRING = Keyring(generate_key().encode())
 
@@ -44,11 +44,7 @@ async def kv_client(tmp_path: Path) -> AsyncIterator[tuple[TestClient, StubKV]]:
 @pytest.mark.parametrize("model", [MODEL, "sql"])
 async def test_the_prefill_handle_names_the_adapter_it_ran_under(kv_client, model: str) -> None:  # type: ignore[no-untyped-def]
     client, kv = kv_client
-    resp = await client.post("/internal/kv/prefill/v1/completions",
-                             headers=dict([KEYRING.authorization()]),
-                             json={"model": model, "prompt": "ab", "max_tokens": 4})
-    assert resp.status == 200, await resp.text()
-    handle = (await resp.json())["kv_handle"]
+    handle = await prefill_handle(client, KEYRING.authorization(), model)
     expected = None if model == MODEL else "sql"
     assert handle["adapter"] == expected
     assert [(s.adapter, s.keep_kv) for s in kv.sequences] == [(expected, True)]

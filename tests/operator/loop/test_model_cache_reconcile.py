@@ -39,14 +39,19 @@ async def test_the_claim_and_the_job_are_applied_and_the_cache_is_pending(fake_a
     assert outcome.status.modelCache.job == job.removeprefix("Job/")
 
 
-async def test_a_failed_job_is_a_failed_cache_with_its_reason(fake_api: FakeApi) -> None:
+async def cache_job(fake_api: FakeApi, status: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """An InferenceService reconciled once, and the model-cache Job that reconcile made, in `status`."""
     body = owner()
     fake_api.live_owner = body
     first = await reconcile(body, Children(objects=(), pods=(), endpoint_slices=None), api=fake_api)
     name = first.status.modelCache.job
-    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "uid": "j1"},
-           "status": {"conditions": [{"type": "Failed", "status": "True",
-                                      "reason": "BackoffLimitExceeded", "message": "limit"}]}}
+    return body, {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "uid": "j1"},
+                  "status": status}
+
+
+async def test_a_failed_job_is_a_failed_cache_with_its_reason(fake_api: FakeApi) -> None:
+    body, job = await cache_job(fake_api, {"conditions": [
+        {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "limit"}]})
     outcome = await reconcile(body, Children(objects=(job,), pods=(), endpoint_slices=None), api=fake_api)
     assert outcome.status.modelCache.state == "Failed"
     assert outcome.status.modelCache.reason == "BackoffLimitExceeded: limit"
@@ -76,13 +81,9 @@ def fill_pod(job: dict[str, Any], exit_code: int, message: str) -> dict[str, Any
 async def test_the_fill_pods_error_reaches_the_reason_through_the_pod_index(fake_api: FakeApi) -> None:
     """The Job's own Failed condition names only its rule; the fill pod's last log line (its
     termination message) says what went wrong, and the operator sees it in its slim pod cache."""
-    body = owner()
-    fake_api.live_owner = body
-    first = await reconcile(body, Children(objects=(), pods=(), endpoint_slices=None), api=fake_api)
-    name = first.status.modelCache.job
-    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "uid": "j1"},
-           "status": {"conditions": [{"type": "Failed", "status": "True", "reason": "PodFailurePolicy",
-                                      "message": "Container fill failed with exit code 3"}]}}
+    body, job = await cache_job(fake_api, {"conditions": [
+        {"type": "Failed", "status": "True", "reason": "PodFailurePolicy",
+         "message": "Container fill failed with exit code 3"}]})
     error = "FetchError: sha256 mismatch: expected 000, got abc"
     pod = fill_pod(job, 3, f"downloading...\n{error}\n")
     outcome = await reconcile(body, Children(objects=(job,), pods=(pod,), endpoint_slices=None),
@@ -98,12 +99,7 @@ async def test_the_fill_pods_error_reaches_the_reason_through_the_pod_index(fake
 
 
 async def test_a_running_job_is_downloading_with_the_fill_pods_last_progress(fake_api: FakeApi) -> None:
-    body = owner()
-    fake_api.live_owner = body
-    first = await reconcile(body, Children(objects=(), pods=(), endpoint_slices=None), api=fake_api)
-    name = first.status.modelCache.job
-    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "uid": "j1"},
-           "status": {"active": 1}}
+    body, job = await cache_job(fake_api, {"active": 1})
     outcome = await reconcile(body, Children(objects=(job,), pods=(), endpoint_slices=None), api=fake_api,
                               cache_progress={"bytes": 250, "totalBytes": 1000})
     cache = outcome.status.modelCache
