@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from frota.local.ports import is_port_free
-from frota.local.supervisor import GroupSpec, ProcessSpec, StartupError, Supervisor
+from frota.local.supervisor import GroupSpec, ProcessSpec, StartupError, Supervisor, Timing
 
 from .conftest import child_argv, free_port, wait_until
 
@@ -70,7 +70,7 @@ async def test_killed_rank_restarts_its_whole_group_and_it_becomes_ready_again()
     follower = ProcessSpec(name="r1", argv=(sys.executable, "-c", "import time; time.sleep(600)"),
                            rank=1)
     events: list[tuple[str, str]] = []
-    sup = Supervisor([GroupSpec("g", (leader, follower))], backoff_initial=0.1,
+    sup = Supervisor([GroupSpec("g", (leader, follower))], timing=Timing(backoff_initial=0.1),
                      on_event=lambda kind, m, _: events.append((kind, m.spec.name)))
     await sup.start(timeout=20)
     task = asyncio.create_task(sup.supervise())
@@ -92,7 +92,7 @@ async def test_restart_delay_doubles_while_a_process_keeps_failing():
     port = free_port()
     spec = http_child("flaky", port, "--exit-after", "0.3")
     delays: list[str] = []
-    sup = Supervisor([GroupSpec("g", (spec,))], backoff_initial=0.1,
+    sup = Supervisor([GroupSpec("g", (spec,))], timing=Timing(backoff_initial=0.1),
                      on_event=lambda kind, _m, msg: kind == "exited" and delays.append(msg))
     await sup.start(timeout=20)
     task = asyncio.create_task(sup.supervise())
@@ -108,7 +108,7 @@ async def test_restart_delay_doubles_while_a_process_keeps_failing():
 async def test_stop_kills_a_child_that_ignores_sigterm_after_the_grace_period():
     port = free_port()
     sup = Supervisor([GroupSpec("g", (http_child("stubborn", port, "--ignore-term"),))],
-                     grace_period=0.5)
+                     timing=Timing(grace_period=0.5))
     await sup.start(timeout=20)
     pid = sup.processes[0].pid
     await sup.stop()
@@ -163,7 +163,8 @@ async def test_process_failing_its_liveness_probe_is_killed_and_restarted():
                        ready_url=f"http://127.0.0.1:{port}/ready",
                        live_url=f"http://127.0.0.1:{port}/health")
     events: list[str] = []
-    sup = Supervisor([GroupSpec("g", (spec,))], backoff_initial=0.1, liveness_period=0.2,
+    sup = Supervisor([GroupSpec("g", (spec,))],
+                     timing=Timing(backoff_initial=0.1, liveness_period=0.2),
                      on_event=lambda kind, _m, _d: events.append(kind))
     await sup.start(timeout=20)
     first = sup.processes[0].pid

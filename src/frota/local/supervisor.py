@@ -111,38 +111,32 @@ def _killpg(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
 
 
+@dataclass(frozen=True)
+class Timing:
+    """How often the supervisor looks, how long it waits, and how it backs off."""
+
+    probe_interval: float = 0.25  # seconds between readiness probes while starting
+    backoff_initial: float = 1.0  # before the first restart of a group; doubles each time
+    backoff_max: float = 30.0
+    backoff_reset_after: float = 60.0  # a group up this long starts its backoff afresh
+    grace_period: float = 10.0  # SIGTERM to SIGKILL
+    liveness_period: float = 10.0  # seconds between liveness probes of a ready group
+    liveness_timeout: float = 5.0
+    liveness_failures: int = 3  # failed probes in a row that restart a group
+
+
 class Supervisor:
     """Starts groups of processes, waits until they are ready, restarts and stops them."""
 
-    def __init__(
-        self,
-        groups: list[GroupSpec],
-        *,
-        on_event: EventSink | None = None,
-        on_log: LogSink | None = None,
-        probe_interval: float = 0.25,
-        backoff_initial: float = 1.0,
-        backoff_max: float = 30.0,
-        backoff_reset_after: float = 60.0,
-        grace_period: float = 10.0,
-        liveness_period: float = 10.0,
-        liveness_timeout: float = 5.0,
-        liveness_failures: int = 3,
-    ) -> None:
+    def __init__(self, groups: list[GroupSpec], *, on_event: EventSink | None = None,
+                 on_log: LogSink | None = None, timing: Timing = Timing()) -> None:
         self.groups = groups
         self.members: dict[str, list[ManagedProcess]] = {
             g.name: [ManagedProcess(spec) for spec in g.processes] for g in groups
         }
         self._on_event = on_event or (lambda *_: None)
         self._on_log = on_log or (lambda *_: None)
-        self.probe_interval = probe_interval
-        self.backoff_initial = backoff_initial
-        self.backoff_max = backoff_max
-        self.backoff_reset_after = backoff_reset_after
-        self.grace_period = grace_period
-        self.liveness_period = liveness_period
-        self.liveness_timeout = liveness_timeout
-        self.liveness_failures = liveness_failures
+        self.timing = timing
         self._is_stopping = False
         # Scale to zero: groups stopped on purpose (not restarted) until unparked.
         self.parked: set[str] = set()
@@ -228,7 +222,7 @@ class Supervisor:
                     self._tasks.append(asyncio.create_task(self._watch_liveness(member, proc)))
                 return
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(proc.wait()), self.probe_interval)
+                await asyncio.wait_for(asyncio.shield(proc.wait()), self.timing.probe_interval)
 
     async def _probe(self, member: ManagedProcess, url: str | None = None,
                      timeout: float = 2.0) -> bool:
@@ -246,14 +240,14 @@ class Supervisor:
                               proc: asyncio.subprocess.Process) -> None:
         num_failures = 0
         while member.proc is proc and proc.returncode is None and not self._is_stopping:
-            await asyncio.sleep(self.liveness_period)
+            await asyncio.sleep(self.timing.liveness_period)
             if member.proc is not proc or proc.returncode is not None or self._is_stopping:
                 return
-            if await self._probe(member, member.spec.live_url, self.liveness_timeout):
+            if await self._probe(member, member.spec.live_url, self.timing.liveness_timeout):
                 num_failures = 0
                 continue
             num_failures += 1
-            if num_failures >= self.liveness_failures:
+            if num_failures >= self.timing.liveness_failures:
                 self._on_event("unhealthy", member,
                                f"{member.spec.live_url} failed {num_failures} times; killing it")
                 _killpg(proc.pid, signal.SIGKILL)
@@ -282,8 +276,8 @@ class Supervisor:
                 continue
             dead = next(m for m in members if not m.is_running)
             uptime = time.monotonic() - dead.started_at
-            num_failures = 1 if uptime >= self.backoff_reset_after else num_failures + 1
-            delay = min(self.backoff_initial * 2 ** (num_failures - 1), self.backoff_max)
+            num_failures = 1 if uptime >= self.timing.backoff_reset_after else num_failures + 1
+            delay = min(self.timing.backoff_initial * 2 ** (num_failures - 1), self.timing.backoff_max)
             code = dead.proc.returncode if dead.proc else None
             self._on_event("exited", dead, f"code {code}; restarting group in {delay:.3g} s")
             await asyncio.gather(*(self._stop_one(m) for m in members))
@@ -349,9 +343,9 @@ class Supervisor:
         if proc.returncode is None:
             _killpg(proc.pid, signal.SIGTERM)
             try:
-                await asyncio.wait_for(proc.wait(), self.grace_period)
+                await asyncio.wait_for(proc.wait(), self.timing.grace_period)
             except TimeoutError:
-                self._on_event("killed", member, f"no exit {self.grace_period:.0f} s after SIGTERM")
+                self._on_event("killed", member, f"no exit {self.timing.grace_period:.0f} s after SIGTERM")
         # The leader may be gone while something it started lives on in its group.
         _killpg(proc.pid, signal.SIGKILL)
         await proc.wait()
