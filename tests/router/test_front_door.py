@@ -15,6 +15,7 @@ from frota.router.server import (
     MAX_PIPELINED_BODY_BYTES,
     WRITE_BUFFER_HIGH,
     HttpServer,
+    Limits,
     Request,
     Response,
     open_stream,
@@ -229,7 +230,7 @@ def test_limits_that_would_disable_themselves_are_refused():
 
     for limits in ({"max_connections": 0}, {"write_timeout": 0}, {"keepalive_timeout": -1}):
         with pytest.raises(ValueError):
-            HttpServer(handler, **limits)  # type: ignore[arg-type]
+            HttpServer(handler, Limits(**limits))  # type: ignore[arg-type]
 
 
 async def test_a_slow_client_that_keeps_reading_gets_every_answer(serve, connect, sockets):  # noqa: F811
@@ -262,13 +263,13 @@ def test_front_door_flags_default_to_the_servers_limits_and_refuse_disabling_val
         cli.add_arguments(parser)
         return parser.parse_args(["--workers", "http://w:1", *argv])
 
-    config = cli.config_from_args(parse())
-    assert (config.max_connections, config.keepalive_timeout, config.write_timeout) == (
+    limits = cli.config_from_args(parse()).limits
+    assert (limits.max_connections, limits.keepalive_timeout, limits.write_timeout) == (
         MAX_CONNECTIONS, KEEPALIVE_TIMEOUT, WRITE_TIMEOUT)
-    assert config.max_connections == RouterConfig().max_connections
-    config = cli.config_from_args(parse("--max-connections", "10", "--keepalive-timeout",
-                                        "5", "--write-timeout", "7.5"))
-    assert (config.max_connections, config.keepalive_timeout, config.write_timeout) == (
+    assert limits == RouterConfig().limits
+    limits = cli.config_from_args(parse("--max-connections", "10", "--keepalive-timeout",
+                                        "5", "--write-timeout", "7.5")).limits
+    assert (limits.max_connections, limits.keepalive_timeout, limits.write_timeout) == (
         10, 5.0, 7.5)
     for flag, value in (("--max-connections", "0"), ("--write-timeout", "0"),
                         ("--keepalive-timeout", "-1")):

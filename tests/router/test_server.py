@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 
 from frota.router.errors import json_response
-from frota.router.server import Answer, HttpServer, Request, Response, open_stream
+from frota.router.server import Answer, HttpServer, Limits, Request, Response, open_stream
 
 TIMEOUT = 5.0
 GET = b"GET / HTTP/1.1\r\nHost: t\r\n\r\n"
@@ -102,7 +102,7 @@ async def serve() -> AsyncIterator[Serve]:
 
     async def start(handler: Callable[[Request], Awaitable[Answer]],
                     **limits: object) -> tuple[HttpServer, int]:
-        server = HttpServer(handler, **limits)  # type: ignore[arg-type]
+        server = HttpServer(handler, Limits(**limits))  # type: ignore[arg-type]
         servers.append(server)
         return server, await server.listen("127.0.0.1", 0)
 

@@ -12,6 +12,7 @@ import pytest
 from frota.api.contract import InternalHeader
 from frota.api.fleet_key import Keyring, generate_key
 from frota.router.app import RouterConfig
+from frota.router.server import Limits
 
 BODY = b'{"prompt": "x", "max_tokens": 2}'
 
@@ -128,7 +129,8 @@ async def test_the_routers_view_of_its_workers_is_for_the_fleet_only(
 async def test_the_routers_metrics_count_open_connections_and_those_turned_away(
         start_worker, start_router) -> None:
     worker = await start_worker()
-    router = await start_router([worker], RouterConfig(probe_interval=0.05, max_connections=2))
+    router = await start_router([worker], RouterConfig(probe_interval=0.05,
+                                                            limits=Limits(max_connections=2)))
     held = [await asyncio.open_connection("127.0.0.1", router.app.port) for _ in range(2)]
     reader, writer = await asyncio.open_connection("127.0.0.1", router.app.port)
     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)

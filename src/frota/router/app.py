@@ -37,16 +37,7 @@ from frota.router.policies import (
 )
 from frota.router.processes import Siblings, read_sibling_metrics
 from frota.router.proxy import Proxy, ProxyConfig, RequestContext
-from frota.router.server import (
-    KEEPALIVE_TIMEOUT,
-    MAX_CONNECTIONS,
-    WRITE_TIMEOUT,
-    Answer,
-    Handler,
-    HttpServer,
-    Request,
-    Response,
-)
+from frota.router.server import Answer, Handler, HttpServer, Limits, Request, Response
 from frota.router.upstream import UpstreamClient
 from frota.router.validation import refused
 
@@ -78,9 +69,7 @@ class RouterConfig:
     drain_timeout: float = 30.0
     # The front door (frota.router.server): client connections held at once, and how long
     # one may sit idle, or take none of its answer, before it is closed.
-    max_connections: int = MAX_CONNECTIONS
-    keepalive_timeout: float = KEEPALIVE_TIMEOUT
-    write_timeout: float = WRITE_TIMEOUT
+    limits: Limits = field(default_factory=Limits)  # the front door's (frota.router.server)
     api_keys: frozenset[str] = frozenset()
     disagg: Any = None  # frota.router.disagg.PrefillPool: prefill pool + thresholds
     adapters: AdapterConfig = field(default_factory=AdapterConfig)
@@ -189,8 +178,7 @@ class RouterApp:
         config = self.router.config
         metrics = self.router.metrics
         self.server = server = HttpServer(
-            self.handle, max_connections=config.max_connections,
-            keepalive_timeout=config.keepalive_timeout, write_timeout=config.write_timeout,
+            self.handle, config.limits,
             on_cut=lambda reason: metrics.connections_cut.labels(reason).inc())
         metrics.connections.add_reader(lambda: [((), len(server.connections))])
         self.port = await self.server.listen(host, port, backlog=backlog,

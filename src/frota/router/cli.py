@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from frota.api.contract import HTTP_PORT, AdmissionDefault, Env, Label
 from frota.router.policies import LoadSignal, PolicyName, PrefixAwareConfig
-from frota.router.server import KEEPALIVE_TIMEOUT, MAX_CONNECTIONS, WRITE_TIMEOUT, check_limits
+from frota.router.server import KEEPALIVE_TIMEOUT, MAX_CONNECTIONS, WRITE_TIMEOUT, Limits
 
 if TYPE_CHECKING:
     from frota.router.app import RouterApp
@@ -258,7 +258,6 @@ def config_from_args(args: argparse.Namespace,  # type: ignore[no-untyped-def]
     from frota.router.proxy import ProxyConfig
 
     num_processes = args.processes if process is not None else 1
-    check_limits(args.max_connections, args.keepalive_timeout, args.write_timeout)
     keyring = _keyring(args)
 
     return RouterConfig(
@@ -277,8 +276,8 @@ def config_from_args(args: argparse.Namespace,  # type: ignore[no-untyped-def]
                           debug_headers=is_true(args.debug_headers)),
         probe_interval=args.probe_interval, probe_timeout=args.probe_timeout,
         eject_after=args.eject_after, drain_timeout=args.drain_timeout,
-        max_connections=args.max_connections, keepalive_timeout=args.keepalive_timeout,
-        write_timeout=args.write_timeout,
+        limits=Limits(max_connections=args.max_connections,
+                      keepalive_timeout=args.keepalive_timeout, write_timeout=args.write_timeout),
         api_keys=read_api_keys(args.api_key_file) if args.api_key_file else frozenset(),
         disagg=_disaggregation(args, keyring),
         keyring=keyring,

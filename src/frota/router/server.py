@@ -66,6 +66,7 @@ import time
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from email.utils import formatdate
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
@@ -439,7 +440,7 @@ class _Connection(asyncio.Protocol):
         # A stream's (pause, resume) for its source, while one is being written.
         self.flow: tuple[Callable[[], None], Callable[[], None]] | None = None
         # When the connection is closed unless a request is handled by then.
-        self.deadline = self.loop.time() + server.keepalive_timeout
+        self.deadline = self.loop.time() + server.limits.keepalive_timeout
 
     @property
     def busy(self) -> bool:
@@ -453,7 +454,7 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         server = self.server
-        if len(server.connections) >= server.max_connections:
+        if len(server.connections) >= server.limits.max_connections:
             self._turn_away()
             return
         server.connections.add(self)
@@ -597,14 +598,14 @@ class _Connection(asyncio.Protocol):
                 partial.num_head_bytes += len(data)
             elif self.num_requests == num_requests:
                 partial.num_head_bytes = len(data)
-            if partial.num_head_bytes > self.server.max_header_bytes:
+            if partial.num_head_bytes > self.server.limits.max_header_bytes:
                 self._refuse(HEAD_TOO_LARGE)
 
     # -- parser callbacks
     def on_message_begin(self) -> None:
         self.partial = _Message()
         self.in_head = True
-        self.deadline = self.loop.time() + self.server.keepalive_timeout
+        self.deadline = self.loop.time() + self.server.limits.keepalive_timeout
 
     def on_url(self, url: bytes) -> None:
         message = self.partial
@@ -649,7 +650,7 @@ class _Connection(asyncio.Protocol):
         message = self.partial
         assert message is not None
         message.num_body_bytes += len(body)
-        if message.num_body_bytes > self.server.max_body:
+        if message.num_body_bytes > self.server.limits.max_body:
             self._refuse(BODY_TOO_LARGE)
             raise _Refused
         message.parts.append(body)
@@ -680,9 +681,9 @@ class _Connection(asyncio.Protocol):
         if message.method == "CONNECT" or (
                 "upgrade" in first and "upgrade" in _value(first.get("connection", ":")).lower()):
             return NO_UPGRADES
-        if len(message.target) + sum(map(len, lines)) > self.server.max_header_bytes:
+        if len(message.target) + sum(map(len, lines)) > self.server.limits.max_header_bytes:
             return HEAD_TOO_LARGE
-        if length > self.server.max_body:
+        if length > self.server.limits.max_body:
             return BODY_TOO_LARGE
         if "host" not in first and message.version == "1.1":
             return NO_HOST
@@ -741,7 +742,7 @@ class _Connection(asyncio.Protocol):
                 if self.reading_paused:
                     self._resume_reading()
                 if self.partial is None:  # else the request being received keeps its own
-                    self.deadline = self.loop.time() + server.keepalive_timeout
+                    self.deadline = self.loop.time() + server.limits.keepalive_timeout
         finally:
             server.tasks.discard(self.task)  # type: ignore[arg-type]
             self.task = None
@@ -813,7 +814,7 @@ class _Connection(asyncio.Protocol):
         if self.writing_paused or self.closing_since is not None:
             stalled_since = self.write_paused_at if self.writing_paused else self.closing_since
             assert stalled_since is not None
-            if now - stalled_since >= self.server.write_timeout:
+            if now - stalled_since >= self.server.limits.write_timeout:
                 log.debug("aborting a connection whose client took nothing for %.0f s",
                           now - stalled_since)
                 self.server.count_cut("write_timeout")
@@ -825,36 +826,36 @@ class _Connection(asyncio.Protocol):
             self._close()
 
 
-def check_limits(max_connections: int, keepalive_timeout: float,
-                 write_timeout: float) -> None:
-    """Refuse limits that would leave no room to serve (ValueError)."""
-    if max_connections < 1:
-        raise ValueError(f"max_connections must be at least 1, not {max_connections}")
-    if not keepalive_timeout > 0 or not write_timeout > 0:
-        raise ValueError(f"keepalive_timeout and write_timeout must be above 0, not "
-                         f"{keepalive_timeout:g} and {write_timeout:g}")
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What one client may make a server hold, and for how long (the module docstring says
+    what each bounds). Limits that would leave no room to serve are refused (ValueError)."""
+
+    max_body: int = MAX_BODY
+    max_header_bytes: int = MAX_HEADER_BYTES
+    keepalive_timeout: float = KEEPALIVE_TIMEOUT
+    write_timeout: float = WRITE_TIMEOUT
+    max_connections: int = MAX_CONNECTIONS
+
+    def __post_init__(self) -> None:
+        if self.max_connections < 1:
+            raise ValueError(f"max_connections must be at least 1, not {self.max_connections}")
+        if not self.keepalive_timeout > 0 or not self.write_timeout > 0:
+            raise ValueError(f"keepalive_timeout and write_timeout must be above 0, not "
+                             f"{self.keepalive_timeout:g} and {self.write_timeout:g}")
 
 
 class HttpServer:
     """Listens and serves `handler` (see the module docstring for what it refuses and
     what it bounds)."""
 
-    def __init__(self, handler: Handler, *, max_body: int = MAX_BODY,
-                 max_header_bytes: int = MAX_HEADER_BYTES,
-                 keepalive_timeout: float = KEEPALIVE_TIMEOUT,
-                 write_timeout: float = WRITE_TIMEOUT,
-                 max_connections: int = MAX_CONNECTIONS,
+    def __init__(self, handler: Handler, limits: Limits = Limits(), *,
                  on_cut: Callable[[str], None] | None = None) -> None:
         """`on_cut(reason)` hears of each connection the server turns away or cuts off for
         one of its limits: `max_connections`, `write_timeout` (for a metric)."""
-        check_limits(max_connections, keepalive_timeout, write_timeout)
         self.handler = handler
+        self.limits = limits
         self.on_cut = on_cut
-        self.max_body = max_body
-        self.max_header_bytes = max_header_bytes
-        self.keepalive_timeout = keepalive_timeout
-        self.write_timeout = write_timeout
-        self.max_connections = max_connections
         self.connections: set[_Connection] = set()
         self.turned_away: set[_Connection] = set()  # over max_connections, lingering
         self.draining = False
@@ -890,7 +891,7 @@ class HttpServer:
         """Raise the process's soft limit on open files, up to its hard limit, to what
         `max_connections` needs, so that the cap, not a failing accept(), is what turns
         clients away; warn when the hard limit is lower."""
-        needed = self.max_connections + MAX_TURNED_AWAY + NUM_OTHER_FDS
+        needed = self.limits.max_connections + MAX_TURNED_AWAY + NUM_OTHER_FDS
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         if soft != resource.RLIM_INFINITY and soft < needed:
             raised = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
@@ -900,7 +901,7 @@ class HttpServer:
         if soft != resource.RLIM_INFINITY and soft < needed:
             log.warning("max_connections %d needs about %d open files, and the process may "
                         "open %d: accept() will fail before the cap is reached",
-                        self.max_connections, needed, soft)
+                        self.limits.max_connections, needed, soft)
 
     def _serve(self, server: asyncio.AbstractServer) -> None:
         self._tick()
@@ -946,7 +947,7 @@ class HttpServer:
         """Keep the Date header current, close connections past their deadline, and abort
         those turned away that linger past theirs."""
         loop = asyncio.get_running_loop()
-        interval = min(1.0, self.keepalive_timeout / 4, self.write_timeout / 4)
+        interval = min(1.0, self.limits.keepalive_timeout / 4, self.limits.write_timeout / 4)
         while True:
             await asyncio.sleep(interval)
             self._tick()
