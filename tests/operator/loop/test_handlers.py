@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from frota.operator.loop.handlers import STOP_GRACE_SECONDS
 from tests.operator.conftest import (
     Cluster,
     FakeApiserver,
@@ -460,9 +461,10 @@ async def test_children_are_not_recreated_while_the_owner_is_being_deleted(
     await converge(cluster, "tiny", 1)
     assert "frota.dev/operator" in cluster.isvc("tiny")["metadata"]["finalizers"]
     await cluster.delete("InferenceService", "tiny")
-    # kopf lets go of the object (drops its finalizer) once the reconcile loop has stopped.
+    # kopf lets go of the object (drops its finalizer) once the reconcile loop and the timers
+    # have stopped: at worst after the loop's cancellation backoff and timeout.
     await wait_for(lambda: cluster.isvc("tiny")["metadata"]["finalizers"] == ["example.com/hold"],
-                   what="the operator letting go")
+                   timeout=2 * STOP_GRACE_SECONDS + 5, what="the operator letting go")
     await cluster.delete("StatefulSet", "tiny-worker-0")
     key = ("default", "tiny")
     await wait_for(lambda: not operator.state.children(key).of_kind("StatefulSet"),
