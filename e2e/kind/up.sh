@@ -52,6 +52,15 @@ create_cluster() {
   if command -v kind >/dev/null && kind get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
     log "reusing kind cluster $CLUSTER"
     kind get kubeconfig --name "$CLUSTER" >"$KUBECONFIG_OUT"
+    # A run that was killed (its EXIT trap never ran) leaves its tests' namespaces, whose
+    # pods keep the nodes' CPU requested: this run's pods would stay Pending. They go first.
+    local stale
+    stale=$(kubectl --kubeconfig "$KUBECONFIG_OUT" get namespaces -o name | grep '^namespace/e2e-' || true)
+    if [ -n "$stale" ]; then
+      log "deleting the namespaces an earlier run left: $(echo $stale)"
+      # shellcheck disable=SC2086  # one argument per namespace
+      kubectl --kubeconfig "$KUBECONFIG_OUT" delete $stale --timeout=300s
+    fi
     return
   fi
   local image=${KIND_NODE_IMAGE:-}
